@@ -1,0 +1,616 @@
+// Package gossip replicates llmgw's small cluster state over memberlist:
+// one NodeRecord per node (single writer, versioned), deployments
+// (last-writer-wins on a hybrid logical clock, tombstones for deletions) and
+// the leases that live inside node records.
+//
+// Deltas travel as named broadcasts, so a newer delta for the same key
+// replaces an older queued one; anything larger than half a UDP packet goes
+// to every member over TCP (SendReliable) instead, because memberlist never
+// sends a broadcast that does not fit a packet. Push/pull exchanges the whole
+// state and repairs whatever broadcasts were lost.
+package gossip
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/atomicfile"
+)
+
+// Config configures one node's gossip.
+type Config struct {
+	Name string
+	// BindAddr and BindPort are where memberlist listens (UDP and TCP).
+	BindAddr string
+	BindPort int
+	// AdvertiseAddr and AdvertisePort are what peers dial. Required when
+	// BindAddr is a wildcard on a host with several addresses.
+	AdvertiseAddr string
+	AdvertisePort int
+	// Key, when set (16, 24 or 32 bytes), encrypts all gossip (AES-GCM).
+	Key []byte
+	// Label tags every packet; nodes with another label are ignored.
+	Label   string
+	Profile Profile
+	Logger  *slog.Logger
+	Now     func() time.Time
+	// DataDir, when set, persists deployments so a whole-cluster restart
+	// loses nothing.
+	DataDir string
+	// APIAddr is this node's HTTP address, carried in node meta.
+	APIAddr string
+	// TombstoneTTL is how long deletions are remembered (default 30 days).
+	TombstoneTTL time.Duration
+	// Drop, when set, is consulted for every packet and stream to or from
+	// another node, and drops it when it returns true. TEST ONLY: it
+	// simulates network partitions where network namespaces are not
+	// available.
+	Drop func(peer string) bool
+}
+
+// MemberState is memberlist's verdict on a node, as this node sees it.
+type MemberState string
+
+const (
+	StateAlive   MemberState = "alive"
+	StateSuspect MemberState = "suspect"
+	StateDead    MemberState = "dead"
+	StateLeft    MemberState = "left"
+	// StateUnknown: a record arrived for a node memberlist has not met.
+	StateUnknown MemberState = "unknown"
+)
+
+// Member is one node as this node knows it.
+type Member struct {
+	Name    string      `json:"name"`
+	State   MemberState `json:"state"`
+	Address string      `json:"address"`
+	// Since is when this node last saw the state change.
+	Since time.Time `json:"since"`
+	// Record is the node's last record, nil if none arrived yet.
+	Record *NodeRecord `json:"record,omitempty"`
+	// SeenAt is when this node last accepted a newer version of Record.
+	SeenAt time.Time `json:"seen_at,omitzero"`
+}
+
+// Stats count gossip traffic.
+type Stats struct {
+	Sent     uint64 `json:"sent"`
+	Received uint64 `json:"received"`
+	Dropped  uint64 `json:"dropped"`
+	Members  int    `json:"members"`
+}
+
+// Cluster is one node's membership in the gossip cluster.
+type Cluster struct {
+	cfg   Config
+	log   *slog.Logger
+	ml    *memberlist.Memberlist
+	queue *memberlist.TransmitLimitedQueue
+	store *Store
+	hlc   *HLC
+
+	mu      sync.Mutex
+	members map[string]*memberInfo
+	local   NodeRecord
+	content Version // version of local's current content
+
+	changes chan struct{}
+	persist chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+
+	sent, received, dropped atomic.Uint64
+	// bigThreshold: messages above it go by SendReliable.
+	bigThreshold int
+}
+
+type memberInfo struct {
+	state MemberState
+	addr  string
+	since time.Time
+}
+
+// New starts memberlist listening and returns the node, not yet joined to
+// anyone. initial is this node's first record; its Name and Version.Epoch
+// must be set.
+func New(cfg Config, initial NodeRecord) (*Cluster, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("gossip: node name is empty")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.TombstoneTTL == 0 {
+		cfg.TombstoneTTL = 30 * 24 * time.Hour
+	}
+	if cfg.Profile.base == nil {
+		cfg.Profile, _ = ProfileByName("lan")
+	}
+	if len(cfg.Key) > 0 {
+		if err := memberlist.ValidateKey(cfg.Key); err != nil {
+			return nil, fmt.Errorf("gossip key: %w (want 16, 24 or 32 bytes)", err)
+		}
+	}
+	c := &Cluster{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "gossip"),
+		store:   NewStore(cfg.Now, cfg.TombstoneTTL),
+		hlc:     NewHLC(cfg.Name, cfg.Now),
+		members: map[string]*memberInfo{},
+		changes: make(chan struct{}, 1),
+		persist: make(chan struct{}, 1),
+		done:    make(chan struct{}),
+	}
+	if err := c.loadDeployments(); err != nil {
+		return nil, err
+	}
+	initial.Name = cfg.Name
+	if initial.Version.Seq == 0 {
+		initial.Version.Seq = 1
+	}
+	c.local = initial
+	c.content = initial.Version
+	c.store.MergeNode(initial)
+
+	mc := cfg.Profile.Config()
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.BindAddr
+	mc.BindPort = cfg.BindPort
+	mc.AdvertiseAddr = cfg.AdvertiseAddr
+	mc.AdvertisePort = cfg.AdvertisePort
+	if mc.AdvertisePort == 0 {
+		mc.AdvertisePort = cfg.BindPort
+	}
+	mc.Label = cfg.Label
+	if len(cfg.Key) > 0 {
+		mc.SecretKey = cfg.Key
+	}
+	mc.Delegate = &delegate{c: c}
+	mc.Events = &eventDelegate{c: c}
+	mc.Logger = log.New(memberlistLog{log: cfg.Logger}, "", 0)
+	if cfg.Drop != nil {
+		t, err := newDropTransport(mc, cfg.Drop)
+		if err != nil {
+			return nil, fmt.Errorf("gossip: %w", err)
+		}
+		mc.Transport = t
+	}
+	// Half a packet, as Alertmanager does: leaves room for memberlist's
+	// framing and for piggybacking several deltas in one packet.
+	c.bigThreshold = mc.UDPBufferSize / 2
+
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: listen on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
+	}
+	c.ml = ml
+	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	c.wg.Add(1)
+	go c.persistLoop()
+	return c, nil
+}
+
+// Address is the gossip address peers dial.
+func (c *Cluster) Address() string { return c.ml.LocalNode().Address() }
+
+// Join contacts the given addresses; it succeeds if any answered.
+func (c *Cluster) Join(addrs []string) (int, error) {
+	n, err := c.ml.Join(addrs)
+	if err != nil && n == 0 {
+		return 0, fmt.Errorf("join %v: %w", addrs, err)
+	}
+	return n, nil
+}
+
+// NumMembers counts alive and suspect members, this node included.
+func (c *Cluster) NumMembers() int { return c.ml.NumMembers() }
+
+// Changes is signalled (without blocking, coalesced) whenever the replicated
+// state or membership changes.
+func (c *Cluster) Changes() <-chan struct{} { return c.changes }
+
+func (c *Cluster) notify() {
+	select {
+	case c.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Local returns this node's current record.
+func (c *Cluster) Local() NodeRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.local
+}
+
+// UpdateLocal changes this node's record through fn, bumps its version and
+// sends it to the cluster.
+func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
+	c.mu.Lock()
+	fn(&c.local)
+	c.local.Name = c.cfg.Name
+	c.local.Version.Seq++
+	c.content = c.local.Version
+	r := c.local
+	c.mu.Unlock()
+	c.store.MergeNode(r)
+	c.send("node/"+r.Name, message{Nodes: []NodeRecord{r}})
+	c.notify()
+	return r
+}
+
+// Renew bumps this node's version without changing its content. Every
+// receiver that holds the content restarts the TTL of this node's leases.
+func (c *Cluster) Renew() {
+	c.mu.Lock()
+	c.local.Version.Seq++
+	b := Beat{Name: c.cfg.Name, Version: c.local.Version, Content: c.content}
+	c.mu.Unlock()
+	c.store.MergeBeat(b)
+	c.send("beat/"+b.Name, message{Beats: []Beat{b}})
+}
+
+// PutDeployment records spec as the newest desired state for its name,
+// persists it, and sends it to the cluster. The spec must be valid.
+func (c *Cluster) PutDeployment(spec placement.Deployment) (DeploymentRecord, error) {
+	return c.putDeployment(DeploymentRecord{Name: spec.Name, Spec: &spec, Stamp: c.hlc.Now()})
+}
+
+// DeleteDeployment replaces a deployment with a tombstone. It reports
+// false, and changes nothing, when no live deployment has that name.
+func (c *Cluster) DeleteDeployment(name string) (DeploymentRecord, bool, error) {
+	old, ok := c.store.Deployment(name)
+	if !ok || old.Deleted {
+		return DeploymentRecord{}, false, nil
+	}
+	r, err := c.putDeployment(DeploymentRecord{Name: name, Deleted: true, Stamp: c.hlc.Now()})
+	return r, true, err
+}
+
+func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
+	c.store.MergeDeployment(r)
+	// Persist before answering: an acknowledged place must survive this
+	// node crashing the next instant.
+	if err := c.saveDeployments(); err != nil {
+		return r, err
+	}
+	c.send("dep/"+r.Name, message{Deployments: []DeploymentRecord{r}})
+	c.notify()
+	return r, nil
+}
+
+// Deployments returns every deployment record, tombstones included.
+func (c *Cluster) Deployments() []DeploymentRecord { return c.store.Deployments() }
+
+// Members returns every node this node knows of, sorted by name.
+func (c *Cluster) Members() []Member {
+	live := map[string]*memberlist.Node{}
+	for _, n := range c.ml.Members() {
+		live[n.Name] = n
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Member
+	seen := map[string]bool{}
+	for _, ns := range c.store.Nodes() {
+		rec := ns.Record
+		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt}
+		if info, ok := c.members[rec.Name]; ok {
+			m.State, m.Address, m.Since = info.state, info.addr, info.since
+		}
+		if n, ok := live[rec.Name]; ok && n.State == memberlist.StateSuspect {
+			m.State = StateSuspect
+		}
+		if m.State == StateDead && rec.Leaving {
+			m.State = StateLeft
+		}
+		if rec.Name == c.cfg.Name {
+			m.State = StateAlive
+		}
+		out = append(out, m)
+		seen[rec.Name] = true
+	}
+	for name, info := range c.members {
+		if !seen[name] {
+			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since})
+		}
+	}
+	sortMembers(out)
+	return out
+}
+
+// Stats returns traffic counters.
+func (c *Cluster) Stats() Stats {
+	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers()}
+}
+
+// Leave tells the cluster this node is leaving, so peers mark it left
+// rather than dead, then stops gossip.
+func (c *Cluster) Leave(timeout time.Duration) error {
+	c.mu.Lock()
+	c.local.Leaving = true
+	c.local.Version.Seq++
+	c.content = c.local.Version
+	r := c.local
+	c.mu.Unlock()
+	c.store.MergeNode(r)
+	if b, err := encode(message{Nodes: []NodeRecord{r}}); err == nil {
+		// Tell everyone over TCP, and wait: a broadcast queued now might
+		// never leave before shutdown.
+		var wg sync.WaitGroup
+		for _, n := range c.ml.Members() {
+			if n.Name == c.cfg.Name {
+				continue
+			}
+			wg.Add(1)
+			go func(n *memberlist.Node) {
+				defer wg.Done()
+				_ = c.ml.SendReliable(n, b)
+			}(n)
+		}
+		wg.Wait()
+	}
+	err := c.ml.Leave(timeout)
+	if serr := c.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Shutdown stops gossip without telling anyone: peers will find this node
+// dead. It is what a crash looks like, and what tests use to simulate one.
+func (c *Cluster) Shutdown() error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	close(c.done)
+	err := c.ml.Shutdown()
+	c.wg.Wait()
+	return err
+}
+
+// send queues m as a named broadcast, or sends it reliably to every member
+// when it is too large for a packet.
+func (c *Cluster) send(name string, m message) {
+	b, err := encode(m)
+	if err != nil {
+		c.log.Error("encode gossip message", "err", err)
+		return
+	}
+	if len(b) <= c.bigThreshold {
+		c.queue.QueueBroadcast(&broadcast{name: name, msg: b})
+		return
+	}
+	for _, n := range c.ml.Members() {
+		if n.Name == c.cfg.Name {
+			continue
+		}
+		c.wg.Add(1)
+		go func(n *memberlist.Node) {
+			defer c.wg.Done()
+			if err := c.ml.SendReliable(n, b); err != nil {
+				c.log.Debug("reliable send failed; push/pull will repair", "to", n.Name, "err", err)
+				return
+			}
+			c.sent.Add(1)
+		}(n)
+	}
+}
+
+// receive merges a message from a peer. rebroadcast is true for packets
+// that arrived as gossip, which are passed on when they taught us something
+// (that is how a broadcast reaches nodes its origin never picked).
+func (c *Cluster) receive(b []byte, rebroadcast bool) {
+	m, err := decode(b)
+	if err != nil {
+		c.dropped.Add(1)
+		c.log.Warn("dropped gossip message", "err", err)
+		return
+	}
+	c.received.Add(1)
+	changed := false
+	for _, n := range m.Nodes {
+		if n.Name == c.cfg.Name {
+			continue // our own record: we are its only writer
+		}
+		if c.store.MergeNode(n) {
+			changed = true
+			if rebroadcast {
+				c.send("node/"+n.Name, message{Nodes: []NodeRecord{n}})
+			}
+		}
+	}
+	for _, bt := range m.Beats {
+		if bt.Name == c.cfg.Name {
+			continue
+		}
+		if c.store.MergeBeat(bt) {
+			changed = true
+			if rebroadcast {
+				c.send("beat/"+bt.Name, message{Beats: []Beat{bt}})
+			}
+		}
+	}
+	depChanged := false
+	for _, d := range m.Deployments {
+		c.hlc.Witness(d.Stamp)
+		if c.store.MergeDeployment(d) {
+			depChanged = true
+			if rebroadcast {
+				c.send("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
+			}
+		}
+	}
+	if depChanged {
+		select {
+		case c.persist <- struct{}{}:
+		default:
+		}
+	}
+	if changed || depChanged {
+		c.notify()
+	}
+}
+
+func (c *Cluster) persistLoop() {
+	defer c.wg.Done()
+	gc := time.NewTicker(time.Hour)
+	defer gc.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-gc.C:
+			c.store.GC()
+		case <-c.persist:
+			if err := c.saveDeployments(); err != nil {
+				c.log.Error("persist deployments", "err", err)
+			}
+		}
+	}
+}
+
+const deploymentsFile = "deployments.json"
+
+type deploymentsOnDisk struct {
+	FormatVersion int                `json:"format_version"`
+	Deployments   []DeploymentRecord `json:"deployments"`
+}
+
+func (c *Cluster) saveDeployments() error {
+	if c.cfg.DataDir == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(deploymentsOnDisk{FormatVersion: 1, Deployments: c.store.Deployments()}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("persist deployments: %w", err)
+	}
+	return atomicfile.Write(filepath.Join(c.cfg.DataDir, deploymentsFile), b, 0o600)
+}
+
+func (c *Cluster) loadDeployments() error {
+	if c.cfg.DataDir == "" {
+		return nil
+	}
+	p := filepath.Join(c.cfg.DataDir, deploymentsFile)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load deployments: %w", err)
+	}
+	var d deploymentsOnDisk
+	if err := json.Unmarshal(b, &d); err != nil {
+		return fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", p, err)
+	}
+	for _, r := range d.Deployments {
+		c.hlc.Witness(r.Stamp)
+		c.store.MergeDeployment(r)
+	}
+	return nil
+}
+
+func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
+	c.mu.Lock()
+	info, ok := c.members[n.Name]
+	if !ok || info.state != s {
+		c.members[n.Name] = &memberInfo{state: s, addr: n.Address(), since: c.cfg.Now()}
+	} else {
+		info.addr = n.Address()
+	}
+	c.mu.Unlock()
+	c.notify()
+}
+
+// broadcast is one queued delta. Named, so a newer delta for the same node
+// or deployment replaces the older one still waiting in the queue.
+type broadcast struct {
+	name string
+	msg  []byte
+}
+
+var _ memberlist.NamedBroadcast = (*broadcast)(nil)
+
+func (b *broadcast) Invalidates(o memberlist.Broadcast) bool {
+	nb, ok := o.(memberlist.NamedBroadcast)
+	return ok && nb.Name() == b.name
+}
+func (b *broadcast) Name() string    { return b.name }
+func (b *broadcast) Message() []byte { return b.msg }
+func (b *broadcast) Finished()       {}
+
+// delegate adapts memberlist's Delegate callbacks to the cluster.
+type delegate struct{ c *Cluster }
+
+var _ memberlist.Delegate = (*delegate)(nil)
+
+type nodeMeta struct {
+	V   int    `json:"v"`
+	API string `json:"api,omitempty"`
+}
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr})
+	if len(b) > limit {
+		// memberlist panics on oversized meta; an API address never gets
+		// close, but refuse to be the reason.
+		b, _ = json.Marshal(nodeMeta{V: 1})
+	}
+	return b
+}
+
+func (d *delegate) NotifyMsg(b []byte) {
+	// memberlist reuses b after we return: copy before keeping anything.
+	d.c.receive(append([]byte(nil), b...), true)
+}
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	out := d.c.queue.GetBroadcasts(overhead, limit)
+	d.c.sent.Add(uint64(len(out)))
+	return out
+}
+
+func (d *delegate) LocalState(join bool) []byte {
+	b, err := encode(d.c.store.full())
+	if err != nil {
+		d.c.log.Error("encode full state", "err", err)
+		return nil
+	}
+	return b
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	d.c.receive(append([]byte(nil), buf...), false)
+}
+
+// eventDelegate tracks membership states. memberlist never calls it
+// concurrently, so events keep their order.
+type eventDelegate struct{ c *Cluster }
+
+var _ memberlist.EventDelegate = (*eventDelegate)(nil)
+
+func (e *eventDelegate) NotifyJoin(n *memberlist.Node)   { e.c.setMember(n, StateAlive) }
+func (e *eventDelegate) NotifyUpdate(n *memberlist.Node) { e.c.setMember(n, StateAlive) }
+// NotifyLeave cannot tell a leave from a death: n.State is stale in
+// memberlist v0.7.0. Members() consults the node's record for that.
+func (e *eventDelegate) NotifyLeave(n *memberlist.Node) { e.c.setMember(n, StateDead) }

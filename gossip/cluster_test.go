@@ -1,0 +1,302 @@
+package gossip
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// syncBuffer is a log sink tests can read while nodes write to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type testNode struct {
+	*Cluster
+	port int
+	dir  string
+	log  *syncBuffer
+}
+
+func gpus(n int, name string) []placement.GPU {
+	out := make([]placement.GPU, n)
+	for i := range out {
+		// Hashed UUIDs compress like real ones (barely).
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s-%d", name, i)))
+		out[i] = placement.GPU{Index: i, UUID: fmt.Sprintf("GPU-%x", sum[:16]), Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 80 << 30}
+	}
+	return out
+}
+
+// startNode starts a node on loopback. port 0 picks a free port; the test
+// reuses the chosen one to restart a node at the same address.
+func startNode(t testing.TB, name string, port int, dir string, mutate func(*Config)) *testNode {
+	t.Helper()
+	prof, _ := ProfileByName("local")
+	lb := &syncBuffer{}
+	cfg := Config{
+		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof, DataDir: dir,
+		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Label:  "test",
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := New(cfg, NodeRecord{Version: Version{Epoch: time.Now().UnixNano()}, GPUs: gpus(2, name), API: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	tn := &testNode{Cluster: c, port: int(c.ml.LocalNode().Port), dir: dir, log: lb}
+	t.Cleanup(func() { _ = c.Shutdown() })
+	return tn
+}
+
+// waitFor polls cond until it holds or the deadline passes; it is the only
+// way these tests wait.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, last = cond(); ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true within %v; last: %s", what, within, last)
+}
+
+func memberState(c *Cluster, name string) MemberState {
+	for _, m := range c.Members() {
+		if m.Name == name {
+			return m.State
+		}
+	}
+	return ""
+}
+
+func TestThreeNodesConvergeWithGPUs(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	c := startNode(t, "c", 0, "", nil)
+	// c joins b before b knows anyone; b joins a last: any order converges.
+	if _, err := c.Join([]string{b.Address()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Join([]string{a.Address()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*testNode{a, b, c} {
+		waitFor(t, 10*time.Second, n.cfg.Name+" sees everyone", func() (bool, string) {
+			ms := n.Members()
+			var desc []string
+			ok := len(ms) == 3
+			for _, m := range ms {
+				desc = append(desc, fmt.Sprintf("%s=%s", m.Name, m.State))
+				if m.State != StateAlive || m.Record == nil || len(m.Record.GPUs) != 2 || m.Record.GPUs[0].UUID != gpus(1, m.Name)[0].UUID {
+					ok = false
+				}
+			}
+			return ok, strings.Join(desc, " ")
+		})
+	}
+}
+
+func TestLeaveShowsLeftEverywhere(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	c := startNode(t, "c", 0, "", nil)
+	mustJoin(t, b, a)
+	mustJoin(t, c, a)
+	waitMembers(t, 3, a, b, c)
+	if err := c.Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*testNode{a, b} {
+		waitFor(t, 5*time.Second, n.cfg.Name+" sees c left", func() (bool, string) {
+			s := memberState(n.Cluster, "c")
+			return s == StateLeft, string(s)
+		})
+	}
+}
+
+func TestKilledNodeShowsDeadWithinProfileBound(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	c := startNode(t, "c", 0, "", nil)
+	mustJoin(t, b, a)
+	mustJoin(t, c, a)
+	waitMembers(t, 3, a, b, c)
+	bound := a.cfg.Profile.DetectionBound(3)
+	killed := time.Now()
+	_ = c.Shutdown() // no leave: a crash
+	for _, n := range []*testNode{a, b} {
+		waitFor(t, bound-time.Since(killed), n.cfg.Name+" sees c dead within "+bound.String(), func() (bool, string) {
+			s := memberState(n.Cluster, "c")
+			return s == StateDead, string(s)
+		})
+	}
+	t.Logf("dead everywhere after %v (bound %v)", time.Since(killed), bound)
+}
+
+func TestRestartedNodeRejoinsWithSameNameAndAddress(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	oldEpoch := b.Local().Version.Epoch
+	port := b.port
+	_ = b.Shutdown()
+	waitFor(t, a.cfg.Profile.DetectionBound(2), "a sees b dead", func() (bool, string) {
+		s := memberState(a.Cluster, "b")
+		return s == StateDead, string(s)
+	})
+	b2 := startNode(t, "b", port, "", nil)
+	mustJoin(t, b2, a)
+	waitFor(t, 10*time.Second, "a sees b alive with its new record", func() (bool, string) {
+		for _, m := range a.Members() {
+			if m.Name == "b" {
+				ok := m.State == StateAlive && m.Record != nil && m.Record.Version.Epoch > oldEpoch
+				return ok, fmt.Sprintf("%s epoch newer=%v", m.State, m.Record != nil && m.Record.Version.Epoch > oldEpoch)
+			}
+		}
+		return false, "b missing"
+	})
+}
+
+func TestWrongGossipKeyCannotJoinAndTheClusterSaysWhy(t *testing.T) {
+	key := bytes.Repeat([]byte{1}, 32)
+	other := bytes.Repeat([]byte{2}, 32)
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Key = key })
+	intruder := startNode(t, "x", 0, "", func(c *Config) { c.Key = other })
+	if _, err := intruder.Join([]string{a.Address()}); err == nil {
+		t.Fatal("join with the wrong key succeeded")
+	}
+	waitFor(t, 5*time.Second, "a logs why", func() (bool, string) {
+		l := a.log.String()
+		return strings.Contains(l, "decrypt") && strings.Contains(l, "gossip-key-file"), l
+	})
+	if a.NumMembers() != 1 {
+		t.Fatalf("a has %d members, want only itself", a.NumMembers())
+	}
+}
+
+func TestBadKeyLengthIsRejected(t *testing.T) {
+	prof, _ := ProfileByName("local")
+	_, err := New(Config{Name: "a", BindAddr: "127.0.0.1", Profile: prof, Key: []byte("short")}, NodeRecord{})
+	if err == nil || !strings.Contains(err.Error(), "16, 24 or 32") {
+		t.Fatalf("got %v, want a key length error", err)
+	}
+}
+
+func TestLargeRecordTravelsReliably(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	r := a.UpdateLocal(func(r *NodeRecord) { r.GPUs = gpus(64, "a") })
+	if msg, _ := encode(message{Nodes: []NodeRecord{r}}); len(msg) <= a.bigThreshold {
+		t.Fatalf("test record is %d bytes, not above the %d threshold", len(msg), a.bigThreshold)
+	}
+	waitFor(t, 3*time.Second, "b has a's 64 GPUs", func() (bool, string) {
+		ns, ok := b.store.Node("a")
+		return ok && len(ns.Record.GPUs) == 64, fmt.Sprint(len(ns.Record.GPUs))
+	})
+}
+
+func TestBeatRenewsWithoutResendingContent(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	b := startNode(t, "b", 0, "", nil)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	before, _ := b.store.Node("a")
+	a.Renew()
+	want := a.Local().Version
+	waitFor(t, 3*time.Second, "b takes a's renewal", func() (bool, string) {
+		ns, _ := b.store.Node("a")
+		return ns.Record.Version == want && ns.SeenAt.After(before.SeenAt), fmt.Sprint(ns.Record.Version)
+	})
+}
+
+func TestDeploymentsReplicateDeleteAndPersist(t *testing.T) {
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startNode(t, "a", 0, dirA, nil)
+	b := startNode(t, "b", 0, dirB, nil)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	spec := placement.Deployment{Name: "llama", Model: "m", Replicas: 2}.WithDefaults()
+	if _, err := a.PutDeployment(spec); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "b learns llama", func() (bool, string) {
+		d, ok := b.store.Deployment("llama")
+		return ok && !d.Deleted && d.Spec.Replicas == 2, fmt.Sprint(d)
+	})
+	if _, ok, err := b.DeleteDeployment("llama"); !ok || err != nil {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	waitFor(t, 3*time.Second, "a learns the deletion", func() (bool, string) {
+		d, _ := a.store.Deployment("llama")
+		return d.Deleted, fmt.Sprint(d)
+	})
+	if _, ok, _ := b.DeleteDeployment("nope"); ok {
+		t.Fatal("deleting an unknown deployment reported success")
+	}
+	// Both stop; a restarted node remembers the tombstone, so an old copy
+	// of the deployment cannot bring it back.
+	_ = a.Shutdown()
+	_ = b.Shutdown()
+	a2 := startNode(t, "a", 0, dirA, nil)
+	d, ok := a2.store.Deployment("llama")
+	if !ok || !d.Deleted {
+		t.Fatalf("after restart a holds %+v, want the tombstone", d)
+	}
+	stale := DeploymentRecord{Name: "llama", Spec: &spec, Stamp: Stamp{Wall: d.Stamp.Wall - 1, Origin: "z"}}
+	if a2.store.MergeDeployment(stale) {
+		t.Fatal("an older copy resurrected a deleted deployment")
+	}
+}
+
+func mustJoin(t testing.TB, n, to *testNode) {
+	t.Helper()
+	if _, err := n.Join([]string{to.Address()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitMembers(t testing.TB, want int, nodes ...*testNode) {
+	t.Helper()
+	for _, n := range nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("%s sees %d members with records", n.cfg.Name, want), func() (bool, string) {
+			ms := n.Members()
+			alive := 0
+			for _, m := range ms {
+				if m.State == StateAlive && m.Record != nil {
+					alive++
+				}
+			}
+			return alive == want, fmt.Sprint(alive)
+		})
+	}
+}

@@ -1,0 +1,87 @@
+package gossip
+
+import (
+	"bytes"
+	"compress/flate"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire format: one byte naming the format, then a deflate-compressed JSON
+// envelope. JSON keeps the records readable in debugging and tolerant of new
+// fields across agent versions; deflate brings an 8-GPU record under one UDP
+// packet most of the time.
+const (
+	formatDeflateJSON byte = 1
+	// maxDecoded bounds what a message may inflate to, so a small malicious
+	// packet cannot expand into gigabytes.
+	maxDecoded = 32 << 20
+)
+
+// message is the envelope for broadcasts, reliable sends and full state.
+type message struct {
+	Nodes       []NodeRecord       `json:"nodes,omitempty"`
+	Deployments []DeploymentRecord `json:"deployments,omitempty"`
+	Beats       []Beat             `json:"beats,omitempty"`
+}
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("malformed gossip message")
+
+func encode(m message) ([]byte, error) {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode gossip message: %w", err)
+	}
+	var buf bytes.Buffer
+	buf.WriteByte(formatDeflateJSON)
+	w, err := flate.NewWriter(&buf, flate.BestCompression)
+	if err != nil {
+		return nil, fmt.Errorf("encode gossip message: %w", err)
+	}
+	if _, err := w.Write(raw); err != nil {
+		return nil, fmt.Errorf("encode gossip message: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return nil, fmt.Errorf("encode gossip message: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func decode(b []byte) (message, error) {
+	var m message
+	if len(b) == 0 {
+		return m, fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if b[0] != formatDeflateJSON {
+		return m, fmt.Errorf("%w: unknown format %d", ErrMalformed, b[0])
+	}
+	r := flate.NewReader(bytes.NewReader(b[1:]))
+	defer r.Close()
+	raw, err := io.ReadAll(io.LimitReader(r, maxDecoded+1))
+	if err != nil {
+		return m, fmt.Errorf("%w: inflate: %v", ErrMalformed, err)
+	}
+	if len(raw) > maxDecoded {
+		return m, fmt.Errorf("%w: larger than %d bytes", ErrMalformed, maxDecoded)
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return m, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	for _, n := range m.Nodes {
+		if n.Name == "" {
+			return message{}, fmt.Errorf("%w: node record without a name", ErrMalformed)
+		}
+	}
+	for _, d := range m.Deployments {
+		if d.Name == "" || (!d.Deleted && d.Spec == nil) {
+			return message{}, fmt.Errorf("%w: deployment record without name or spec", ErrMalformed)
+		}
+		if d.Spec != nil && d.Spec.Name != d.Name {
+			return message{}, fmt.Errorf("%w: deployment record %q carries spec %q", ErrMalformed, d.Name, d.Spec.Name)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,33 @@
+package gossip
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+)
+
+// memberlistLog turns memberlist's "[LEVEL] memberlist: text" lines into
+// structured records at the matching level, so that a wrong gossip key
+// ("No installed keys could decrypt the message") shows up as an error in
+// the node's own log rather than as free text.
+type memberlistLog struct{ log *slog.Logger }
+
+func (w memberlistLog) Write(p []byte) (int, error) {
+	for _, line := range bytes.Split(bytes.TrimRight(p, "\n"), []byte("\n")) {
+		s := string(line)
+		level := slog.LevelInfo
+		for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError} {
+			if i := strings.Index(s, prefix); i >= 0 {
+				level = l
+				s = strings.TrimSpace(s[i+len(prefix):])
+				break
+			}
+		}
+		s = strings.TrimPrefix(s, "memberlist: ")
+		if strings.Contains(s, "decrypt") || strings.Contains(s, "label") {
+			s += " (hint: every node needs the same --gossip-key-file and cluster label)"
+		}
+		w.log.Log(nil, level, s, "component", "memberlist")
+	}
+	return len(p), nil
+}

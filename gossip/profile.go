@@ -1,0 +1,82 @@
+package gossip
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Profile is a named set of memberlist timings.
+type Profile struct {
+	Name string
+	// Description says what failure-detection time the profile gives.
+	Description string
+	base        func() *memberlist.Config
+}
+
+// Profiles are the timings `--profile` may name.
+var profiles = []Profile{
+	{
+		Name:        "lan",
+		Description: "memberlist's LAN defaults: probe every 1s, suspicion 4×log10(n)s; a dead node is declared dead in about 5-7s on a small cluster",
+		base:        memberlist.DefaultLANConfig,
+	},
+	{
+		Name:        "local",
+		Description: "fast timings for one machine or one rack: probe every 200ms, suspicion 400ms; a dead node is declared dead in about 1-2s",
+		base:        localConfig,
+	},
+}
+
+func localConfig() *memberlist.Config {
+	c := memberlist.DefaultLocalConfig()
+	c.ProbeInterval = 200 * time.Millisecond
+	c.ProbeTimeout = 100 * time.Millisecond
+	// SuspicionMult 2 asks for no independent confirmations, so the
+	// suspicion timer is its minimum: 2 × probe interval on small clusters.
+	c.SuspicionMult = 2
+	c.SuspicionMaxTimeoutMult = 3
+	c.GossipInterval = 50 * time.Millisecond
+	c.GossipNodes = 4
+	c.RetransmitMult = 3
+	c.PushPullInterval = 5 * time.Second
+	c.TCPTimeout = time.Second
+	c.IndirectChecks = 1
+	c.GossipToTheDeadTime = 5 * time.Second
+	return c
+}
+
+// ProfileByName returns the profile called name.
+func ProfileByName(name string) (Profile, error) {
+	for _, p := range profiles {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	return Profile{}, fmt.Errorf("unknown profile %q: want lan or local", name)
+}
+
+// Profiles lists every profile.
+func Profiles() []Profile { return append([]Profile(nil), profiles...) }
+
+// Config returns a fresh memberlist configuration with the profile's
+// timings.
+func (p Profile) Config() *memberlist.Config { return p.base() }
+
+// DetectionBound is how long, at most, an n-node cluster with this profile
+// takes to declare a silently dead node dead everywhere: every live node
+// probes round-robin, so the dead one is probed within n probe intervals; the
+// probe times out; suspicion runs to at most its maximum; then the dead
+// message gossips to everyone within a few gossip rounds. It is an upper
+// bound for tests, not the typical time.
+func (p Profile) DetectionBound(n int) time.Duration {
+	c := p.base()
+	nodeScale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	suspicion := time.Duration(float64(c.SuspicionMult) * nodeScale * float64(c.ProbeInterval))
+	maxSuspicion := time.Duration(c.SuspicionMaxTimeoutMult) * suspicion
+	probe := time.Duration(n)*c.ProbeInterval + c.ProbeTimeout
+	spread := time.Duration(4*math.Ceil(math.Log10(float64(n+1)))+4) * c.GossipInterval
+	return probe + maxSuspicion + spread + 2*c.ProbeInterval
+}

@@ -1,0 +1,109 @@
+package gossip
+
+import (
+	"time"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// Version orders a node's records: a restart bumps Epoch, every change or
+// renewal bumps Seq. Only the owning node writes its record, so "newer wins"
+// is the whole merge rule.
+type Version struct {
+	Epoch int64  `json:"epoch"`
+	Seq   uint64 `json:"seq"`
+}
+
+// Newer reports whether v is strictly newer than o.
+func (v Version) Newer(o Version) bool {
+	if v.Epoch != o.Epoch {
+		return v.Epoch > o.Epoch
+	}
+	return v.Seq > o.Seq
+}
+
+// ShardLoad is an engine's load as last scraped by its node.
+type ShardLoad struct {
+	Running       float64   `json:"running"`
+	Waiting       float64   `json:"waiting"`
+	KVCacheUsage  float64   `json:"kv_cache_usage"`
+	PromptTPS     float64   `json:"prompt_tokens_per_s"`
+	GenerationTPS float64   `json:"generation_tokens_per_s"`
+	RatesValid    bool      `json:"rates_valid"`
+	ScrapedAt     time.Time `json:"scraped_at,omitzero"`
+	Error         string    `json:"error,omitempty"`
+}
+
+// ShardRecord is one shard a node holds, as that node reports it.
+type ShardRecord struct {
+	ShardID      string `json:"shard_id"`
+	ReplicaID    string `json:"replica_id"`
+	Deployment   string `json:"deployment"`
+	SpecVersion  string `json:"spec_version"`
+	GPUs         []int  `json:"gpus"`
+	MemoryPerGPU uint64 `json:"memory_per_gpu_bytes,omitempty"`
+	// Status is the engine's state on its node: starting, ready, crashed,
+	// backoff or stopping.
+	Status string `json:"status"`
+	// Ready is set only while the engine answers /health and lists its
+	// model; a record renewal then renews the shard's lease.
+	Ready      bool      `json:"ready"`
+	ClaimStamp int64     `json:"claim_stamp"`
+	Failing    bool      `json:"failing,omitempty"`
+	URL        string    `json:"url,omitempty"`
+	PID        int       `json:"pid,omitempty"`
+	Container  string    `json:"container,omitempty"`
+	Restarts   int       `json:"restarts,omitempty"`
+	LastExit   *int      `json:"last_exit,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	Load       ShardLoad `json:"load,omitzero"`
+}
+
+// ProbeSummary is what the node's probes found worth telling the cluster.
+type ProbeSummary struct {
+	DriverFaultsRecent int    `json:"driver_faults_recent,omitempty"`
+	DriverFaultsBoot   int    `json:"driver_faults_boot,omitempty"`
+	LastDriverFault    string `json:"last_driver_fault,omitempty"`
+	GPUDriver          string `json:"gpu_driver,omitempty"`
+	GPUsSimulated      bool   `json:"gpus_simulated,omitempty"`
+}
+
+// NodeRecord is everything a node tells the cluster about itself. It has a
+// single writer, its node.
+type NodeRecord struct {
+	Name         string            `json:"name"`
+	Version      Version           `json:"version"`
+	API          string            `json:"api"`
+	Gossip       string            `json:"gossip"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	GPUs         []placement.GPU   `json:"gpus"`
+	Shards       []ShardRecord     `json:"shards,omitempty"`
+	CachedModels []string          `json:"cached_models,omitempty"`
+	Probes       ProbeSummary      `json:"probes,omitzero"`
+	AgentVersion string            `json:"agent_version"`
+	StartedAt    time.Time         `json:"started_at"`
+	Runtime      string            `json:"runtime,omitempty"`
+	// Leaving is the node's last word before a graceful leave. memberlist's
+	// leave event does not say whether a node left or died (the Node it
+	// passes carries a stale State), so the record says it.
+	Leaving bool `json:"leaving,omitempty"`
+}
+
+// DeploymentRecord is one deployment's replicated state: the spec, or a
+// tombstone once deleted. Any node may write it; the later stamp wins.
+type DeploymentRecord struct {
+	Name    string                `json:"name"`
+	Spec    *placement.Deployment `json:"spec,omitempty"`
+	Deleted bool                  `json:"deleted,omitempty"`
+	Stamp   Stamp                 `json:"stamp"`
+}
+
+// Beat renews a node's record without resending it: "my record is now at
+// Version, and its content is the one of version Content". A receiver that
+// holds that content takes the new version (and with it, renewed leases);
+// one that does not waits for the full record, which push/pull repairs.
+type Beat struct {
+	Name    string  `json:"name"`
+	Version Version `json:"version"`
+	Content Version `json:"content"`
+}

@@ -1,0 +1,187 @@
+package gossip
+
+import (
+	"encoding/json"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Store is one node's copy of the replicated state. Its merge operations
+// are idempotent, commutative and associative: whatever order records
+// arrive in, two stores that saw the same records hold the same state.
+type Store struct {
+	mu    sync.Mutex
+	now   func() time.Time
+	nodes map[string]*nodeEntry
+	deps  map[string]DeploymentRecord
+	// tombstoneTTL is how long a deletion is remembered. It must outlast any
+	// node's downtime, or a node returning with the deployment in its data
+	// dir would resurrect it.
+	tombstoneTTL time.Duration
+}
+
+type nodeEntry struct {
+	rec NodeRecord
+	// content is the version whose content rec holds; rec.Version may be
+	// newer through beats.
+	content Version
+	// seenAt is this node's clock when it last accepted a newer version of
+	// the record: the start of every lease's TTL on this receiver.
+	seenAt time.Time
+}
+
+// NewStore returns an empty store judging time by now.
+func NewStore(now func() time.Time, tombstoneTTL time.Duration) *Store {
+	return &Store{now: now, nodes: map[string]*nodeEntry{}, deps: map[string]DeploymentRecord{}, tombstoneTTL: tombstoneTTL}
+}
+
+// MergeNode keeps r if it is newer than what the store holds. It reports
+// whether anything changed.
+func (s *Store) MergeNode(r NodeRecord) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.nodes[r.Name]
+	if ok && !r.Version.Newer(e.rec.Version) {
+		// Same version, or an older one: a beat may have advanced our
+		// version past this content already, which is fine as content is
+		// unchanged since e.content.
+		return false
+	}
+	s.nodes[r.Name] = &nodeEntry{rec: r, content: r.Version, seenAt: s.now()}
+	return true
+}
+
+// MergeBeat applies a renewal. It reports whether it was accepted; a beat
+// for content the store does not have is ignored until the full record
+// arrives.
+func (s *Store) MergeBeat(b Beat) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.nodes[b.Name]
+	if !ok || !b.Version.Newer(e.rec.Version) || e.content != b.Content {
+		return false
+	}
+	e.rec.Version = b.Version
+	e.seenAt = s.now()
+	return true
+}
+
+// MergeDeployment keeps d if its stamp is later than the one held.
+func (s *Store) MergeDeployment(d DeploymentRecord) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.deps[d.Name]
+	if ok && !supersedes(d, old) {
+		return false
+	}
+	if d.Deleted && s.expired(d) {
+		// A tombstone too old to matter: do not take it back in.
+		return false
+	}
+	s.deps[d.Name] = d
+	return true
+}
+
+// supersedes reports whether d replaces old. A later stamp wins. Equal
+// stamps with different content cannot come from correct nodes (the HLC
+// never issues a stamp twice), but the merge must stay order-independent
+// anyway: a tombstone wins, then the larger encoded spec.
+func supersedes(d, old DeploymentRecord) bool {
+	if d.Stamp != old.Stamp {
+		return old.Stamp.Less(d.Stamp)
+	}
+	if d.Deleted != old.Deleted {
+		return d.Deleted
+	}
+	if d.Spec == nil || old.Spec == nil {
+		return false
+	}
+	a, _ := json.Marshal(d.Spec)
+	b, _ := json.Marshal(old.Spec)
+	return string(a) > string(b)
+}
+
+func (s *Store) expired(d DeploymentRecord) bool {
+	return d.Deleted && s.now().Sub(time.UnixMilli(d.Stamp.Wall)) > s.tombstoneTTL
+}
+
+// GC forgets tombstones older than the tombstone TTL.
+func (s *Store) GC() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, d := range s.deps {
+		if s.expired(d) {
+			delete(s.deps, name)
+		}
+	}
+}
+
+// NodeState is a stored record with the receiver's renewal time.
+type NodeState struct {
+	Record NodeRecord
+	SeenAt time.Time
+}
+
+// Node returns one node's record.
+func (s *Store) Node(name string) (NodeState, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.nodes[name]
+	if !ok {
+		return NodeState{}, false
+	}
+	return NodeState{Record: e.rec, SeenAt: e.seenAt}, true
+}
+
+// Nodes returns every stored record, sorted by name.
+func (s *Store) Nodes() []NodeState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]NodeState, 0, len(s.nodes))
+	for _, e := range s.nodes {
+		out = append(out, NodeState{Record: e.rec, SeenAt: e.seenAt})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Record.Name < out[j].Record.Name })
+	return out
+}
+
+// Deployments returns every deployment record, tombstones included, sorted
+// by name.
+func (s *Store) Deployments() []DeploymentRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]DeploymentRecord, 0, len(s.deps))
+	for _, d := range s.deps {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b DeploymentRecord) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Deployment returns one deployment record.
+func (s *Store) Deployment(name string) (DeploymentRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.deps[name]
+	return d, ok
+}
+
+// full returns the whole state for push/pull.
+func (s *Store) full() message {
+	var m message
+	for _, n := range s.Nodes() {
+		m.Nodes = append(m.Nodes, n.Record)
+	}
+	m.Deployments = s.Deployments()
+	return m
+}

@@ -1,0 +1,176 @@
+package placement
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Engine profiles a deployment may name.
+var engineProfiles = []string{"fake", "llamacpp", "sglang", "vllm"}
+
+// EngineProfiles returns the engine profile names a deployment may use.
+func EngineProfiles() []string { return slices.Clone(engineProfiles) }
+
+// Deployment is what an operator asked for with `llmgw place`.
+// Field names in JSON are the API's and the YAML file's.
+type Deployment struct {
+	Name   string `json:"name"`
+	Model  string `json:"model"`
+	Engine string `json:"engine,omitempty"`
+	Image  string `json:"image,omitempty"`
+	// Replicas is the number of serving endpoints.
+	Replicas int `json:"replicas"`
+	// TensorParallel is the number of GPUs of one node each shard holds.
+	TensorParallel int `json:"tensor_parallel,omitempty"`
+	// PipelineParallel is the number of nodes one replica spans; the shards
+	// of one replica are a gang, placed together or not at all.
+	PipelineParallel int `json:"pipeline_parallel,omitempty"`
+	// GPUMemory is the memory each shard needs on each of its GPUs. Zero
+	// means the shard takes its GPUs whole.
+	GPUMemory Bytes `json:"gpu_memory,omitempty"`
+	// GPUType must be a substring of the GPU's name (case-insensitive).
+	GPUType string            `json:"gpu_type,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+}
+
+// WithDefaults returns d with unset optional fields filled in.
+func (d Deployment) WithDefaults() Deployment {
+	if d.Engine == "" {
+		d.Engine = "vllm"
+	}
+	if d.Replicas == 0 {
+		d.Replicas = 1
+	}
+	if d.TensorParallel == 0 {
+		d.TensorParallel = 1
+	}
+	if d.PipelineParallel == 0 {
+		d.PipelineParallel = 1
+	}
+	return d
+}
+
+var (
+	dnsLabel  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	labelKey  = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$`)
+	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	maxShards = 10000
+)
+
+// FieldError names the field that is wrong, the value, and what is allowed.
+type FieldError struct {
+	Field string
+	Value string
+	Want  string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("%s: invalid value %q: %s", e.Field, e.Value, e.Want)
+}
+
+// Validate checks a deployment after WithDefaults. The error names the first
+// bad field, the value and what is allowed.
+func (d Deployment) Validate() error {
+	bad := func(field, value, want string) error { return &FieldError{Field: field, Value: value, Want: want} }
+	if !dnsLabel.MatchString(d.Name) {
+		return bad("name", d.Name, "a DNS label: 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit")
+	}
+	if strings.TrimSpace(d.Model) == "" || len(d.Model) > 512 || strings.ContainsAny(d.Model, "\x00\n") {
+		return bad("model", d.Model, "a model id such as meta-llama/Llama-3.1-8B-Instruct or a path, at most 512 characters")
+	}
+	if !slices.Contains(engineProfiles, d.Engine) {
+		return bad("engine", d.Engine, "one of "+strings.Join(engineProfiles, ", "))
+	}
+	if len(d.Image) > 512 || strings.ContainsAny(d.Image, " \t\n\x00") {
+		return bad("image", d.Image, "an image reference without spaces, at most 512 characters")
+	}
+	if d.Replicas < 0 || d.Replicas > 1000 {
+		return bad("replicas", strconv.Itoa(d.Replicas), "an integer from 0 to 1000")
+	}
+	if d.TensorParallel < 1 || d.TensorParallel > 64 {
+		return bad("tensor_parallel", strconv.Itoa(d.TensorParallel), "an integer from 1 to 64 (GPUs of one node per shard)")
+	}
+	if d.PipelineParallel < 1 || d.PipelineParallel > 64 {
+		return bad("pipeline_parallel", strconv.Itoa(d.PipelineParallel), "an integer from 1 to 64 (nodes per replica)")
+	}
+	if d.Replicas*d.PipelineParallel > maxShards {
+		return bad("replicas", strconv.Itoa(d.Replicas), fmt.Sprintf("replicas × pipeline_parallel at most %d shards", maxShards))
+	}
+	if d.GPUMemory > 0 && d.GPUMemory < 1<<20 {
+		return bad("gpu_memory", d.GPUMemory.String(), "at least 1MiB, e.g. 70GiB (or unset for whole GPUs)")
+	}
+	if len(d.GPUType) > 64 {
+		return bad("gpu_type", d.GPUType, "a substring of a GPU name such as H100, at most 64 characters")
+	}
+	for _, k := range sortedKeys(d.Labels) {
+		if !labelKey.MatchString(k) {
+			return bad("labels", k, "keys of letters, digits, '.', '_', '/' or '-'")
+		}
+		if len(d.Labels[k]) > 256 {
+			return bad("labels."+k, d.Labels[k], "a value of at most 256 characters")
+		}
+	}
+	if len(d.Args) > 256 {
+		return bad("args", strconv.Itoa(len(d.Args)), "at most 256 arguments")
+	}
+	for i, a := range d.Args {
+		if len(a) > 4096 || strings.ContainsRune(a, 0) {
+			return bad(fmt.Sprintf("args[%d]", i), a, "at most 4096 characters and no NUL byte")
+		}
+	}
+	for _, k := range sortedKeys(d.Env) {
+		if !envName.MatchString(k) {
+			return bad("env", k, "variable names of letters, digits and '_', not starting with a digit")
+		}
+		if len(d.Env[k]) > 4096 || strings.ContainsRune(d.Env[k], 0) {
+			return bad("env."+k, d.Env[k], "a value of at most 4096 characters and no NUL byte")
+		}
+	}
+	return nil
+}
+
+// SpecVersion is a short hash of everything that changes how a shard runs.
+// Replicas is left out on purpose: scaling must not restart the replicas
+// that already serve.
+func (d Deployment) SpecVersion() string {
+	d = d.WithDefaults()
+	d.Replicas = 0
+	// json.Marshal sorts map keys, so the hash is stable.
+	b, err := json.Marshal(d)
+	if err != nil {
+		// Deployment has only marshalable fields; this cannot happen.
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:12]
+}
+
+// ReplicaID names replica i of deployment name.
+func ReplicaID(deployment string, i int) string { return deployment + "-" + strconv.Itoa(i) }
+
+// ShardID names shard j of a replica: the replica's own ID when the
+// deployment has one shard per replica.
+func ShardID(replica string, j, pipelineParallel int) string {
+	if pipelineParallel <= 1 {
+		return replica
+	}
+	return replica + "-s" + strconv.Itoa(j)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,121 @@
+// Package placement decides which GPUs run which model shards.
+//
+// It is a pure function of a View and the current time: no I/O, no
+// goroutines, no map-order or random dependence. Every node of a cluster runs
+// it on its own copy of the cluster state and, for equal views, gets a
+// byte-identical Plan. That is what lets llmgw work without a leader: nobody
+// hands out assignments, everybody computes the same ones and acts only on its
+// own part.
+//
+// A test (deps_test.go) fails the build if this package imports anything that
+// does I/O.
+package placement
+
+// GPU is one device of a node as the node advertises it.
+type GPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Name  string `json:"name"`
+	// MemoryTotal is the device's memory in bytes.
+	MemoryTotal uint64 `json:"memory_total_bytes"`
+	// MemoryUsed is what the driver reports in use (NVML GetMemoryInfo_v2
+	// Used, which excludes driver-reserved memory).
+	MemoryUsed uint64 `json:"memory_used_bytes"`
+	// MemoryForeign is the part of MemoryUsed held by processes llmgw does
+	// not own. Placement fits against total minus foreign minus what llmgw's
+	// own shards were promised: a GPU that someone else filled is not free
+	// just because no shard of ours sits on it.
+	MemoryForeign uint64 `json:"memory_foreign_bytes"`
+	MIG           bool   `json:"mig,omitempty"`
+	// NVLinkPeers are the indices of GPUs on the same node reachable by an
+	// active NVLink.
+	NVLinkPeers []int  `json:"nvlink_peers,omitempty"`
+	PCIBusID    string `json:"pci_bus_id,omitempty"`
+	// Faulted is set when the node saw recent driver faults (Xid) on this
+	// GPU; placement puts nothing new on it.
+	Faulted bool `json:"faulted,omitempty"`
+}
+
+// LeaseState is how the viewing node judges a held shard's lease.
+type LeaseState string
+
+const (
+	// LeaseStarting: the holder claimed the shard and is alive and renewing,
+	// but the engine is not ready yet. Placement keeps it where it is; it is
+	// not routable.
+	LeaseStarting LeaseState = "starting"
+	// LeaseValid: ready, renewed within the TTL, holder alive. Routable.
+	LeaseValid LeaseState = "valid"
+	// LeaseLapsed: not renewed within the TTL, or the holder is dead or
+	// left. The shard is free to re-place and must not be routed to.
+	LeaseLapsed LeaseState = "lapsed"
+)
+
+// HeldShard is a shard a node says it runs, with the viewer's judgement of
+// its lease.
+type HeldShard struct {
+	ShardID     string `json:"shard_id"`
+	SpecVersion string `json:"spec_version"`
+	GPUs        []int  `json:"gpus"`
+	// MemoryPerGPU is what the shard was placed with (0: whole GPUs).
+	MemoryPerGPU uint64     `json:"memory_per_gpu_bytes,omitempty"`
+	Lease        LeaseState `json:"lease"`
+	// ClaimStamp orders duplicate holders after a partition heals: the
+	// earliest claim keeps the shard, then the lower node name.
+	ClaimStamp int64 `json:"claim_stamp"`
+	// Failing is set when the engine keeps crashing here; placement may then
+	// move the shard to another node.
+	Failing bool `json:"failing,omitempty"`
+}
+
+// Node is one member of the cluster as the viewing node sees it.
+type Node struct {
+	Name string `json:"name"`
+	// Alive is memberlist's alive or suspect. Dead and left nodes are kept in
+	// the view so their shards can be explained, but nothing is placed there.
+	Alive  bool              `json:"alive"`
+	Labels map[string]string `json:"labels,omitempty"`
+	GPUs   []GPU             `json:"gpus"`
+	Shards []HeldShard       `json:"shards,omitempty"`
+	// CachedModels lists models whose weights are already on local disk.
+	CachedModels []string `json:"cached_models,omitempty"`
+}
+
+// View is everything placement looks at.
+type View struct {
+	Nodes       []Node       `json:"nodes"`
+	Deployments []Deployment `json:"deployments"`
+}
+
+// Assignment places one shard of one spec version on one node's GPUs.
+type Assignment struct {
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node"`
+	GPUs        []int  `json:"gpus"`
+	// MemoryPerGPU is the memory reserved on each GPU (0: whole GPUs).
+	MemoryPerGPU uint64 `json:"memory_per_gpu_bytes,omitempty"`
+	// Kept is true when the shard stays where a valid or starting lease
+	// already holds it.
+	Kept bool `json:"kept,omitempty"`
+	// Draining marks an old-version shard kept serving until its
+	// replacement is ready (surge, then drain).
+	Draining bool `json:"draining,omitempty"`
+}
+
+// Unplaced is a shard placement could not put anywhere, and why.
+type Unplaced struct {
+	ShardID    string `json:"shard_id"`
+	ReplicaID  string `json:"replica_id"`
+	Deployment string `json:"deployment"`
+	Reason     string `json:"reason"`
+}
+
+// Plan is placement's answer for a view. Both slices are sorted by shard ID
+// (then spec version), so equal views marshal to equal bytes.
+type Plan struct {
+	Assignments []Assignment `json:"assignments"`
+	Unplaced    []Unplaced   `json:"unplaced"`
+}

@@ -1,0 +1,133 @@
+package gpu
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// maxSimulated bounds a spec so a typo ("8000xH100") is an error, not a
+// node record too large to gossip.
+const maxSimulated = 1024
+
+// simulatedForm is quoted in every parse error.
+const simulatedForm = "<count>x<model>-<memory>GB, comma-separated, for example 4xH100-80GB,2xL40S-48GB"
+
+// ParseSimulated turns a spec such as "4xH100-80GB,2xL40S-48GB" ("×" works
+// for "x") into GPUs named like NVML names them ("NVIDIA H100 80GB"), indexed
+// from 0 in spec order, each with the stated memory in GiB (GPU makers'
+// "80GB" is 80 GiB) and nothing used.
+//
+// seed is the node name. UUIDs are derived from it and the index, so they
+// are stable across restarts and differ between nodes: two simulated nodes
+// sharing UUIDs would look like one node's GPUs advertised twice. Simulated
+// GPUs have no PCI address and no NVLink.
+func ParseSimulated(spec, seed string) ([]placement.GPU, error) {
+	if seed == "" {
+		return nil, errors.New("simulated GPUs: a seed (the node name) is required so that nodes get different UUIDs")
+	}
+	if strings.TrimSpace(spec) == "" {
+		return nil, fmt.Errorf("simulated GPUs: empty spec; want %s", simulatedForm)
+	}
+	var out []placement.GPU
+	for i, part := range strings.Split(spec, ",") {
+		count, model, gib, err := parseSimulatedPart(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("simulated GPUs: part %d %q: %v; want %s", i+1, part, err, simulatedForm)
+		}
+		if len(out)+count > maxSimulated {
+			return nil, fmt.Errorf("simulated GPUs: more than %d GPUs in %q", maxSimulated, spec)
+		}
+		for range count {
+			idx := len(out)
+			out = append(out, placement.GPU{
+				Index:       idx,
+				UUID:        simulatedUUID(seed, idx),
+				Name:        fmt.Sprintf("NVIDIA %s %dGB", model, gib),
+				MemoryTotal: gib << 30,
+			})
+		}
+	}
+	return out, nil
+}
+
+func parseSimulatedPart(p string) (count int, model string, gib uint64, err error) {
+	digits := strings.IndexFunc(p, func(r rune) bool { return r < '0' || r > '9' })
+	if digits <= 0 {
+		return 0, "", 0, errors.New("does not start with a count")
+	}
+	count, err = strconv.Atoi(p[:digits])
+	if err != nil || count < 1 {
+		return 0, "", 0, errors.New("count must be a positive number")
+	}
+	rest := p[digits:]
+	sep, size := utf8.DecodeRuneInString(rest)
+	if sep != 'x' && sep != 'X' && sep != '×' {
+		return 0, "", 0, errors.New(`no "x" after the count`)
+	}
+	rest = rest[size:]
+	dash := strings.LastIndexByte(rest, '-')
+	if dash < 0 {
+		return 0, "", 0, errors.New(`no "-<memory>GB" after the model`)
+	}
+	model, mem := rest[:dash], rest[dash+1:]
+	if model == "" {
+		return 0, "", 0, errors.New("no model")
+	}
+	for _, r := range model {
+		if r > unicode.MaxASCII || !(unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_' || r == '.') {
+			return 0, "", 0, fmt.Errorf("model %q may hold only letters, digits, '-', '_' and '.'", model)
+		}
+	}
+	num, ok := strings.CutSuffix(strings.ToUpper(mem), "GB")
+	if !ok {
+		return 0, "", 0, fmt.Errorf("memory %q does not end in GB", mem)
+	}
+	gib, err = strconv.ParseUint(num, 10, 32)
+	if err != nil || gib == 0 {
+		return 0, "", 0, fmt.Errorf("memory %q is not a positive whole number of GB", mem)
+	}
+	return count, model, gib, nil
+}
+
+// simulatedUUID formats a hash of seed and index the way NVML formats UUIDs.
+func simulatedUUID(seed string, index int) string {
+	h := sha256.Sum256([]byte("llmgw-simulated-gpu\x00" + seed + "\x00" + strconv.Itoa(index)))
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// Simulated is a Discoverer that returns fixed GPUs. It exists for clusters
+// without GPUs (development, scenarios) and is used only when the operator
+// asks for it.
+type Simulated struct {
+	gpus []placement.GPU
+}
+
+var _ Probe = (*Simulated)(nil)
+
+// NewSimulated parses spec (see ParseSimulated) into a Discoverer.
+func NewSimulated(spec, seed string) (*Simulated, error) {
+	gpus, err := ParseSimulated(spec, seed)
+	if err != nil {
+		return nil, err
+	}
+	return &Simulated{gpus: gpus}, nil
+}
+
+// Discover returns the simulated GPUs, marked Simulated, with no processes.
+func (s *Simulated) Discover(ctx context.Context) (Snapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{GPUs: cloneGPUs(s.gpus), Driver: "simulated", Available: true, Simulated: true}, nil
+}
+
+// Close does nothing; it lets Simulated stand where a Probe is expected.
+func (s *Simulated) Close() error { return nil }

@@ -1,0 +1,148 @@
+// Package fakeengine is a stand-in inference engine that speaks the part of
+// vLLM's HTTP surface llmgw reads: /health, /v1/models, the OpenAI chat and
+// completions endpoints (plain and SSE streaming) and vLLM's Prometheus
+// metrics. It loads no model and needs no GPU, so placement, supervision,
+// routing and failure handling can be exercised on any machine.
+//
+// Its misbehaviour is scripted by Config, in the style of a mock driver: slow
+// start, a crash after a while with a chosen exit code, a health endpoint
+// that never turns healthy, and the metric name of older vLLM releases.
+//
+// It is a library; `llmgw engine fake` wraps Run and turns ErrCrash into the
+// process exit code.
+package fakeengine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Config scripts one fake engine.
+type Config struct {
+	// Model is the served model name: /v1/models lists it and requests must
+	// name it.
+	Model string
+	// Port and Host are where Run listens. An empty Host listens on every
+	// interface, as vLLM's default does.
+	Port int
+	Host string
+	// StartupDelay keeps /health (and the model endpoints) at 503 for this
+	// long after Run starts, like an engine loading weights.
+	StartupDelay time.Duration
+	// CrashAfter, when positive, makes Run stop serving abruptly after this
+	// long and return a *CrashError carrying ExitCode.
+	CrashAfter time.Duration
+	ExitCode   int
+	// FailHealth keeps /health at 503 for the engine's whole life.
+	FailHealth bool
+	// LegacyKVMetric exports vllm:gpu_cache_usage_perc (vLLM before the V1
+	// engine) instead of vllm:kv_cache_usage_perc.
+	LegacyKVMetric bool
+
+	// The fields below are not CLI flags; tests and benchmarks set them.
+
+	// TokenDelay pauses between streamed tokens so that load is visible in
+	// the running/waiting gauges.
+	TokenDelay time.Duration
+	// MaxRunning is how many requests are served at once; more wait and show
+	// in vllm:num_requests_waiting. Zero means 256, vLLM's default
+	// max_num_seqs.
+	MaxRunning int
+	// Listener, when set, is served instead of listening on Host:Port, so a
+	// caller can bind port 0 and learn the address first. Run closes it.
+	Listener net.Listener
+	// Now is the clock StartupDelay is measured on; nil means time.Now.
+	Now func() time.Time
+	// Log receives one line per lifecycle event (listening, ready, crash);
+	// nil discards them. The CLI passes stderr, which the runtime sends to
+	// the engine's log file.
+	Log io.Writer
+}
+
+// ErrCrash is what a scripted crash wraps; errors.As with *CrashError gives
+// the exit code.
+var ErrCrash = errors.New("fake engine: scripted crash")
+
+// CrashError is returned by Run when Config.CrashAfter elapsed.
+type CrashError struct {
+	ExitCode int
+	After    time.Duration
+}
+
+func (e *CrashError) Error() string {
+	return fmt.Sprintf("fake engine: scripted crash after %s, exit code %d", e.After, e.ExitCode)
+}
+
+// Unwrap makes errors.Is(err, ErrCrash) true.
+func (e *CrashError) Unwrap() error { return ErrCrash }
+
+// ExitCode is the process exit code a CLI should use for Run's error: 0 for
+// nil, the scripted code for a crash, 1 otherwise.
+func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ce *CrashError
+	if errors.As(err, &ce) {
+		return ce.ExitCode
+	}
+	return 1
+}
+
+// Run serves the fake engine until ctx is done (then it shuts down gracefully
+// and returns nil) or until the scripted crash (then it drops every
+// connection and returns a *CrashError).
+func Run(ctx context.Context, cfg Config) error {
+	srv, err := NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("fake engine: listen on %s: %w", addr, err)
+		}
+	}
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	srv.logf("fake engine serving model %q on %s (startup delay %s)", cfg.Model, ln.Addr(), cfg.StartupDelay)
+
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+
+	var crash <-chan time.Time
+	if cfg.CrashAfter > 0 {
+		t := time.NewTimer(cfg.CrashAfter)
+		defer t.Stop()
+		crash = t.C
+	}
+	select {
+	case <-ctx.Done():
+		srv.logf("fake engine shutting down: %v", context.Cause(ctx))
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			_ = hs.Close()
+		}
+		<-served
+		return nil
+	case <-crash:
+		// A crash drops connections mid-stream, as a dying engine would.
+		_ = hs.Close()
+		<-served
+		srv.logf("fake engine crashing with exit code %d", cfg.ExitCode)
+		return &CrashError{ExitCode: cfg.ExitCode, After: cfg.CrashAfter}
+	case err := <-served:
+		return fmt.Errorf("fake engine: serve: %w", err)
+	}
+}

@@ -1,0 +1,446 @@
+package fakeengine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// clock is a settable clock for the startup delay.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time           { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+func newTestServer(t *testing.T, cfg Config) (*httptest.Server, *Server) {
+	t.Helper()
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return ts, s
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, url, body string) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// scrape parses /metrics the way llmgw's engine probe does.
+func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
+	t.Helper()
+	req, _ := http.NewRequest("GET", base+"/metrics", nil)
+	req.Header.Set("Accept", "text/plain; version=0.0.4")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name, modelName string) float64 {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("metric %s missing; have %v", name, keys(fams))
+	}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == LabelModel && l.GetValue() == modelName {
+				switch {
+				case m.Counter != nil:
+					return m.GetCounter().GetValue()
+				case m.Gauge != nil:
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("metric %s has no sample with %s=%q", name, LabelModel, modelName)
+	return 0
+}
+
+func keys(m map[string]*dto.MetricFamily) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func TestHealthFollowsStartupDelay(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	ts, _ := newTestServer(t, Config{Model: "m", StartupDelay: 30 * time.Second, Now: c.Now})
+	if code, _ := get(t, ts.URL+"/health"); code != 503 {
+		t.Fatalf("health during startup = %d, want 503", code)
+	}
+	if code, _ := get(t, ts.URL+"/v1/models"); code != 503 {
+		t.Fatalf("models during startup = %d, want 503", code)
+	}
+	c.Advance(30 * time.Second)
+	if code, _ := get(t, ts.URL+"/health"); code != 200 {
+		t.Fatalf("health after startup = %d, want 200", code)
+	}
+}
+
+func TestFailHealth(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m", FailHealth: true})
+	if code, _ := get(t, ts.URL+"/health"); code != 503 {
+		t.Fatalf("health = %d, want 503", code)
+	}
+	// The engine still serves; only its health check lies.
+	if code, _ := get(t, ts.URL+"/v1/models"); code != 200 {
+		t.Fatalf("models = %d, want 200", code)
+	}
+}
+
+func TestModelsListsServedName(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "llama-8b"})
+	code, body := get(t, ts.URL+"/v1/models")
+	if code != 200 {
+		t.Fatalf("code %d", code)
+	}
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID     string `json:"id"`
+			Object string `json:"object"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(body), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || len(list.Data) != 1 || list.Data[0].ID != "llama-8b" || list.Data[0].Object != "model" {
+		t.Fatalf("models = %s", body)
+	}
+}
+
+func TestChatNonStreaming(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	code, _, body := post(t, ts.URL+"/v1/chat/completions",
+		`{"model":"m1","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there"}]}`)
+	if code != 200 {
+		t.Fatalf("code %d: %s", code, body)
+	}
+	var resp struct {
+		Object  string `json:"object"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Message      struct{ Role, Content string } `json:"message"`
+			FinishReason string                         `json:"finish_reason"`
+		} `json:"choices"`
+		Usage usage `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &resp); err != nil {
+		t.Fatal(err)
+	}
+	want := "fake m1 reply: hello there"
+	if resp.Object != "chat.completion" || resp.Model != "m1" || len(resp.Choices) != 1 ||
+		resp.Choices[0].Message.Content != want || resp.Choices[0].Message.Role != "assistant" ||
+		resp.Choices[0].FinishReason != "stop" {
+		t.Fatalf("response = %s", body)
+	}
+	if resp.Usage != (usage{PromptTokens: 4, CompletionTokens: 5, TotalTokens: 9}) {
+		t.Fatalf("usage = %+v", resp.Usage)
+	}
+}
+
+// readSSE returns the data payloads of an SSE body, checking the framing.
+func readSSE(t *testing.T, body string) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			t.Fatalf("line without data: prefix: %q", line)
+		}
+		out = append(out, data)
+	}
+	if len(out) == 0 || out[len(out)-1] != "[DONE]" {
+		t.Fatalf("stream does not end with [DONE]: %q", body)
+	}
+	return out
+}
+
+func TestChatStreaming(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	code, hdr, body := post(t, ts.URL+"/v1/chat/completions",
+		`{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":[{"type":"text","text":"a b c"}]}]}`)
+	if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("code %d, content type %q", code, hdr.Get("Content-Type"))
+	}
+	events := readSSE(t, body)
+	var text strings.Builder
+	var gotUsage *usage
+	var finish string
+	for _, e := range events[:len(events)-1] {
+		var c struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Delta        struct{ Content string } `json:"delta"`
+				FinishReason *string                  `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *usage `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatalf("chunk %q: %v", e, err)
+		}
+		if c.Object != "chat.completion.chunk" {
+			t.Fatalf("object = %q", c.Object)
+		}
+		for _, ch := range c.Choices {
+			text.WriteString(ch.Delta.Content)
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+		if c.Usage != nil {
+			gotUsage = c.Usage
+		}
+	}
+	if text.String() != "fake m1 reply: a b c" || finish != "stop" {
+		t.Fatalf("text %q finish %q", text.String(), finish)
+	}
+	if gotUsage == nil || *gotUsage != (usage{PromptTokens: 3, CompletionTokens: 6, TotalTokens: 9}) {
+		t.Fatalf("usage = %+v", gotUsage)
+	}
+}
+
+func TestCompletions(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	code, _, body := post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"one two three","max_tokens":2}`)
+	if code != 200 {
+		t.Fatalf("code %d: %s", code, body)
+	}
+	var resp struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(body), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Object != "text_completion" || resp.Choices[0].Text != "fake m1" || resp.Choices[0].FinishReason != "length" {
+		t.Fatalf("response = %s", body)
+	}
+
+	code, _, body = post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":[1,2,3],"stream":true}`)
+	if code != 200 {
+		t.Fatalf("stream code %d", code)
+	}
+	events := readSSE(t, body)
+	var text strings.Builder
+	for _, e := range events[:len(events)-1] {
+		var c struct {
+			Choices []struct{ Text string } `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatal(err)
+		}
+		text.WriteString(c.Choices[0].Text)
+	}
+	if text.String() != "fake m1 reply:" {
+		t.Fatalf("streamed text %q", text.String())
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"model":`, "invalid JSON"},
+		{"/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`, "`other` does not exist"},
+		{"/v1/chat/completions", `{"model":"m1","messages":[]}`, "at least one message"},
+		{"/v1/completions", `{"model":"m1"}`, "prompt"},
+		{"/v1/completions", `not json`, "invalid JSON"},
+	} {
+		code, _, body := post(t, ts.URL+tc.path, tc.body)
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			t.Fatalf("%s %s: error body %q: %v", tc.path, tc.body, body, err)
+		}
+		if code != 400 || e.Error.Code != 400 || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.want) {
+			t.Errorf("%s %s: code %d body %s, want 400 mentioning %q", tc.path, tc.body, code, body, tc.want)
+		}
+	}
+	if code, _ := get(t, ts.URL+"/v1/chat/completions"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET chat = %d", code)
+	}
+}
+
+func TestMetricsCountTokens(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	fams := scrape(t, ts.URL)
+	if v := value(t, fams, MetricPromptTokens, "m1"); v != 0 {
+		t.Fatalf("prompt tokens before = %v", v)
+	}
+	post(t, ts.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b"}]}`)        // 2 + 5
+	post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x y z","stream":true}`)                           // 3 + 6
+	post(t, ts.URL+"/v1/chat/completions", `{"model":"wrong","messages":[{"role":"user","content":"a b c d"}]}`) // not served
+	fams = scrape(t, ts.URL)
+	if v := value(t, fams, MetricPromptTokens, "m1"); v != 5 {
+		t.Errorf("prompt tokens = %v, want 5", v)
+	}
+	if v := value(t, fams, MetricGenerationTokens, "m1"); v != 11 {
+		t.Errorf("generation tokens = %v, want 11", v)
+	}
+	for _, name := range []string{MetricRunning, MetricWaiting, MetricKVCache} {
+		if v := value(t, fams, name, "m1"); v != 0 {
+			t.Errorf("%s = %v at rest", name, v)
+		}
+	}
+	if _, ok := fams[MetricKVCacheLegacy]; ok {
+		t.Errorf("legacy KV metric exported without LegacyKVMetric")
+	}
+	if f := fams[MetricPromptTokens]; f.GetType() != dto.MetricType_COUNTER {
+		t.Errorf("%s type %v", MetricPromptTokens, f.GetType())
+	}
+}
+
+func TestLegacyKVMetric(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1", LegacyKVMetric: true})
+	fams := scrape(t, ts.URL)
+	value(t, fams, MetricKVCacheLegacy, "m1")
+	if _, ok := fams[MetricKVCache]; ok {
+		t.Errorf("new KV metric exported with LegacyKVMetric")
+	}
+}
+
+// TestLoadShowsInGauges holds one request in flight with MaxRunning 1 and
+// checks that a second one waits.
+func TestLoadShowsInGauges(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1", MaxRunning: 1, TokenDelay: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"x"}`))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fams := scrape(t, ts.URL)
+		r, w, kv := value(t, fams, MetricRunning, "m1"), value(t, fams, MetricWaiting, "m1"), value(t, fams, MetricKVCache, "m1")
+		if r == 1 && w == 1 && kv == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("running %v waiting %v kv %v, want 1 1 1", r, w, kv)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		fams := scrape(t, ts.URL)
+		if value(t, fams, MetricRunning, "m1") == 0 && value(t, fams, MetricWaiting, "m1") == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gauges did not return to 0 after clients left")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRunServesAndStops(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Config{Model: "m", Listener: ln}) }()
+	if code, _ := get(t, "http://"+ln.Addr().String()+"/health"); code != 200 {
+		t.Fatalf("health = %d", code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestRunCrashes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Run(context.Background(), Config{Model: "m", Listener: ln, CrashAfter: 20 * time.Millisecond, ExitCode: 42})
+	if !errors.Is(err, ErrCrash) || ExitCode(err) != 42 {
+		t.Fatalf("Run = %v (exit %d), want ErrCrash with 42", err, ExitCode(err))
+	}
+	if ExitCode(nil) != 0 || ExitCode(errors.New("x")) != 1 {
+		t.Fatal("ExitCode mapping")
+	}
+}
+
+func TestRunRejectsMissingModel(t *testing.T) {
+	if err := Run(context.Background(), Config{Port: 0}); err == nil {
+		t.Fatal("Run without a model succeeded")
+	}
+}

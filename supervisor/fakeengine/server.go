@@ -1,0 +1,189 @@
+package fakeengine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// maxBody bounds a request body; the fake never needs large prompts.
+const maxBody = 1 << 20
+
+// Server is the fake engine's HTTP handler. Use it directly with httptest;
+// Run wraps it in a listener and the scripted crash.
+type Server struct {
+	cfg     Config
+	now     func() time.Time
+	started time.Time
+	m       *metrics
+	// slots bounds concurrent requests; a full channel means waiting.
+	slots   chan struct{}
+	nextID  atomic.Uint64
+	mux     *http.ServeMux
+	metrics http.Handler
+}
+
+// NewServer checks cfg and builds the handler. The startup delay is measured
+// from this call.
+func NewServer(cfg Config) (*Server, error) {
+	if strings.TrimSpace(cfg.Model) == "" {
+		return nil, errors.New("fake engine: a model name is required")
+	}
+	if cfg.MaxRunning <= 0 {
+		cfg.MaxRunning = 256
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	s := &Server{
+		cfg:     cfg,
+		now:     now,
+		started: now(),
+		m:       newMetrics(cfg.Model, cfg.MaxRunning, cfg.LegacyKVMetric),
+		slots:   make(chan struct{}, cfg.MaxRunning),
+		mux:     http.NewServeMux(),
+	}
+	s.metrics = promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
+	s.mux.HandleFunc("/health", s.health)
+	s.mux.HandleFunc("/v1/models", s.models)
+	s.mux.HandleFunc("/v1/chat/completions", s.chat)
+	s.mux.HandleFunc("/v1/completions", s.completions)
+	s.mux.Handle("/metrics", s.metrics)
+	return s, nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) logf(format string, args ...any) {
+	if s.cfg.Log != nil {
+		fmt.Fprintf(s.cfg.Log, "%s %s\n", s.now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+	}
+}
+
+// loaded reports whether the scripted startup delay has passed.
+func (s *Server) loaded() bool { return !s.now().Before(s.started.Add(s.cfg.StartupDelay)) }
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case s.cfg.FailHealth:
+		http.Error(w, "engine unhealthy (scripted)", http.StatusServiceUnavailable)
+	case !s.loaded():
+		http.Error(w, "engine loading", http.StatusServiceUnavailable)
+	default:
+		// vLLM answers 200 with an empty body.
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+// modelCard is one entry of vLLM's /v1/models.
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len"`
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	if !s.loaded() {
+		writeError(w, http.StatusServiceUnavailable, "engine loading", "service_unavailable")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []modelCard{{
+			ID: s.cfg.Model, Object: "model", Created: s.started.Unix(),
+			OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: 4096,
+		}},
+	})
+}
+
+// admit holds a serving slot for the request, counting it as waiting while
+// none is free. It returns false if the client went away first.
+func (s *Server) admit(r *http.Request) (release func(), ok bool) {
+	s.m.waiting.Add(1)
+	select {
+	case s.slots <- struct{}{}:
+	case <-r.Context().Done():
+		s.m.waiting.Add(-1)
+		return nil, false
+	}
+	s.m.waiting.Add(-1)
+	s.m.running.Add(1)
+	return func() {
+		s.m.running.Add(-1)
+		<-s.slots
+	}, true
+}
+
+// reply is the deterministic answer to a prompt: it names the model and
+// echoes the start of the prompt, so a test can tell which engine answered
+// what. It is cut to maxTokens words (one word is one token here).
+func (s *Server) reply(prompt string, maxTokens int) (tokens []string, finish string) {
+	words := []string{"fake", s.cfg.Model, "reply:"}
+	echo := strings.Fields(prompt)
+	if len(echo) > 16 {
+		echo = echo[:16]
+	}
+	words = append(words, echo...)
+	finish = "stop"
+	if maxTokens > 0 && len(words) > maxTokens {
+		words, finish = words[:maxTokens], "length"
+	}
+	// Streamed tokens carry their leading space, as real tokenizers do.
+	for i := 1; i < len(words); i++ {
+		words[i] = " " + words[i]
+	}
+	return words, finish
+}
+
+// decode reads a JSON request body into v and checks the model name. It
+// writes the OpenAI-style error itself and returns false on failure.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, model func() string) bool {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+		return false
+	}
+	if !s.loaded() {
+		writeError(w, http.StatusServiceUnavailable, "engine loading", "service_unavailable")
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error(), "invalid_request_error")
+		return false
+	}
+	if m := model(); m != s.cfg.Model {
+		// vLLM itself answers 404 here; llmgw's contract for the fake is 400.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("The model `%s` does not exist.", m), "invalid_request_error")
+		return false
+	}
+	return true
+}
+
+func (s *Server) id(prefix string) string {
+	return fmt.Sprintf("%s-fake-%d", prefix, s.nextID.Add(1))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers in OpenAI's error shape.
+func writeError(w http.ResponseWriter, status int, msg, typ string) {
+	writeJSON(w, status, map[string]any{
+		"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status},
+	})
+}

@@ -1,0 +1,143 @@
+package profile
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Optional flags are written --flag=value in one element so that the whole
+// flag drops out when the value is empty (see the package doc). vLLM and
+// SGLang parse with argparse, which accepts that form.
+const (
+	hfHome    = "{{if .WeightsDir}}HF_HOME={{.WeightsDir}}{{end}}"
+	vllmUtil  = "{{if .GPUMemoryUtilization}}--gpu-memory-utilization={{.GPUMemoryUtilization}}{{end}}"
+	sglangMem = "{{if .GPUMemoryUtilization}}--mem-fraction-static={{.GPUMemoryUtilization}}{{end}}"
+)
+
+// Builtin returns the profiles llmgw ships, keyed by name. Every call builds
+// fresh values, so callers may change what they get.
+func Builtin() map[string]Profile {
+	return map[string]Profile{
+		"vllm": {
+			Name:  "vllm",
+			Image: "vllm/vllm-openai:latest",
+			// The model is positional: `vllm serve --model` is deprecated
+			// and slated for removal.
+			Command: []string{
+				"vllm", "serve", "{{.Model}}",
+				"--served-model-name", "{{.ServedName}}",
+				"--tensor-parallel-size", "{{.TP}}",
+				"--host", "{{.Host}}",
+				"--port", "{{.Port}}",
+				vllmUtil,
+			},
+			Env:         []string{hfHome},
+			HealthPath:  "/health",
+			ModelsPath:  "/v1/models",
+			MetricsPath: "/metrics",
+			Metrics: Metrics{
+				Running:              "vllm:num_requests_running",
+				Waiting:              "vllm:num_requests_waiting",
+				KVCacheUsage:         "vllm:kv_cache_usage_perc",
+				KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
+				PromptTokens:         "vllm:prompt_tokens_total",
+				GenerationTokens:     "vllm:generation_tokens_total",
+				ModelLabel:           "model_name",
+			},
+		},
+		"sglang": {
+			Name:  "sglang",
+			Image: "lmsysorg/sglang:latest",
+			Command: []string{
+				"python3", "-m", "sglang.launch_server",
+				"--model-path", "{{.Model}}",
+				"--served-model-name", "{{.ServedName}}",
+				"--tp-size", "{{.TP}}",
+				"--host", "{{.Host}}",
+				"--port", "{{.Port}}",
+				// Without it SGLang serves no /metrics.
+				"--enable-metrics",
+				sglangMem,
+			},
+			Env:         []string{hfHome},
+			HealthPath:  "/health",
+			ModelsPath:  "/v1/models",
+			MetricsPath: "/metrics",
+			Metrics: Metrics{
+				Running:          "sglang:num_running_reqs",
+				Waiting:          "sglang:num_queue_reqs",
+				KVCacheUsage:     "sglang:token_usage",
+				PromptTokens:     "sglang:prompt_tokens_total",
+				GenerationTokens: "sglang:generation_tokens_total",
+				ModelLabel:       "model_name",
+			},
+		},
+		"llamacpp": {
+			Name: "llamacpp",
+			// The CUDA build: the plain :server tag is CPU-only and would
+			// ignore --n-gpu-layers on a GPU node without saying so.
+			Image: "ghcr.io/ggml-org/llama.cpp:server-cuda",
+			// The model is a GGUF file path (under the weights dir). The
+			// image's binary is not on PATH, hence the absolute path.
+			// llama.cpp splits layers over every visible GPU by itself.
+			Command: []string{
+				"/app/llama-server",
+				"--model", "{{.Model}}",
+				"--alias", "{{.ServedName}}",
+				"--host", "{{.Host}}",
+				"--port", "{{.Port}}",
+				"--n-gpu-layers", "999",
+				"--metrics",
+			},
+			HealthPath:  "/health",
+			ModelsPath:  "/v1/models",
+			MetricsPath: "/metrics",
+			Metrics: Metrics{
+				Running:          "llamacpp:requests_processing",
+				Waiting:          "llamacpp:requests_deferred",
+				KVCacheUsage:     "llamacpp:kv_cache_usage_ratio",
+				PromptTokens:     "llamacpp:prompt_tokens_total",
+				GenerationTokens: "llamacpp:tokens_predicted_total",
+			},
+		},
+		"fake": {
+			Name: "fake",
+			// The fake engine is the llmgw binary itself; it has no image
+			// of its own (a deployment may name one that contains llmgw).
+			Command: []string{
+				"{{.Self}}", "engine", "fake",
+				"--model", "{{.ServedName}}",
+				"--host", "{{.Host}}",
+				"--port", "{{.Port}}",
+			},
+			HealthPath:  "/health",
+			ModelsPath:  "/v1/models",
+			MetricsPath: "/metrics",
+			Metrics: Metrics{
+				Running:              "vllm:num_requests_running",
+				Waiting:              "vllm:num_requests_waiting",
+				KVCacheUsage:         "vllm:kv_cache_usage_perc",
+				KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
+				PromptTokens:         "vllm:prompt_tokens_total",
+				GenerationTokens:     "vllm:generation_tokens_total",
+				ModelLabel:           "model_name",
+			},
+		},
+	}
+}
+
+// Lookup returns the built-in profile name.
+func Lookup(name string) (Profile, error) {
+	b := Builtin()
+	p, ok := b[name]
+	if !ok {
+		names := make([]string, 0, len(b))
+		for n := range b {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return Profile{}, fmt.Errorf("unknown engine profile %q (have %s)", name, strings.Join(names, ", "))
+	}
+	return p, nil
+}

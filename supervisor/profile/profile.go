@@ -1,0 +1,240 @@
+// Package profile describes inference engines as data: the image, a command
+// template, the environment, and the HTTP paths and metric names llmgw reads.
+// The supervisor resolves a profile against a deployment to get the argv and
+// environment a runtime starts; no code path depends on which engine it is.
+//
+// Templates are Go text/template strings evaluated against Data. An element
+// of Command or Env that renders to the empty string is dropped, which is how
+// an optional flag is written: `{{if .GPUMemoryUtilization}}--flag={{.GPUMemoryUtilization}}{{end}}`.
+package profile
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// Metrics names the Prometheus series llmgw's engine probe reads. Empty
+// means the engine does not export it.
+type Metrics struct {
+	Running string `json:"running,omitempty"`
+	Waiting string `json:"waiting,omitempty"`
+	// KVCacheUsage is a 0..1 gauge; KVCacheUsageFallback is read when the
+	// first is absent (older engine releases).
+	KVCacheUsage         string `json:"kv_cache_usage,omitempty"`
+	KVCacheUsageFallback string `json:"kv_cache_usage_fallback,omitempty"`
+	PromptTokens         string `json:"prompt_tokens,omitempty"`
+	GenerationTokens     string `json:"generation_tokens,omitempty"`
+	// ModelLabel is the label that carries the served model name.
+	ModelLabel string `json:"model_label,omitempty"`
+}
+
+// Profile is one engine kind.
+type Profile struct {
+	Name string `json:"name"`
+	// Image is the default container image; a deployment's image wins.
+	// Empty for engines that only run as host processes.
+	Image string `json:"image,omitempty"`
+	// Command is the full argv, each element a template. It overrides the
+	// image's entrypoint, so argv[0] must exist in the image (or on the
+	// host's PATH for the process runtime; Inputs.Program replaces it).
+	Command []string `json:"command"`
+	// Env elements are KEY=VALUE templates; the deployment's env wins over
+	// them.
+	Env []string `json:"env,omitempty"`
+	// Paths llmgw probes. Readiness is HealthPath answering 200 and
+	// ModelsPath listing the served name.
+	HealthPath  string  `json:"health_path"`
+	ModelsPath  string  `json:"models_path"`
+	MetricsPath string  `json:"metrics_path,omitempty"`
+	Metrics     Metrics `json:"metrics"`
+}
+
+// Inputs are the facts of this node and this shard a profile needs beyond
+// the deployment.
+type Inputs struct {
+	// Port is the engine's HTTP port and Host the address it binds
+	// ("0.0.0.0" when empty: other nodes route to it).
+	Port int
+	Host string
+	// GPUMemoryTotal is the memory of one of the shard's GPUs in bytes. With
+	// the deployment's per-GPU memory it gives the engine's memory fraction;
+	// zero leaves the engine's own default.
+	GPUMemoryTotal uint64
+	// Self is the path of the running llmgw binary (the fake engine).
+	Self string
+	// Program, when set, replaces argv[0]: the host path of an engine
+	// installed outside a container.
+	Program string
+	// WeightsDir is the weights cache (bind-mounted in containers).
+	WeightsDir string
+	// ShardIndex is the shard's position in its replica (pipeline stage).
+	ShardIndex int
+}
+
+// Data is what templates see.
+type Data struct {
+	// Model is the deployment's model (a hub id or a path).
+	Model string
+	// ServedName is the name clients address: the deployment name.
+	ServedName string
+	Port       int
+	Host       string
+	TP         int
+	PP         int
+	ShardIndex int
+	// GPUMemoryUtilization is the fraction of each GPU the engine may take,
+	// formatted with two decimals ("0.45"), or empty when unset.
+	GPUMemoryUtilization string
+	WeightsDir           string
+	Self                 string
+}
+
+// Resolve renders p for deployment d on this node: the argv (the profile's
+// command, then the deployment's args), the environment (the profile's, then
+// the deployment's, sorted by name; later wins per name) and the image.
+func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []string, image string, err error) {
+	d = d.WithDefaults()
+	if len(p.Command) == 0 {
+		return nil, nil, "", fmt.Errorf("profile %q: empty command", p.Name)
+	}
+	if in.Port <= 0 || in.Port > 65535 {
+		return nil, nil, "", fmt.Errorf("profile %q: port %d out of range", p.Name, in.Port)
+	}
+	data := Data{
+		Model: d.Model, ServedName: d.Name, Port: in.Port, Host: in.Host,
+		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
+		WeightsDir: in.WeightsDir, Self: in.Self,
+	}
+	if data.Host == "" {
+		data.Host = "0.0.0.0"
+	}
+	if d.GPUMemory > 0 && in.GPUMemoryTotal > 0 {
+		data.GPUMemoryUtilization, err = utilization(uint64(d.GPUMemory), in.GPUMemoryTotal)
+		if err != nil {
+			return nil, nil, "", fmt.Errorf("profile %q: %w", p.Name, err)
+		}
+	}
+
+	// argv[0] is rendered on its own: dropping it when empty would promote
+	// the first argument to the program.
+	prog, err := render(p.Name+" command", p.Command[:1], 0, data)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if in.Program != "" {
+		prog = []string{in.Program}
+	}
+	if len(prog) == 0 {
+		return nil, nil, "", fmt.Errorf("profile %q: command %q renders to no program", p.Name, p.Command[0])
+	}
+	args, err := render(p.Name+" command", p.Command[1:], 1, data)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	cmd = slices.Concat(prog, args, d.Args)
+
+	penv, err := render(p.Name+" env", p.Env, 0, data)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	env, err = mergeEnv(penv, d.Env)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("profile %q: %w", p.Name, err)
+	}
+
+	image = p.Image
+	if d.Image != "" {
+		image = d.Image
+	}
+	return cmd, env, image, nil
+}
+
+// utilization is want/total with two decimals, rounded down: engines that
+// share a GPU then never claim more together than placement reserved for
+// them (rounding up, three 1/3 shares would ask for 1.02 of the GPU).
+func utilization(want, total uint64) (string, error) {
+	if want > total {
+		return "", fmt.Errorf("gpu_memory %s exceeds the GPU's %s", placement.Bytes(want), placement.Bytes(total))
+	}
+	hundredths := want * 100 / total
+	if hundredths == 0 {
+		return "", fmt.Errorf("gpu_memory %s is under 1%% of the GPU's %s", placement.Bytes(want), placement.Bytes(total))
+	}
+	return strconv.FormatFloat(float64(hundredths)/100, 'f', 2, 64), nil
+}
+
+// render executes each template; first is the index of tmpls[0] in the
+// profile, for error messages.
+func render(what string, tmpls []string, first int, data Data) ([]string, error) {
+	out := make([]string, 0, len(tmpls))
+	var buf bytes.Buffer
+	for i, s := range tmpls {
+		t, err := template.New(what).Option("missingkey=error").Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d] %q: %w", what, first+i, s, err)
+		}
+		buf.Reset()
+		if err := t.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("%s[%d] %q: %w", what, first+i, s, err)
+		}
+		if buf.Len() > 0 {
+			out = append(out, buf.String())
+		}
+	}
+	return out, nil
+}
+
+// mergeEnv applies the deployment's variables over the profile's and sorts
+// the result, so equal inputs give equal specs (and spec hashes).
+func mergeEnv(base []string, over map[string]string) ([]string, error) {
+	m := make(map[string]string, len(base)+len(over))
+	for _, kv := range base {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("env %q: want KEY=VALUE", kv)
+		}
+		m[k] = v
+	}
+	for k, v := range over {
+		m[k] = v
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	env := make([]string, 0, len(keys))
+	for _, k := range keys {
+		env = append(env, k+"="+m[k])
+	}
+	return env, nil
+}
+
+// Validate parses every template of p and checks the required fields, so a
+// profile loaded from a file fails at load rather than at first start.
+func (p Profile) Validate() error {
+	if p.Name == "" {
+		return errors.New("profile: name is required")
+	}
+	if len(p.Command) == 0 {
+		return fmt.Errorf("profile %q: command is required", p.Name)
+	}
+	if p.HealthPath == "" || p.ModelsPath == "" {
+		return fmt.Errorf("profile %q: health_path and models_path are required", p.Name)
+	}
+	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw"}
+	if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
+		return err
+	}
+	if _, err := render(p.Name+" env", p.Env, 0, sample); err != nil {
+		return err
+	}
+	return nil
+}

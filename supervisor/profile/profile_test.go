@@ -1,0 +1,200 @@
+package profile
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+const gib = 1 << 30
+
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		profile   string
+		d         placement.Deployment
+		in        Inputs
+		wantCmd   []string
+		wantEnv   []string
+		wantImage string
+	}{
+		{
+			name:    "vllm whole GPUs",
+			profile: "vllm",
+			d:       placement.Deployment{Name: "llama", Model: "meta-llama/Llama-3.1-8B-Instruct", TensorParallel: 2},
+			in:      Inputs{Port: 8001},
+			wantCmd: []string{"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama",
+				"--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", "8001"},
+			wantEnv:   []string{},
+			wantImage: "vllm/vllm-openai:latest",
+		},
+		{
+			name:    "vllm memory share, args, env and image from the deployment",
+			profile: "vllm",
+			d: placement.Deployment{Name: "small", Model: "Qwen/Qwen3-0.6B", GPUMemory: 20 * gib,
+				Image: "registry.local/vllm:0.11", Args: []string{"--max-model-len", "8192"},
+				Env: map[string]string{"HF_HOME": "/override", "VLLM_LOGGING_LEVEL": "DEBUG"}},
+			in: Inputs{Port: 9000, Host: "10.0.0.5", GPUMemoryTotal: 80 * gib, WeightsDir: "/var/lib/llmgw/weights"},
+			wantCmd: []string{"vllm", "serve", "Qwen/Qwen3-0.6B", "--served-model-name", "small",
+				"--tensor-parallel-size", "1", "--host", "10.0.0.5", "--port", "9000",
+				"--gpu-memory-utilization=0.25", "--max-model-len", "8192"},
+			wantEnv:   []string{"HF_HOME=/override", "VLLM_LOGGING_LEVEL=DEBUG"},
+			wantImage: "registry.local/vllm:0.11",
+		},
+		{
+			name:    "vllm memory share rounds down",
+			profile: "vllm",
+			d:       placement.Deployment{Name: "third", Model: "m", GPUMemory: placement.Bytes(80 * gib / 3)},
+			in:      Inputs{Port: 1, GPUMemoryTotal: 80 * gib, WeightsDir: "/w"},
+			wantCmd: []string{"vllm", "serve", "m", "--served-model-name", "third",
+				"--tensor-parallel-size", "1", "--host", "0.0.0.0", "--port", "1", "--gpu-memory-utilization=0.33"},
+			wantEnv:   []string{"HF_HOME=/w"},
+			wantImage: "vllm/vllm-openai:latest",
+		},
+		{
+			name:    "vllm memory share without a known GPU size keeps the engine default",
+			profile: "vllm",
+			d:       placement.Deployment{Name: "x", Model: "m", GPUMemory: 20 * gib},
+			in:      Inputs{Port: 1},
+			wantCmd: []string{"vllm", "serve", "m", "--served-model-name", "x",
+				"--tensor-parallel-size", "1", "--host", "0.0.0.0", "--port", "1"},
+			wantEnv:   []string{},
+			wantImage: "vllm/vllm-openai:latest",
+		},
+		{
+			name:    "sglang",
+			profile: "sglang",
+			d:       placement.Deployment{Name: "qwen", Model: "Qwen/Qwen3-32B", TensorParallel: 4, GPUMemory: 40 * gib},
+			in:      Inputs{Port: 30000, GPUMemoryTotal: 80 * gib},
+			wantCmd: []string{"python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-32B",
+				"--served-model-name", "qwen", "--tp-size", "4", "--host", "0.0.0.0", "--port", "30000",
+				"--enable-metrics", "--mem-fraction-static=0.50"},
+			wantEnv:   []string{},
+			wantImage: "lmsysorg/sglang:latest",
+		},
+		{
+			name:    "llama.cpp",
+			profile: "llamacpp",
+			d:       placement.Deployment{Name: "gguf", Model: "/weights/q4.gguf", Args: []string{"--ctx-size", "4096"}},
+			in:      Inputs{Port: 8080, Host: "127.0.0.1"},
+			wantCmd: []string{"/app/llama-server", "--model", "/weights/q4.gguf", "--alias", "gguf",
+				"--host", "127.0.0.1", "--port", "8080", "--n-gpu-layers", "999", "--metrics", "--ctx-size", "4096"},
+			wantEnv:   []string{},
+			wantImage: "ghcr.io/ggml-org/llama.cpp:server-cuda",
+		},
+		{
+			name:    "llama.cpp installed on the host",
+			profile: "llamacpp",
+			d:       placement.Deployment{Name: "gguf", Model: "/weights/q4.gguf"},
+			in:      Inputs{Port: 8080, Program: "/usr/local/bin/llama-server"},
+			wantCmd: []string{"/usr/local/bin/llama-server", "--model", "/weights/q4.gguf", "--alias", "gguf",
+				"--host", "0.0.0.0", "--port", "8080", "--n-gpu-layers", "999", "--metrics"},
+			wantEnv:   []string{},
+			wantImage: "ghcr.io/ggml-org/llama.cpp:server-cuda",
+		},
+		{
+			name:    "fake runs llmgw itself and serves the deployment name",
+			profile: "fake",
+			d:       placement.Deployment{Name: "demo", Model: "anything", Args: []string{"--startup-delay=2s"}},
+			in:      Inputs{Port: 18000, Host: "127.0.0.1", Self: "/usr/local/bin/llmgw"},
+			wantCmd: []string{"/usr/local/bin/llmgw", "engine", "fake", "--model", "demo",
+				"--host", "127.0.0.1", "--port", "18000", "--startup-delay=2s"},
+			wantEnv:   []string{},
+			wantImage: "",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Lookup(tc.profile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd, env, image, err := Resolve(p, tc.d, tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cmd, tc.wantCmd) {
+				t.Errorf("cmd\n got %q\nwant %q", cmd, tc.wantCmd)
+			}
+			if !slices.Equal(env, tc.wantEnv) {
+				t.Errorf("env\n got %q\nwant %q", env, tc.wantEnv)
+			}
+			if image != tc.wantImage {
+				t.Errorf("image %q, want %q", image, tc.wantImage)
+			}
+		})
+	}
+}
+
+func TestResolveErrors(t *testing.T) {
+	vllm, _ := Lookup("vllm")
+	fake, _ := Lookup("fake")
+	for _, tc := range []struct {
+		name string
+		p    Profile
+		d    placement.Deployment
+		in   Inputs
+		want string
+	}{
+		{"no port", vllm, placement.Deployment{Name: "a", Model: "m"}, Inputs{}, "port"},
+		{"more memory than the GPU", vllm, placement.Deployment{Name: "a", Model: "m", GPUMemory: 90 * gib}, Inputs{Port: 1, GPUMemoryTotal: 80 * gib}, "exceeds"},
+		{"fake without the llmgw path", fake, placement.Deployment{Name: "a", Model: "m"}, Inputs{Port: 1}, "no program"},
+		{"bad template", Profile{Name: "x", Command: []string{"{{.Nope}}"}}, placement.Deployment{Name: "a", Model: "m"}, Inputs{Port: 1}, "Nope"},
+		{"bad env", Profile{Name: "x", Command: []string{"e"}, Env: []string{"NOEQUALS"}}, placement.Deployment{Name: "a", Model: "m"}, Inputs{Port: 1}, "KEY=VALUE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, err := Resolve(tc.p, tc.d, tc.in)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBuiltinMatchesPlacement keeps the profiles and the names a deployment
+// may use in step, and every built-in profile valid.
+func TestBuiltinMatchesPlacement(t *testing.T) {
+	b := Builtin()
+	var names []string
+	for name, p := range b {
+		names = append(names, name)
+		if p.Name != name {
+			t.Errorf("profile keyed %q is named %q", name, p.Name)
+		}
+		if err := p.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	slices.Sort(names)
+	if want := placement.EngineProfiles(); !slices.Equal(names, want) {
+		t.Fatalf("built-in profiles %v, placement allows %v", names, want)
+	}
+	if _, err := Lookup("tgi"); err == nil || !strings.Contains(err.Error(), "fake, llamacpp, sglang, vllm") {
+		t.Fatalf("Lookup(tgi) = %v", err)
+	}
+}
+
+// TestBuiltinIsFresh: changing a returned profile must not change the next
+// caller's.
+func TestBuiltinIsFresh(t *testing.T) {
+	p, _ := Lookup("vllm")
+	p.Command[0] = "changed"
+	q, _ := Lookup("vllm")
+	if q.Command[0] != "vllm" {
+		t.Fatal("Lookup shares state between calls")
+	}
+}
+
+func TestResolveDoesNotAliasProfile(t *testing.T) {
+	p, _ := Lookup("fake")
+	d := placement.Deployment{Name: "a", Model: "m", Args: []string{"--x"}}
+	cmd, _, _, err := Resolve(p, d, Inputs{Port: 1, Self: "/llmgw", Program: "/other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd[1] = "changed"
+	if p.Command[1] != "engine" || d.Args[0] != "--x" {
+		t.Fatal("Resolve's result aliases its inputs")
+	}
+}

@@ -1,0 +1,97 @@
+// Package runtime is the contract between the supervisor and whatever runs
+// engines on a node: containerd for containers, or plain processes for
+// engines installed on the host and for the built-in fake engine.
+//
+// It holds plain types only; implementations live in subpackages, and only
+// supervisor/runtime/containerd imports containerd.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned (wrapped) when an engine ID is unknown to the
+// runtime.
+var ErrNotFound = errors.New("engine not found")
+
+// Labels every runtime attaches to what it starts, so that after an agent
+// restart the supervisor can tell its own engines from anything else.
+const (
+	LabelNode  = "llmgw.node"
+	LabelShard = "llmgw.shard"
+	LabelSpec  = "llmgw.spec"
+)
+
+// EngineSpec is everything a runtime needs to start one shard's engine.
+// The supervisor resolves profiles and ports before it calls Start.
+type EngineSpec struct {
+	// ID is unique per node and stable for one (shard, spec version):
+	// "<shard id>-<spec version>". Runtimes use it as container ID or to
+	// name state.
+	ID          string `json:"id"`
+	Node        string `json:"node"`
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	// Image is used by container runtimes; the process runtime ignores it.
+	Image string `json:"image,omitempty"`
+	// Command is the full argv of the engine.
+	Command []string `json:"command"`
+	// Env is KEY=VALUE, applied over the runtime's base environment.
+	Env        []string `json:"env,omitempty"`
+	GPUIndices []int    `json:"gpu_indices"`
+	// GPUUUIDs name the GPUs for CDI (nvidia.com/gpu=<uuid>). Empty for
+	// simulated GPUs.
+	GPUUUIDs []string `json:"gpu_uuids,omitempty"`
+	HTTPPort int      `json:"http_port"`
+	// LogPath is an absolute file that receives stdout and stderr, written
+	// so that logging survives the agent (the shim or the child writes it).
+	LogPath string `json:"log_path"`
+	// WeightsDir, when set, is bind-mounted at the same path in containers.
+	WeightsDir string `json:"weights_dir,omitempty"`
+}
+
+// State of an engine as the runtime sees it.
+type State string
+
+const (
+	StateRunning State = "running"
+	StateExited  State = "exited"
+	StateUnknown State = "unknown"
+)
+
+// Engine is one engine the runtime knows about.
+type Engine struct {
+	ID     string            `json:"id"`
+	Labels map[string]string `json:"labels"`
+	State  State             `json:"state"`
+	// PID of the engine's main process on the host, 0 when not running.
+	PID       int       `json:"pid"`
+	ExitCode  int       `json:"exit_code"`
+	StartedAt time.Time `json:"started_at"`
+	ExitedAt  time.Time `json:"exited_at,omitzero"`
+}
+
+// Runtime starts and stops engines on this node.
+//
+// Every method is safe for concurrent use. An engine outlives the agent
+// process: after a restart, List finds what an earlier agent started.
+type Runtime interface {
+	// Name is "containerd" or "process".
+	Name() string
+	// Start creates and starts an engine. Starting an ID that exists and
+	// runs is an error; one that exited is replaced.
+	Start(ctx context.Context, spec EngineSpec) (Engine, error)
+	// Stop sends SIGTERM to the engine and all its processes, waits up to
+	// grace, then SIGKILLs, and removes the engine. Stopping an unknown ID
+	// returns an error wrapping ErrNotFound.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Status reports one engine.
+	Status(ctx context.Context, id string) (Engine, error)
+	// List reports every engine this runtime started for node, running or
+	// exited but not yet removed.
+	List(ctx context.Context, node string) ([]Engine, error)
+}

@@ -1,0 +1,293 @@
+// Package shardstate keeps one small JSON file per engine the supervisor
+// runs, <dir>/shard-<shard id>.json, so that an agent restarted after a
+// crash or kill -9 knows what it had started, with which spec, how often it
+// restarted and when it claimed the shard.
+//
+// Files are written atomically: a temporary file in the same directory is
+// written and fsynced, renamed over the target, and the directory is
+// fsynced. A reader therefore sees the old or the new file, never a mix. What
+// this does not cover: a disk that lies about fsync, and two processes
+// writing one directory (one agent owns its work dir).
+//
+// Load never fails on a bad file: a corrupt or truncated one is reported and
+// moved aside to <name>.corrupt-<n> so the next start is clean and the
+// evidence is kept; temporary files left by a crash mid-write are removed.
+package shardstate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FormatVersion is the version of the file layout this package writes.
+// Readers accept files of this version or older; a newer file is reported
+// and left in place (an agent was downgraded: its newer self will want it).
+const FormatVersion = 1
+
+const (
+	prefix    = "shard-"
+	suffix    = ".json"
+	tmpMarker = ".tmp-"
+)
+
+// Spec is how the engine was started: the resolved profile and the
+// runtime's handles.
+type Spec struct {
+	// Engine is the profile name (vllm, sglang, llamacpp, fake).
+	Engine          string   `json:"engine"`
+	ServedModelName string   `json:"served_model_name"`
+	Model           string   `json:"model,omitempty"`
+	Deployment      string   `json:"deployment,omitempty"`
+	GPUIndices      []int    `json:"gpu_indices"`
+	GPUUUIDs        []string `json:"gpu_uuids,omitempty"`
+	HTTPPort        int      `json:"http_port"`
+	ReplicaID       string   `json:"replica_id"`
+	SpecVersion     string   `json:"spec_version"`
+	Image           string   `json:"image,omitempty"`
+	Command         []string `json:"command,omitempty"`
+	// Runtime is the runtime's name ("containerd" or "process"); EngineID
+	// is the runtime's ID for the engine, ContainerID the container's.
+	Runtime     string `json:"runtime,omitempty"`
+	EngineID    string `json:"engine_id"`
+	ContainerID string `json:"container_id,omitempty"`
+}
+
+// State is one shard state file.
+type State struct {
+	FormatVersion int    `json:"format_version"`
+	ShardID       string `json:"shard_id"`
+	ReplicaID     string `json:"replica_id"`
+	// PID of the engine's main process on the host, 0 if unknown.
+	PID       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+	Spec      Spec      `json:"spec"`
+	// Restarts counts crashes restarted in place since the shard was
+	// claimed; it drives the backoff.
+	Restarts int `json:"restarts"`
+	// LastExitCode is nil until the engine has exited once.
+	LastExitCode *int      `json:"last_exit_code"`
+	LastExitAt   time.Time `json:"last_exit_at,omitzero"`
+	// ClaimStamp orders duplicate holders after a partition heals (see
+	// placement.HeldShard).
+	ClaimStamp int64 `json:"claim_stamp"`
+}
+
+// BadFile is a file Load could not use.
+type BadFile struct {
+	Path string
+	Err  error
+	// MovedTo is where the file was moved aside, empty if it was left in
+	// place (a newer format, or the move failed).
+	MovedTo string
+}
+
+func (b BadFile) Error() string {
+	if b.MovedTo != "" {
+		return fmt.Sprintf("%s: %v (moved to %s)", b.Path, b.Err, b.MovedTo)
+	}
+	return fmt.Sprintf("%s: %v", b.Path, b.Err)
+}
+
+// idPattern is DNS-label-ish, a little wider to allow dots; with the checks
+// in ValidID it keeps every ID a single file name inside dir.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// ValidID reports whether id can name a shard state file: letters, digits,
+// '.', '_' and '-', starting with a letter or digit, no "..", at most 253
+// characters.
+func ValidID(id string) error {
+	if !idPattern.MatchString(id) || strings.Contains(id, "..") {
+		return fmt.Errorf("shard id %q: want letters, digits, '.', '_' or '-', starting with a letter or digit, no '..' or '/', at most 253 characters", id)
+	}
+	return nil
+}
+
+// Path is the state file of shard id in dir.
+func Path(dir, id string) (string, error) {
+	if err := ValidID(id); err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, prefix+id+suffix), nil
+}
+
+// Save writes s atomically as the state file of s.ShardID, stamping the
+// current FormatVersion. dir must exist. After an error the previous file,
+// if any, is intact.
+func Save(dir string, s State) error {
+	p, err := Path(dir, s.ShardID)
+	if err != nil {
+		return err
+	}
+	s.FormatVersion = FormatVersion
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("shard state %s: %w", s.ShardID, err)
+	}
+	b = append(b, '\n')
+	return writeAtomic(dir, filepath.Base(p), b)
+}
+
+// writeAtomic is temp file, write, fsync, rename, fsync dir.
+func writeAtomic(dir, name string, data []byte) (err error) {
+	// The leading dot and the marker keep the temp file out of Load's
+	// pattern while it exists, and let Load recognise it after a crash.
+	f, err := os.CreateTemp(dir, "."+name+tmpMarker+"*")
+	if err != nil {
+		return fmt.Errorf("shard state: %w", err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	if err = f.Chmod(0o600); err != nil {
+		return fmt.Errorf("shard state: %w", err)
+	}
+	if _, err = f.Write(data); err != nil {
+		return fmt.Errorf("shard state: write %s: %w", tmp, err)
+	}
+	if err = f.Sync(); err != nil {
+		return fmt.Errorf("shard state: fsync %s: %w", tmp, err)
+	}
+	if err = f.Close(); err != nil {
+		return fmt.Errorf("shard state: close %s: %w", tmp, err)
+	}
+	if err = os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("shard state: %w", err)
+	}
+	// Without the directory fsync the rename itself may be lost on power
+	// failure, leaving the old file (or none).
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("shard state: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("shard state: fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Load reads every state file in dir, sorted by shard ID. A missing dir
+// holds no states. Files it cannot use come back in bad: corrupt ones are
+// moved aside, and an unreadable dir is reported as one BadFile naming it.
+// Load removes temporary files left by an interrupted Save, so it must not
+// run while a Save in the same dir is in flight.
+func Load(dir string) (states []State, bad []BadFile) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, []BadFile{{Path: dir, Err: err}}
+	}
+	names := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		names[e.Name()] = true
+	}
+	for _, e := range entries {
+		name := e.Name()
+		full := filepath.Join(dir, name)
+		switch {
+		case strings.HasPrefix(name, "."+prefix) && strings.Contains(name, suffix+tmpMarker):
+			// Left by a Save that crashed before its rename: the target
+			// still holds the previous state, so the temp file is noise.
+			_ = os.Remove(full)
+		case strings.HasPrefix(name, prefix) && strings.HasSuffix(name, suffix) && e.Type().IsRegular():
+			s, err := readState(full, strings.TrimSuffix(strings.TrimPrefix(name, prefix), suffix))
+			if err == nil {
+				states = append(states, s)
+				continue
+			}
+			b := BadFile{Path: full, Err: err}
+			var newer *newerFormatError
+			if !errors.As(err, &newer) {
+				b.MovedTo = moveAside(dir, name, names)
+			}
+			bad = append(bad, b)
+		}
+	}
+	slices.SortFunc(states, func(a, b State) int { return strings.Compare(a.ShardID, b.ShardID) })
+	return states, bad
+}
+
+type newerFormatError struct{ version int }
+
+func (e *newerFormatError) Error() string {
+	return fmt.Sprintf("format_version %d is newer than this agent's %d; left in place", e.version, FormatVersion)
+}
+
+func readState(path, id string) (State, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return State{}, err
+	}
+	var s State
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&s); err != nil {
+		return State{}, fmt.Errorf("corrupt: %w", err)
+	}
+	if dec.More() {
+		return State{}, errors.New("corrupt: data after the JSON object")
+	}
+	switch {
+	case s.FormatVersion > FormatVersion:
+		return State{}, &newerFormatError{version: s.FormatVersion}
+	case s.FormatVersion < 1:
+		return State{}, fmt.Errorf("corrupt: format_version %d", s.FormatVersion)
+	case s.ShardID != id:
+		return State{}, fmt.Errorf("corrupt: shard_id %q in the file of shard %q", s.ShardID, id)
+	}
+	return s, nil
+}
+
+// moveAside renames a bad file to the first free <name>.corrupt-<n>. It
+// returns "" if even that failed (the file then stays and is reported again
+// next time, which is noisy but loses nothing).
+func moveAside(dir, name string, taken map[string]bool) string {
+	for n := 1; n < 10000; n++ {
+		cand := name + ".corrupt-" + strconv.Itoa(n)
+		if taken[cand] {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(dir, cand)); err == nil {
+			continue
+		}
+		if err := os.Rename(filepath.Join(dir, name), filepath.Join(dir, cand)); err != nil {
+			return ""
+		}
+		taken[cand] = true
+		_ = syncDir(dir)
+		return filepath.Join(dir, cand)
+	}
+	return ""
+}
+
+// Remove deletes the state file of shard id. A file already gone is not an
+// error, so cleanup can be retried.
+func Remove(dir, id string) error {
+	p, err := Path(dir, id)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("shard state: %w", err)
+	}
+	return syncDir(dir)
+}

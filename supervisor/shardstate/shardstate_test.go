@@ -1,0 +1,246 @@
+package shardstate
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sample(id string) State {
+	code := 137
+	return State{
+		ShardID:   id,
+		ReplicaID: "llama-0",
+		PID:       4242,
+		StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
+		Spec: Spec{
+			Engine: "vllm", ServedModelName: "llama", Model: "meta-llama/Llama-3.1-8B-Instruct",
+			Deployment: "llama", GPUIndices: []int{0, 1}, HTTPPort: 18001, ReplicaID: "llama-0",
+			SpecVersion: "abc123def456", Image: "vllm/vllm-openai:latest",
+			Command: []string{"vllm", "serve", "m"}, Runtime: "containerd",
+			EngineID: id + "-abc123def456", ContainerID: id + "-abc123def456",
+		},
+		Restarts:     2,
+		LastExitCode: &code,
+		LastExitAt:   time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC),
+		ClaimStamp:   1767322800000,
+	}
+}
+
+func TestSaveLoadRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	for _, id := range []string{"llama-1", "llama-0", "big-0-s1"} {
+		if err := Save(dir, sample(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states, bad := Load(dir)
+	if len(bad) != 0 {
+		t.Fatalf("bad: %v", bad)
+	}
+	var ids []string
+	for _, s := range states {
+		ids = append(ids, s.ShardID)
+	}
+	if strings.Join(ids, ",") != "big-0-s1,llama-0,llama-1" {
+		t.Fatalf("ids %v, want sorted", ids)
+	}
+	want := sample("llama-0")
+	want.FormatVersion = FormatVersion
+	if !reflect.DeepEqual(states[1], want) {
+		t.Fatalf("round trip\n got %+v\nwant %+v", states[1], want)
+	}
+	// Saving again replaces the file.
+	s := sample("llama-0")
+	s.Restarts = 3
+	if err := Save(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	states, _ = Load(dir)
+	if states[1].Restarts != 3 {
+		t.Fatalf("restarts %d after overwrite", states[1].Restarts)
+	}
+}
+
+// TestFileFields pins the JSON names other tools (and older agents) read.
+func TestFileFields(t *testing.T) {
+	dir := t.TempDir()
+	if err := Save(dir, sample("a-0")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "shard-a-0.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"format_version", "shard_id", "replica_id", "pid", "started_at", "spec", "restarts", "last_exit_code", "claim_stamp"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("field %q missing", k)
+		}
+	}
+	spec := m["spec"].(map[string]any)
+	for _, k := range []string{"engine", "served_model_name", "gpu_indices", "http_port", "replica_id", "spec_version", "image", "command", "engine_id", "container_id"} {
+		if _, ok := spec[k]; !ok {
+			t.Errorf("spec field %q missing", k)
+		}
+	}
+	if m["format_version"].(float64) != FormatVersion {
+		t.Errorf("format_version %v", m["format_version"])
+	}
+}
+
+func TestRejectsUnsafeIDs(t *testing.T) {
+	dir := t.TempDir()
+	for _, id := range []string{"", "../x", "a/b", "a..b", ".hidden", "-x", strings.Repeat("a", 254), "a b", "a\x00b"} {
+		if err := Save(dir, State{ShardID: id}); err == nil {
+			t.Errorf("Save(%q) succeeded", id)
+		}
+		if err := Remove(dir, id); err == nil {
+			t.Errorf("Remove(%q) succeeded", id)
+		}
+	}
+	for _, id := range []string{"llama-0", "big-0-s3", "a", "x.y-1"} {
+		if err := ValidID(id); err != nil {
+			t.Errorf("ValidID(%q) = %v", id, err)
+		}
+	}
+}
+
+// TestCorruptFilesMovedAside covers a truncated file, garbage, a file whose
+// shard ID disagrees with its name, and a newer format (left in place).
+func TestCorruptFilesMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	if err := Save(dir, sample("good-0")); err != nil {
+		t.Fatal(err)
+	}
+	full, _ := json.Marshal(sample("trunc-0"))
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("shard-trunc-0.json", string(full[:len(full)/2]))
+	write("shard-empty-0.json", "")
+	write("shard-garbage-0.json", "\x00\x01not json")
+	write("shard-other-0.json", `{"format_version":1,"shard_id":"someone-else"}`)
+	write("shard-future-0.json", `{"format_version":99,"shard_id":"future-0"}`)
+	// An earlier run already moved a trunc-0 aside: keep that evidence.
+	write("shard-trunc-0.json.corrupt-1", "old evidence")
+	write("unrelated.txt", "ignored")
+
+	states, bad := Load(dir)
+	if len(states) != 1 || states[0].ShardID != "good-0" {
+		t.Fatalf("states %+v", states)
+	}
+	byName := map[string]BadFile{}
+	for _, b := range bad {
+		byName[filepath.Base(b.Path)] = b
+	}
+	for name, moved := range map[string]string{
+		"shard-trunc-0.json":   "shard-trunc-0.json.corrupt-2",
+		"shard-empty-0.json":   "shard-empty-0.json.corrupt-1",
+		"shard-garbage-0.json": "shard-garbage-0.json.corrupt-1",
+		"shard-other-0.json":   "shard-other-0.json.corrupt-1",
+		"shard-future-0.json":  "",
+	} {
+		b, ok := byName[name]
+		if !ok {
+			t.Errorf("%s not reported", name)
+			continue
+		}
+		if filepath.Base(b.MovedTo) != filepath.Base(moved) || (moved == "") != (b.MovedTo == "") {
+			t.Errorf("%s moved to %q, want %q", name, b.MovedTo, moved)
+		}
+		if b.Err == nil || b.Error() == "" {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if len(bad) != 5 {
+		t.Errorf("%d bad files, want 5: %v", len(bad), bad)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "shard-trunc-0.json.corrupt-1")); string(b) != "old evidence" {
+		t.Errorf("earlier evidence overwritten")
+	}
+	// A second load is clean apart from the newer-format file.
+	states, bad = Load(dir)
+	if len(states) != 1 || len(bad) != 1 || filepath.Base(bad[0].Path) != "shard-future-0.json" {
+		t.Fatalf("second load: states %d bad %v", len(states), bad)
+	}
+}
+
+// TestCrashMidWrite leaves what a Save killed before its rename leaves: a
+// temp file with part of the new state next to the intact old file.
+func TestCrashMidWrite(t *testing.T) {
+	dir := t.TempDir()
+	old := sample("llama-0")
+	if err := Save(dir, old); err != nil {
+		t.Fatal(err)
+	}
+	newer := sample("llama-0")
+	newer.Restarts = 9
+	b, _ := json.Marshal(newer)
+	f, err := os.CreateTemp(dir, ".shard-llama-0.json"+tmpMarker+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(b[:len(b)/3]); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// A temp file of a shard that never had a completed Save.
+	if err := os.WriteFile(filepath.Join(dir, ".shard-new-0.json"+tmpMarker+"123"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	states, bad := Load(dir)
+	if len(bad) != 0 {
+		t.Fatalf("bad %v", bad)
+	}
+	if len(states) != 1 || states[0].Restarts != old.Restarts {
+		t.Fatalf("states %+v, want the old state only", states)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), tmpMarker) {
+			t.Errorf("temp file %s not cleaned", e.Name())
+		}
+	}
+}
+
+func TestRemove(t *testing.T) {
+	dir := t.TempDir()
+	if err := Save(dir, sample("x-0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(dir, "x-0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(dir, "x-0"); err != nil {
+		t.Fatalf("second Remove = %v, want nil", err)
+	}
+	if states, bad := Load(dir); len(states) != 0 || len(bad) != 0 {
+		t.Fatalf("after remove: %v %v", states, bad)
+	}
+}
+
+func TestLoadMissingDir(t *testing.T) {
+	states, bad := Load(filepath.Join(t.TempDir(), "nope"))
+	if states != nil || bad != nil {
+		t.Fatalf("%v %v", states, bad)
+	}
+}
+
+func TestSaveLeavesNoTempOnError(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "missing")
+	if err := Save(dir, sample("a-0")); err == nil {
+		t.Fatal("Save into a missing dir succeeded")
+	}
+}
