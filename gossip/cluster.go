@@ -296,6 +296,12 @@ func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
 	return r, nil
 }
 
+// Deployment returns one deployment record, if it is live.
+func (c *Cluster) Deployment(name string) (DeploymentRecord, bool) {
+	d, ok := c.store.Deployment(name)
+	return d, ok && !d.Deleted
+}
+
 // Deployments returns every deployment record, tombstones included.
 func (c *Cluster) Deployments() []DeploymentRecord { return c.store.Deployments() }
 
@@ -385,6 +391,11 @@ func (c *Cluster) Shutdown() error {
 	close(c.done)
 	err := c.ml.Shutdown()
 	c.wg.Wait()
+	// Deployments learned from peers are saved in the background; save
+	// once more so nothing learned just before shutdown is lost.
+	if serr := c.saveDeployments(); err == nil {
+		err = serr
+	}
 	return err
 }
 
@@ -611,6 +622,7 @@ var _ memberlist.EventDelegate = (*eventDelegate)(nil)
 
 func (e *eventDelegate) NotifyJoin(n *memberlist.Node)   { e.c.setMember(n, StateAlive) }
 func (e *eventDelegate) NotifyUpdate(n *memberlist.Node) { e.c.setMember(n, StateAlive) }
+
 // NotifyLeave cannot tell a leave from a death: n.State is stale in
 // memberlist v0.7.0. Members() consults the node's record for that.
 func (e *eventDelegate) NotifyLeave(n *memberlist.Node) { e.c.setMember(n, StateDead) }

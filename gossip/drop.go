@@ -55,4 +55,3 @@ func (t *dropTransport) DialAddressTimeout(a memberlist.Address, timeout time.Du
 func sortMembers(ms []Member) {
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
 }
-

@@ -3,6 +3,7 @@ package placement
 import (
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 )
@@ -27,8 +28,20 @@ func ParseBytes(s string) (Bytes, error) {
 	}
 	for _, u := range byteUnits {
 		if num, ok := strings.CutSuffix(t, u.suffix); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-			if err != nil || f < 0 || f*float64(u.mult) > 1<<62 {
+			num = strings.TrimSpace(num)
+			// Whole numbers are parsed exactly: a float64 holds only 53 bits,
+			// so "9007199254740993B" would otherwise come back one byte off
+			// and String's output would not round-trip.
+			if n, err := strconv.ParseUint(num, 10, 64); err == nil {
+				hi, lo := bits.Mul64(n, u.mult)
+				if hi != 0 {
+					return 0, fmt.Errorf("size %q is larger than 16EiB", s)
+				}
+				return Bytes(lo), nil
+			}
+			f, err := strconv.ParseFloat(num, 64)
+			// !(f >= 0) also rejects NaN, which compares false with everything.
+			if err != nil || !(f >= 0) || f*float64(u.mult) > 1<<62 {
 				return 0, fmt.Errorf("size %q: want a non-negative number and a unit, e.g. 70GiB", s)
 			}
 			return Bytes(f * float64(u.mult)), nil
@@ -55,8 +68,12 @@ func (b Bytes) String() string {
 // MarshalJSON writes the size as a string such as "70GiB".
 func (b Bytes) MarshalJSON() ([]byte, error) { return json.Marshal(b.String()) }
 
-// UnmarshalJSON accepts "70GiB" or a number of bytes.
+// UnmarshalJSON accepts "70GiB" or a number of bytes. JSON null leaves b
+// unchanged, as encoding/json does for built-in types.
 func (b *Bytes) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(data, &s); err != nil {
 		var n uint64

@@ -25,7 +25,9 @@ type Deployment struct {
 	Model  string `json:"model"`
 	Engine string `json:"engine,omitempty"`
 	Image  string `json:"image,omitempty"`
-	// Replicas is the number of serving endpoints.
+	// Replicas is the number of serving endpoints. Zero is a real value
+	// (scaled to zero: nothing runs); DecodeDeployment sets 1 when the field
+	// is absent from the spec.
 	Replicas int `json:"replicas"`
 	// TensorParallel is the number of GPUs of one node each shard holds.
 	TensorParallel int `json:"tensor_parallel,omitempty"`
@@ -43,12 +45,14 @@ type Deployment struct {
 }
 
 // WithDefaults returns d with unset optional fields filled in.
+//
+// Replicas is left alone: 0 is a valid request (scale to zero) that Validate
+// accepts, and a default here would make it impossible to express.
+// DecodeDeployment, which can tell an absent field from an explicit 0,
+// defaults it to 1.
 func (d Deployment) WithDefaults() Deployment {
 	if d.Engine == "" {
 		d.Engine = "vllm"
-	}
-	if d.Replicas == 0 {
-		d.Replicas = 1
 	}
 	if d.TensorParallel == 0 {
 		d.TensorParallel = 1

@@ -1,11 +1,31 @@
 // Package placement decides which GPUs run which model shards.
 //
-// It is a pure function of a View and the current time: no I/O, no
-// goroutines, no map-order or random dependence. Every node of a cluster runs
-// it on its own copy of the cluster state and, for equal views, gets a
-// byte-identical Plan. That is what lets llmgw work without a leader: nobody
-// hands out assignments, everybody computes the same ones and acts only on its
-// own part.
+// Compute is a pure function of a View: no I/O, no goroutines, no clock, no
+// map-order or random dependence. Every node of a cluster runs it on its own
+// copy of the cluster state and, for equal views, gets a byte-identical Plan.
+// That is what lets llmgw work without a leader: nobody hands out
+// assignments, everybody computes the same ones and acts only on its own
+// part.
+//
+// The design sketched Plan(view, now). Time is not needed here: the only
+// time-dependent input is whether a lease still holds, and that is judged by
+// the view builder with the receiving node's own clock and arrives as
+// HeldShard.Lease. Keeping the clock out makes the function easier to test
+// and keeps "equal views, equal plans" literally true.
+//
+// The pipeline, in the style of Nomad's scheduler:
+//
+//	deployments ─► expand (replicas, shards, gangs)
+//	held shards ─► keep what runs (valid or starting lease, current version)
+//	            ─► drain old versions until their replacement is ready
+//	nodes       ─► capacity index (nodes with equal state share a class)
+//	gangs, largest first ─► feasibility (live, labels, GPU type, free GPUs)
+//	                     ─► ranking (spread, pack, NVLink, cached weights)
+//	                     ─► rendezvous-hash tie break
+//	not placed  ─► a reason built from per-filter counts
+//
+// Scores are integers: floating point may be fused differently on amd64 and
+// arm64, and a cluster of mixed machines must still agree.
 //
 // A test (deps_test.go) fails the build if this package imports anything that
 // does I/O.

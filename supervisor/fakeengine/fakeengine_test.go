@@ -25,7 +25,7 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) Now() time.Time           { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 func newTestServer(t *testing.T, cfg Config) (*httptest.Server, *Server) {

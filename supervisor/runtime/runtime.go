@@ -22,7 +22,27 @@ const (
 	LabelNode  = "llmgw.node"
 	LabelShard = "llmgw.shard"
 	LabelSpec  = "llmgw.spec"
+	// The engine ID, replica and deployment, so that an orphan found by
+	// label can be explained without its state file.
+	LabelEngine     = "llmgw.engine"
+	LabelReplica    = "llmgw.replica"
+	LabelDeployment = "llmgw.deployment"
 )
+
+// Labels returns the labels a runtime attaches to the engine of s; empty
+// values are left out.
+func (s EngineSpec) Labels() map[string]string {
+	m := make(map[string]string, 6)
+	for k, v := range map[string]string{
+		LabelNode: s.Node, LabelShard: s.ShardID, LabelSpec: s.SpecVersion,
+		LabelEngine: s.ID, LabelReplica: s.ReplicaID, LabelDeployment: s.Deployment,
+	} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	return m
+}
 
 // EngineSpec is everything a runtime needs to start one shard's engine.
 // The supervisor resolves profiles and ports before it calls Start.

@@ -27,6 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmgw/llmgw/supervisor/atomicfile"
 )
 
 // FormatVersion is the version of the file layout this package writes.
@@ -35,8 +37,10 @@ import (
 const FormatVersion = 1
 
 const (
-	prefix    = "shard-"
-	suffix    = ".json"
+	prefix = "shard-"
+	suffix = ".json"
+	// tmpMarker is what atomicfile puts in its temp names:
+	// .shard-<id>.json.tmp-<random>.
 	tmpMarker = ".tmp-"
 )
 
@@ -134,42 +138,10 @@ func Save(dir string, s State) error {
 		return fmt.Errorf("shard state %s: %w", s.ShardID, err)
 	}
 	b = append(b, '\n')
-	return writeAtomic(dir, filepath.Base(p), b)
-}
-
-// writeAtomic is temp file, write, fsync, rename, fsync dir.
-func writeAtomic(dir, name string, data []byte) (err error) {
-	// The leading dot and the marker keep the temp file out of Load's
-	// pattern while it exists, and let Load recognise it after a crash.
-	f, err := os.CreateTemp(dir, "."+name+tmpMarker+"*")
-	if err != nil {
-		return fmt.Errorf("shard state: %w", err)
+	if err := atomicfile.Write(p, b, 0o600); err != nil {
+		return fmt.Errorf("shard state %s: %w", s.ShardID, err)
 	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(0o600); err != nil {
-		return fmt.Errorf("shard state: %w", err)
-	}
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("shard state: write %s: %w", tmp, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("shard state: fsync %s: %w", tmp, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("shard state: close %s: %w", tmp, err)
-	}
-	if err = os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return fmt.Errorf("shard state: %w", err)
-	}
-	// Without the directory fsync the rename itself may be lost on power
-	// failure, leaving the old file (or none).
-	return syncDir(dir)
+	return nil
 }
 
 func syncDir(dir string) error {

@@ -1,0 +1,42 @@
+# llmgw — see README.md. `make run` starts a local demo cluster, `make test`
+# runs the tests.
+GO      ?= go
+BIN     := bin/llmgw
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+DEMO    ?= $(CURDIR)/.demo
+# go-nvml's cgo bindings call functions the NVML header marks deprecated.
+export CGO_CFLAGS := -Wno-deprecated-declarations
+
+.PHONY: build test bench run stop lint clean scenarios fuzz
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/llmgw
+
+test: build
+	$(GO) vet ./...
+	$(GO) test -timeout 25m ./...
+
+# Benchmarks: placement at scale, gossip propagation, runtime start-up and
+# the API under load. Benchmarks here are noisy: -count gives medians.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
+
+run: build
+	$(BIN) demo up --dir $(DEMO)
+
+stop:
+	$(BIN) demo down --dir $(DEMO)
+
+scenarios: build
+	$(GO) test -timeout 60m ./scenarios/ -args -all
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./gossip/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeDeployment -fuzztime 30s ./placement/
+
+clean:
+	rm -rf bin $(DEMO)

@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+func nodesCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "nodes",
+		Usage: "list the cluster's nodes as any node sees them",
+		Flags: clientFlags(),
+		Action: func(ctx context.Context, c *cli.Command) error {
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			var info supervisor.ClusterInfo
+			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, info.Members)
+			}
+			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tAGE")
+			for _, m := range info.Members {
+				age := "-"
+				if !m.StartedAt.IsZero() {
+					age = shortDuration(time.Since(m.StartedAt))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.State, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), age)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// gpuSummary writes "8× H100 80GB HBM3" (or several groups, comma-separated).
+func gpuSummary(gpus []placement.GPU) string {
+	if len(gpus) == 0 {
+		return "-"
+	}
+	count := map[string]int{}
+	var names []string
+	for _, g := range gpus {
+		n := strings.TrimPrefix(g.Name, "NVIDIA ")
+		if count[n] == 0 {
+			names = append(names, n)
+		}
+		count[n]++
+	}
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%d× %s", count[n], n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func gpuMemory(gpus []placement.GPU) string {
+	if len(gpus) == 0 {
+		return "-"
+	}
+	var used, total uint64
+	for _, g := range gpus {
+		used += g.MemoryUsed
+		total += g.MemoryTotal
+	}
+	return fmt.Sprintf("%.1f/%.0f GiB", float64(used)/(1<<30), float64(total)/(1<<30))
+}
+
+func shortDuration(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
+
+func placeCommand() *cli.Command {
+	flags := append(clientFlags(),
+		&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the deployment from a YAML or JSON file ('-' for stdin)"},
+		&cli.StringFlag{Name: "model", Usage: "model id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"},
+		&cli.StringFlag{Name: "engine", Usage: "engine profile: " + strings.Join(placement.EngineProfiles(), ", ") + " (default vllm)"},
+		&cli.IntFlag{Name: "replicas", Value: 1, Usage: "serving endpoints"},
+		&cli.IntFlag{Name: "tp", Value: 1, Usage: "tensor parallel: GPUs of one node per shard"},
+		&cli.IntFlag{Name: "pp", Value: 1, Usage: "pipeline parallel: nodes per replica"},
+		&cli.StringFlag{Name: "gpu-memory", Usage: "memory per GPU, e.g. 70GiB (default: whole GPUs)"},
+		&cli.StringFlag{Name: "gpu-type", Usage: "substring of the GPU name, e.g. H100"},
+		&cli.StringSliceFlag{Name: "label", Usage: "node label k=v the shards need (repeatable)"},
+		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
+		&cli.StringSliceFlag{Name: "arg", Usage: "extra engine argument (repeatable)"},
+		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
+	)
+	return &cli.Command{
+		Name:      "place",
+		Usage:     "ask the cluster to serve a model (any node accepts it; every node learns it)",
+		ArgsUsage: "NAME",
+		Flags:     flags,
+		Action: func(ctx context.Context, c *cli.Command) error {
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			body, ctype, err := placeBody(c)
+			if err != nil {
+				return cli.Exit(err.Error(), 2)
+			}
+			var out supervisor.DeploymentInfo
+			if err := cl.do(ctx, "POST", "/v1/deployments", body, ctype, &out); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, out)
+			}
+			fmt.Fprintf(c.Root().Writer, "placed %s (%s, %d replica(s), spec %s); watch it with: llmgw models\n", out.Name, out.Model, out.Replicas, out.SpecVersion)
+			return nil
+		},
+	}
+}
+
+func placeBody(c *cli.Command) ([]byte, string, error) {
+	if f := c.String("file"); f != "" {
+		if c.Args().Len() > 0 || c.IsSet("model") {
+			return nil, "", fmt.Errorf("--file: give either a file or NAME and flags, not both")
+		}
+		var b []byte
+		var err error
+		if f == "-" {
+			b, err = io.ReadAll(os.Stdin)
+		} else {
+			b, err = os.ReadFile(f)
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("--file: %w", err)
+		}
+		return b, "application/yaml", nil
+	}
+	if c.Args().Len() != 1 {
+		return nil, "", fmt.Errorf("NAME: want exactly one deployment name (or --file)")
+	}
+	d := placement.Deployment{
+		Name: c.Args().First(), Model: c.String("model"), Engine: c.String("engine"), Image: c.String("image"),
+		Replicas: int(c.Int("replicas")), TensorParallel: int(c.Int("tp")), PipelineParallel: int(c.Int("pp")),
+		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"),
+	}
+	if d.Model == "" {
+		return nil, "", fmt.Errorf("--model: required, e.g. --model meta-llama/Llama-3.1-8B-Instruct")
+	}
+	if m := c.String("gpu-memory"); m != "" {
+		b, err := placement.ParseBytes(m)
+		if err != nil {
+			return nil, "", fmt.Errorf("--gpu-memory: %w", err)
+		}
+		d.GPUMemory = b
+	}
+	var err error
+	if d.Labels, err = parseKV("--label", splitList(c.StringSlice("label"))); err != nil {
+		return nil, "", err
+	}
+	if d.Env, err = parseKV("--env", c.StringSlice("env")); err != nil {
+		return nil, "", err
+	}
+	b, err := json.Marshal(d)
+	return b, "application/json", err
+}
+
+func unplaceCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "unplace",
+		Usage:     "remove a deployment everywhere",
+		ArgsUsage: "NAME",
+		Flags:     clientFlags(),
+		Action: func(ctx context.Context, c *cli.Command) error {
+			if c.Args().Len() != 1 {
+				return cli.Exit("NAME: want exactly one deployment name", 2)
+			}
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			if err := cl.do(ctx, "DELETE", "/v1/deployments/"+c.Args().First(), nil, "", nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.Root().Writer, "removed %s\n", c.Args().First())
+			return nil
+		},
+	}
+}
+
+func modelsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "models",
+		Usage: "list deployments: how many replicas are placed and ready, where, and why not",
+		Flags: clientFlags(),
+		Action: func(ctx context.Context, c *cli.Command) error {
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			var deps []supervisor.DeploymentInfo
+			if err := cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, deps)
+			}
+			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tREPLICAS\tREADY\tNODES\tWHY")
+			for _, d := range deps {
+				why := "-"
+				if len(d.Why) > 0 {
+					why = d.Why[0]
+					if len(d.Why) > 1 {
+						why += fmt.Sprintf(" (+%d more)", len(d.Why)-1)
+					}
+				}
+				nodes := strings.Join(d.Nodes, ",")
+				if nodes == "" {
+					nodes = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", d.Name, d.Model, d.Engine, d.Placed, d.Replicas, d.Ready, nodes, why)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func shardsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "shards",
+		Usage: "list every shard: where it runs, its lease, engine status and restarts",
+		Flags: clientFlags(),
+		Action: func(ctx context.Context, c *cli.Command) error {
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			var shards []supervisor.ShardInfo
+			if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, shards)
+			}
+			sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
+			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SHARD\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
+			for _, s := range shards {
+				who := "-"
+				if s.Container != "" {
+					who = s.Container
+				} else if s.PID > 0 {
+					who = fmt.Sprint(s.PID)
+				}
+				up := "-"
+				if !s.StartedAt.IsZero() && s.Status == supervisor.StatusReady {
+					up = shortDuration(time.Since(s.StartedAt))
+				}
+				note := s.Reason
+				if s.Draining {
+					note = "draining (old spec, kept until its replacement is ready)"
+				}
+				if s.LastExit != nil {
+					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func ints(v []int) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+// demoCommand runs a whole cluster on this machine: real `llmgw node up`
+// processes on loopback with simulated GPUs, detached so the newcomer's
+// shell is free to look at it.
+func demoCommand() *cli.Command {
+	dirFlag := &cli.StringFlag{Name: "dir", Value: ".demo", Usage: "where the demo keeps data dirs, logs and pids"}
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run a local cluster with simulated GPUs (make run / make stop)",
+		Commands: []*cli.Command{
+			{
+				Name:  "up",
+				Usage: "start the demo cluster in the background",
+				Flags: []cli.Flag{
+					dirFlag,
+					&cli.IntFlag{Name: "nodes", Value: 3},
+					&cli.StringFlag{Name: "gpus", Value: "4xH100-80GB", Usage: "simulated GPUs per node"},
+					&cli.IntFlag{Name: "api-port", Value: 7070, Usage: "API port of the first node; the others follow"},
+					&cli.IntFlag{Name: "gossip-port", Value: 7946, Usage: "gossip port of the first node; the others follow"},
+				},
+				Action: demoUp,
+			},
+			{
+				Name:   "down",
+				Usage:  "stop the demo cluster",
+				Flags:  []cli.Flag{dirFlag},
+				Action: demoDown,
+			},
+		},
+	}
+}
+
+func demoUp(ctx context.Context, c *cli.Command) error {
+	dir, err := filepath.Abs(c.String("dir"))
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--dir: %w", err)
+	}
+	if pids := demoPIDs(dir); len(pids) > 0 {
+		return cli.Exit(fmt.Sprintf("a demo cluster already runs from %s (pids %v); stop it with: make stop", dir, pids), 1)
+	}
+	tokenFile := filepath.Join(dir, "token")
+	if _, err := os.Stat(tokenFile); err != nil {
+		if err := os.WriteFile(tokenFile, []byte(supervisor.NewToken()+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	n := int(c.Int("nodes"))
+	apiPort, gossipPort := int(c.Int("api-port")), int(c.Int("gossip-port"))
+	first := fmt.Sprintf("127.0.0.1:%d", gossipPort)
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("node-%d", i+1)
+		args := []string{"node", "up", "--name", name,
+			"--data-dir", filepath.Join(dir, name),
+			"--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort+i),
+			"--api", fmt.Sprintf("127.0.0.1:%d", apiPort+i),
+			"--profile", "local",
+			"--simulate-gpus", c.String("gpus"),
+			"--token-file", tokenFile,
+			"--label", "zone=demo-" + strconv.Itoa(i%2),
+		}
+		if i > 0 {
+			args = append(args, "--join", first)
+		}
+		logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command(self, args...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		// Its own session: the node outlives `make run` and its terminal.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		logf.Close()
+		_ = os.WriteFile(filepath.Join(dir, name+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+		_ = cmd.Process.Release()
+	}
+	addr := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
+	if err := waitAlive(ctx, addr, n, 30*time.Second); err != nil {
+		return fmt.Errorf("%w; see the logs in %s", err, dir)
+	}
+	w := c.Root().Writer
+	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each.\n\n", n, apiPort, apiPort+n-1, c.String("gpus"))
+	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  curl -s %s/v1/cluster\n\n", addr)
+	fmt.Fprintf(w, "Place a model (mutations need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 2\n\n", tokenFile)
+	fmt.Fprintf(w, "Logs: %s/node-*.log   Stop: make stop\n", dir)
+	return nil
+}
+
+func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {
+	cl := &client{base: addr, http: &http.Client{Timeout: 2 * time.Second}}
+	deadline := time.Now().Add(within)
+	last := "no answer"
+	for time.Now().Before(deadline) {
+		var info supervisor.ClusterInfo
+		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err == nil {
+			alive := 0
+			for _, m := range info.Members {
+				if m.State == "alive" {
+					alive++
+				}
+			}
+			if alive == n {
+				return nil
+			}
+			last = fmt.Sprintf("%d of %d alive", alive, n)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("the demo cluster did not come up within %v (%s)", within, last)
+}
+
+func demoPIDs(dir string) map[string]int {
+	out := map[string]int{}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || syscall.Kill(pid, 0) != nil {
+			_ = os.Remove(f)
+			continue
+		}
+		out[f] = pid
+	}
+	return out
+}
+
+func demoDown(ctx context.Context, c *cli.Command) error {
+	dir, err := filepath.Abs(c.String("dir"))
+	if err != nil {
+		return err
+	}
+	pids := demoPIDs(dir)
+	if len(pids) == 0 {
+		fmt.Fprintln(c.Root().Writer, "no demo cluster is running")
+		return nil
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for f, pid := range pids {
+		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := syscall.Kill(pid, 0); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		} else if !errors.Is(err, syscall.ESRCH) {
+			return err
+		}
+		_ = os.Remove(f)
+	}
+	fmt.Fprintf(c.Root().Writer, "stopped %d demo nodes\n", len(pids))
+	return nil
+}

@@ -1,0 +1,332 @@
+package placement
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
+	"strings"
+)
+
+// wholeGPUForeignSlack is how much memory of processes llmgw does not own a
+// GPU may carry and still count as free for a whole-GPU shard: a display
+// server or monitoring agent, not another workload.
+const wholeGPUForeignSlack = 1 << 30
+
+// maxNVLinkGPUs is how many GPUs of a node NVLink masks cover; GPUs past it
+// are placed as if they had no NVLink (no node sold today has more than 16).
+const maxNVLinkGPUs = 64
+
+// gpuState is one GPU as placement accounts it: what the node advertised
+// plus what our own shards were promised on it.
+type gpuState struct {
+	index   int
+	name    string // as advertised, for reasons
+	lname   string // lower-cased, for the GPU type filter
+	total   uint64
+	foreign uint64
+	// promised is the memory promised to memory-sized shards of ours.
+	promised uint64
+	// whole is set when a whole-GPU shard of ours sits here.
+	whole   bool
+	mig     bool
+	faulted bool
+	// nvlink has bit p set when the GPU at position p of the node (not GPU
+	// index p) is an NVLink peer.
+	nvlink uint64
+}
+
+// usable: MIG-enabled and faulted GPUs take nothing new.
+func (g *gpuState) usable() bool { return !g.mig && !g.faulted }
+
+// capacity is what llmgw may ever use on the GPU.
+func (g *gpuState) capacity() uint64 { return satSub(g.total, g.foreign) }
+
+// free is what is left for a memory-sized shard.
+func (g *gpuState) free() uint64 {
+	if g.whole {
+		return 0
+	}
+	return satSub(g.capacity(), g.promised)
+}
+
+// wholeFree: a whole-GPU shard needs nothing of ours on the GPU and almost
+// nothing of anyone else's.
+func (g *gpuState) wholeFree() bool {
+	return g.usable() && !g.whole && g.promised == 0 && g.foreign < wholeGPUForeignSlack
+}
+
+// reserve records a shard of ours on the GPU (mem 0: the whole GPU).
+func (g *gpuState) reserve(mem uint64) {
+	if mem == 0 {
+		g.whole = true
+		return
+	}
+	g.promised = satAdd(g.promised, mem)
+}
+
+func satSub(a, b uint64) uint64 {
+	if b >= a {
+		return 0
+	}
+	return a - b
+}
+
+func satMul(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi != 0 {
+		return ^uint64(0)
+	}
+	return lo
+}
+
+func satAdd(a, b uint64) uint64 {
+	s, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return ^uint64(0)
+	}
+	return s
+}
+
+// buildGPUs turns a node's advertised GPUs into accounting state, sorted by
+// index, with duplicate indices dropped (a node reporting one index twice is
+// broken; keeping the first in a total order keeps the plan independent of
+// the order they came in).
+func (p *planner) buildGPUs(in []GPU) []gpuState {
+	gs := slices.Clone(in)
+	slices.SortFunc(gs, compareGPU)
+	gs = slices.CompactFunc(gs, func(a, b GPU) bool { return a.Index == b.Index })
+	out := make([]gpuState, len(gs))
+	for i := range gs {
+		g := &gs[i]
+		out[i] = gpuState{
+			index:   g.Index,
+			name:    g.Name,
+			lname:   p.lower(g.Name),
+			total:   g.MemoryTotal,
+			foreign: g.MemoryForeign,
+			mig:     g.MIG,
+			faulted: g.Faulted,
+		}
+	}
+	for i := range gs {
+		if i >= maxNVLinkGPUs {
+			break
+		}
+		for _, peer := range gs[i].NVLinkPeers {
+			j, ok := gpuPos(out, peer)
+			if ok && j != i && j < maxNVLinkGPUs {
+				// A link is a link whichever end reports it.
+				out[i].nvlink |= 1 << j
+				out[j].nvlink |= 1 << i
+			}
+		}
+	}
+	return out
+}
+
+// compareGPU orders GPUs by index and, for the broken case of a repeated
+// index, by everything placement reads, so the survivor does not depend on
+// input order.
+func compareGPU(a, b GPU) int {
+	if c := a.Index - b.Index; c != 0 {
+		return sign(c)
+	}
+	if c := strings.Compare(a.UUID, b.UUID); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Name, b.Name); c != 0 {
+		return c
+	}
+	if a.MemoryTotal != b.MemoryTotal {
+		return cmpU64(a.MemoryTotal, b.MemoryTotal)
+	}
+	if a.MemoryForeign != b.MemoryForeign {
+		return cmpU64(a.MemoryForeign, b.MemoryForeign)
+	}
+	if a.MIG != b.MIG {
+		return cmpBool(a.MIG, b.MIG)
+	}
+	if a.Faulted != b.Faulted {
+		return cmpBool(a.Faulted, b.Faulted)
+	}
+	return slices.Compare(sortedInts(a.NVLinkPeers), sortedInts(b.NVLinkPeers))
+}
+
+func sign(c int) int {
+	switch {
+	case c < 0:
+		return -1
+	case c > 0:
+		return 1
+	}
+	return 0
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func cmpBool(a, b bool) int {
+	if a == b {
+		return 0
+	}
+	if !a {
+		return -1
+	}
+	return 1
+}
+
+// sortedInts returns a sorted copy without duplicates.
+func sortedInts(in []int) []int {
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// gpuPos finds GPU index idx among gs (sorted by index).
+func gpuPos(gs []gpuState, idx int) (int, bool) {
+	return slices.BinarySearchFunc(gs, idx, func(g gpuState, t int) int { return sign(g.index - t) })
+}
+
+// reserveHeld accounts every shard the node lists, whatever its lease: a
+// shard that is draining, lost a duplicate contest or whose lease lapsed may
+// still have a live engine holding the memory until its supervisor stops it
+// and drops it from its record. Counting it costs one round of convergence;
+// not counting it risks an out-of-memory start.
+func reserveHeld(gs []gpuState, held []HeldShard) {
+	for i := range held {
+		h := &held[i]
+		for _, idx := range sortedInts(h.GPUs) {
+			if pos, ok := gpuPos(gs, idx); ok {
+				gs[pos].reserve(h.MemoryPerGPU)
+			}
+		}
+	}
+}
+
+// class is a set of live nodes whose state is identical for every placement
+// question: same GPUs (index, model, memory, promises, flags, NVLink), same
+// values of the labels deployments ask about, same cached models among
+// those deployed. Feasibility and ranking are computed once per class and
+// request shape instead of once per node: in a large cluster thousands of
+// nodes share a handful of classes. Only the spread count and the rendezvous
+// tie break are per node.
+type class struct {
+	key     string
+	gpus    []gpuState // the state; never modified once the class exists
+	labels  []int32
+	cached  []int32
+	members []*nodeState
+	memo    []memoEntry
+	live    bool // listed in index.live
+
+	// Scratch for the deployment being placed (valid while the matching
+	// seq field equals that deployment's seq).
+	candSeq  int32
+	candOK   bool  // feasible for the deployment
+	candRank int64 // its rank for the deployment, cache bonus included
+	inCands  bool
+	penalSeq int32
+	penal    int32 // members already holding a shard of the deployment
+}
+
+type memoEntry struct {
+	shape int32
+	fit   fit
+}
+
+func (c *class) penalized(seq int32) int32 {
+	if c.penalSeq != seq {
+		return 0
+	}
+	return c.penal
+}
+
+func (c *class) addPenal(seq int32, delta int32) {
+	if c.penalSeq != seq {
+		c.penalSeq, c.penal = seq, 0
+	}
+	c.penal += delta
+}
+
+// index groups live nodes into classes.
+type index struct {
+	classes map[string]*class
+	// live lists classes that have, or recently had, members, in creation
+	// order; empty ones are dropped when a deployment starts.
+	live []*class
+	buf  []byte
+}
+
+// classFor returns the class of the given state, creating it if new. gs is
+// copied when a class is created, so the caller may reuse it.
+func (ix *index) classFor(gs []gpuState, labels, cached []int32) *class {
+	ix.buf = appendClassKey(ix.buf[:0], gs, labels, cached)
+	if c, ok := ix.classes[string(ix.buf)]; ok {
+		return c
+	}
+	c := &class{key: string(ix.buf), gpus: slices.Clone(gs), labels: labels, cached: cached}
+	ix.classes[c.key] = c
+	return c
+}
+
+func (ix *index) join(n *nodeState, c *class) {
+	n.class = c
+	n.classPos = len(c.members)
+	c.members = append(c.members, n)
+	if !c.live {
+		c.live = true
+		ix.live = append(ix.live, c)
+	}
+}
+
+// leave removes n from its class. Member order inside a class carries no
+// meaning (the tie break is a hash over all members), so swap-remove is fine.
+func (ix *index) leave(n *nodeState) {
+	c := n.class
+	last := c.members[len(c.members)-1]
+	c.members[n.classPos] = last
+	last.classPos = n.classPos
+	c.members = c.members[:len(c.members)-1]
+	n.class = nil
+}
+
+func appendClassKey(b []byte, gs []gpuState, labels, cached []int32) []byte {
+	b = binary.AppendUvarint(b, uint64(len(labels)))
+	for _, l := range labels {
+		b = binary.AppendVarint(b, int64(l))
+	}
+	b = binary.AppendUvarint(b, uint64(len(cached)))
+	for _, m := range cached {
+		b = binary.AppendVarint(b, int64(m))
+	}
+	b = binary.AppendUvarint(b, uint64(len(gs)))
+	for i := range gs {
+		g := &gs[i]
+		b = binary.AppendVarint(b, int64(g.index))
+		b = binary.AppendUvarint(b, uint64(len(g.name)))
+		b = append(b, g.name...)
+		b = binary.AppendUvarint(b, g.total)
+		b = binary.AppendUvarint(b, g.foreign)
+		b = binary.AppendUvarint(b, g.promised)
+		var flags byte
+		if g.whole {
+			flags |= 1
+		}
+		if g.mig {
+			flags |= 2
+		}
+		if g.faulted {
+			flags |= 4
+		}
+		b = append(b, flags)
+		b = binary.AppendUvarint(b, g.nvlink)
+	}
+	return b
+}

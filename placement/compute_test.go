@@ -1,0 +1,604 @@
+package placement
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestComputePlaces(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	tests := []struct {
+		name  string
+		view  View
+		check func(t *testing.T, p Plan)
+	}{
+		{
+			name: "one whole GPU",
+			view: View{
+				Nodes:       []Node{mkNode("n1", hgpus(2, h100, 80, true))},
+				Deployments: []Deployment{mkDep("a")},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n1", 0)
+			},
+		},
+		{
+			name: "replicas spread over nodes before packing",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(8, h100, 80, true)),
+					mkNode("n2", hgpus(8, h100, 80, true)),
+					mkNode("n3", hgpus(8, h100, 80, true)),
+				},
+				Deployments: []Deployment{mkDep("a", replicas(3), memGiB(10))},
+			},
+			check: func(t *testing.T, p Plan) {
+				nodes := map[string]bool{}
+				for _, a := range p.Assignments {
+					nodes[a.Node] = true
+				}
+				if len(nodes) != 3 {
+					t.Errorf("replicas on %d nodes, want 3: %+v", len(nodes), p.Assignments)
+				}
+			},
+		},
+		{
+			name: "pack into the fuller node and the fuller GPU",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(2, h100, 80, false)),
+					mkNode("n2", hgpus(2, h100, 80, false), holding(
+						HeldShard{ShardID: "other-0", SpecVersion: "x", GPUs: []int{1}, MemoryPerGPU: 60 * gib, Lease: LeaseValid})),
+				},
+				Deployments: []Deployment{mkDep("a", memGiB(20))},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n2", 1)
+			},
+		},
+		{
+			name: "tensor parallel prefers an NVLink pair",
+			view: View{
+				Nodes: []Node{
+					// Pairs 0-1 and 2-3 are bridged; GPU 1 is taken.
+					mkNode("n1", pairs(4, h100), holding(hold("other-0", "x", LeaseValid, 1, 1))),
+				},
+				Deployments: []Deployment{mkDep("a", tp(2))},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n1", 2, 3)
+			},
+		},
+		{
+			name: "cached weights attract",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(1, h100, 80, false)),
+					mkNode("n2", hgpus(1, h100, 80, false), caching("org/a")),
+					mkNode("n3", hgpus(1, h100, 80, false)),
+				},
+				Deployments: []Deployment{mkDep("a")},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n2", 0)
+			},
+		},
+		{
+			name: "gang on distinct nodes",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(8, h100, 80, true)),
+					mkNode("n2", hgpus(8, h100, 80, true)),
+				},
+				Deployments: []Deployment{mkDep("big", pp(2), tp(8))},
+			},
+			check: func(t *testing.T, p Plan) {
+				s0, s1 := find(p, "big-0-s0"), find(p, "big-0-s1")
+				if len(s0) != 1 || len(s1) != 1 || s0[0].Node == s1[0].Node {
+					t.Fatalf("gang not on two distinct nodes: %+v", p)
+				}
+				if len(s0[0].GPUs) != 8 {
+					t.Errorf("shard has %d GPUs, want 8", len(s0[0].GPUs))
+				}
+			},
+		},
+		{
+			name: "gang placed whole or not at all",
+			view: View{
+				Nodes:       []Node{mkNode("n1", hgpus(8, h100, 80, true))},
+				Deployments: []Deployment{mkDep("big", pp(2), tp(4))},
+			},
+			check: func(t *testing.T, p Plan) {
+				if len(p.Assignments) != 0 {
+					t.Fatalf("half a gang placed: %+v", p.Assignments)
+				}
+				wantReason(t, p, "big-0-s0", "gang of 2 shards needs 2 distinct nodes with 4 whole GPUs each; only 1 fit")
+				wantReason(t, p, "big-0-s1", "gang of 2 shards")
+			},
+		},
+		{
+			name: "whole GPU refuses foreign memory and our shards",
+			view: View{
+				Nodes: []Node{mkNode("n1", []GPU{
+					{Index: 0, Name: h100, MemoryTotal: 80 * gib, MemoryForeign: 2 * gib},
+					{Index: 1, Name: h100, MemoryTotal: 80 * gib},
+					{Index: 2, Name: h100, MemoryTotal: 80 * gib, MemoryForeign: 512 << 20},
+				}, holding(HeldShard{ShardID: "o-0", SpecVersion: "x", GPUs: []int{1}, MemoryPerGPU: gib, Lease: LeaseValid}))},
+				Deployments: []Deployment{mkDep("a")},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n1", 2)
+			},
+		},
+		{
+			name: "faulted and MIG GPUs take nothing",
+			view: View{
+				Nodes: []Node{mkNode("n1", []GPU{
+					{Index: 0, Name: h100, MemoryTotal: 80 * gib, Faulted: true},
+					{Index: 1, Name: h100, MemoryTotal: 80 * gib, MIG: true},
+					{Index: 2, Name: h100, MemoryTotal: 80 * gib},
+				})},
+				Deployments: []Deployment{mkDep("a", memGiB(10))},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n1", 2)
+			},
+		},
+		{
+			name: "dead nodes take nothing",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(8, h100, 80, true), dead),
+					mkNode("n2", hgpus(1, h100, 80, true)),
+				},
+				Deployments: []Deployment{mkDep("a")},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n2", 0)
+			},
+		},
+		{
+			name: "GPU type is a case-insensitive substring",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(1, "NVIDIA A100-SXM4-80GB", 80, false)),
+					mkNode("n2", hgpus(1, h100, 80, false)),
+				},
+				Deployments: []Deployment{mkDep("a", gpuType("h100"))},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n2", 0)
+			},
+		},
+		{
+			name: "labels must all match",
+			view: View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(1, h100, 80, false), withLabels("zone", "a")),
+					mkNode("n2", hgpus(1, h100, 80, false), withLabels("zone", "a", "tier", "gold")),
+					mkNode("n3", hgpus(1, h100, 80, false), withLabels("zone", "b", "tier", "gold")),
+				},
+				Deployments: []Deployment{mkDep("a", labels("zone", "a", "tier", "gold"))},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "a-0", "n2", 0)
+			},
+		},
+		{
+			name: "replicas zero places nothing",
+			view: View{
+				Nodes: []Node{mkNode("n1", hgpus(1, h100, 80, false),
+					holding(hold("a-0", version(mkDep("a", replicas(0))), LeaseValid, 1, 0)))},
+				Deployments: []Deployment{mkDep("a", replicas(0))},
+			},
+			check: func(t *testing.T, p Plan) {
+				if len(p.Assignments)+len(p.Unplaced) != 0 {
+					t.Fatalf("want an empty plan, got %+v", p)
+				}
+			},
+		},
+		{
+			name: "larger gangs go first",
+			view: View{
+				Nodes: []Node{mkNode("n1", hgpus(4, h100, 80, true))},
+				Deployments: []Deployment{
+					mkDep("a-small", replicas(4)),
+					mkDep("z-big", tp(4)),
+				},
+			},
+			check: func(t *testing.T, p Plan) {
+				wantAssigned(t, p, "z-big-0", "n1", 0, 1, 2, 3)
+				for i := range 4 {
+					if _, ok := unplaced(p, ReplicaID("a-small", i)); !ok {
+						t.Errorf("a-small-%d placed, want the big gang first", i)
+					}
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Compute(tt.view)
+			tt.check(t, p)
+			checkInvariants(t, tt.view, p)
+		})
+	}
+}
+
+// pairs is n GPUs bridged two by two (PCIe H100 NVL style).
+func pairs(n int, name string) []GPU {
+	gs := hgpus(n, name, 80, false)
+	for i := 0; i+1 < n; i += 2 {
+		gs[i].NVLinkPeers = []int{i + 1}
+		gs[i+1].NVLinkPeers = []int{i}
+	}
+	return gs
+}
+
+func wantAssigned(t *testing.T, p Plan, shard, node string, gpus ...int) {
+	t.Helper()
+	as := find(p, shard)
+	if len(as) != 1 {
+		t.Fatalf("%s: %d assignments, want 1; plan %+v", shard, len(as), p)
+	}
+	if as[0].Node != node || !slices.Equal(as[0].GPUs, gpus) {
+		t.Fatalf("%s on %s %v, want %s %v", shard, as[0].Node, as[0].GPUs, node, gpus)
+	}
+}
+
+func wantReason(t *testing.T, p Plan, shard, want string) {
+	t.Helper()
+	u, ok := unplaced(p, shard)
+	if !ok {
+		t.Fatalf("%s placed, want unplaced with %q; plan %+v", shard, want, p)
+	}
+	if !strings.Contains(u.Reason, want) {
+		t.Fatalf("%s reason %q, want it to contain %q", shard, u.Reason, want)
+	}
+}
+
+func TestComputeReasons(t *testing.T) {
+	h100, a100 := "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
+	three := []Node{
+		mkNode("n1", hgpus(2, h100, 80, true), withLabels("zone", "b")),
+		mkNode("n2", hgpus(4, a100, 40, true), withLabels("zone", "b")),
+		mkNode("n3", hgpus(1, h100, 80, true), withLabels("zone", "b")),
+	}
+	tests := []struct {
+		name  string
+		nodes []Node
+		dep   Deployment
+		want  string
+	}{
+		{"empty cluster", nil, mkDep("a"), "no nodes in the cluster view"},
+		{"all dead", []Node{mkNode("n1", hgpus(1, h100, 80, false), dead)}, mkDep("a"),
+			"no live node (1 in the view, none alive)"},
+		{"labels", three, mkDep("a", labels("zone", "a")),
+			"no live node matches labels zone=a (3 nodes checked)"},
+		{"gpu type", three, mkDep("a", gpuType("B200")),
+			`no live node has a GPU matching "B200" (3 nodes checked; GPUs seen: NVIDIA A100-SXM4-40GB, NVIDIA H100 80GB HBM3)`},
+		{"too few GPUs of the type", three, mkDep("a", gpuType("H100"), tp(4)),
+			"needs 4 H100 GPUs on one node that are neither MIG-enabled nor faulted; best node n1 has 2 (2 nodes checked)"},
+		{"memory", three, mkDep("a", gpuType("H100"), tp(2), memGiB(90)),
+			"needs 2 GPUs with 90GiB free (H100); best node n1 has 0 (1 node checked)"},
+		{"memory partly free", []Node{
+			mkNode("n1", hgpus(4, h100, 80, true), holding(
+				HeldShard{ShardID: "o-0", SpecVersion: "x", GPUs: []int{0, 1}, MemoryPerGPU: 40 * gib, Lease: LeaseValid})),
+			mkNode("n3", hgpus(4, h100, 80, true), holding(
+				HeldShard{ShardID: "o-1", SpecVersion: "x", GPUs: []int{0, 1, 2}, MemoryPerGPU: 40 * gib, Lease: LeaseValid})),
+		}, mkDep("a", gpuType("H100"), tp(4), memGiB(70)),
+			"needs 4 GPUs with 70GiB free (H100); best node n1 has 2 (2 nodes checked)"},
+		{"MIG", []Node{mkNode("n1", []GPU{
+			{Index: 0, Name: h100, MemoryTotal: 80 * gib, MIG: true},
+			{Index: 1, Name: h100, MemoryTotal: 80 * gib, MIG: true},
+		})}, mkDep("a", tp(2)), "2 MIG-enabled GPUs take nothing new"},
+		{"whole GPU busy", []Node{mkNode("n1", []GPU{{Index: 0, Name: h100, MemoryTotal: 80 * gib, MemoryForeign: 3 * gib}})},
+			mkDep("a"), "needs 1 whole GPU; best node n1 has 0 (1 node checked); a whole GPU must hold no shard of ours and under 1GiB of other processes' memory"},
+		{"invalid", three, mkDep("Bad_Name"), "invalid deployment: name: invalid value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := View{Nodes: tt.nodes, Deployments: []Deployment{tt.dep}}
+			p := Compute(v)
+			if len(p.Unplaced) == 0 {
+				t.Fatalf("placed, want %q: %+v", tt.want, p)
+			}
+			for _, u := range p.Unplaced {
+				if !strings.Contains(u.Reason, tt.want) {
+					t.Errorf("%s: reason %q\nwant it to contain %q", u.ShardID, u.Reason, tt.want)
+				}
+			}
+			checkInvariants(t, v, p)
+		})
+	}
+}
+
+func TestKeepWhatRuns(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d := mkDep("a", memGiB(20))
+	v := version(d)
+	nodes := func(lease LeaseState, alive bool, failing bool) View {
+		held := hold("a-0", v, lease, 1, 3)
+		held.MemoryPerGPU = 20 * gib
+		held.Failing = failing
+		n2 := mkNode("n2", hgpus(4, h100, 80, false), holding(held))
+		n2.Alive = alive
+		return View{
+			// n1 is fuller, so a fresh placement would prefer it.
+			Nodes: []Node{
+				mkNode("n1", hgpus(1, h100, 80, false), holding(HeldShard{ShardID: "o-0", SpecVersion: "x", GPUs: []int{0}, MemoryPerGPU: 50 * gib, Lease: LeaseValid})),
+				n2,
+			},
+			Deployments: []Deployment{d},
+		}
+	}
+	t.Run("valid lease stays, even where it would not go today", func(t *testing.T) {
+		p := Compute(nodes(LeaseValid, true, false))
+		wantAssigned(t, p, "a-0", "n2", 3)
+		if a := find(p, "a-0")[0]; !a.Kept || a.MemoryPerGPU != 20*gib {
+			t.Fatalf("want kept with 20GiB, got %+v", a)
+		}
+	})
+	t.Run("starting lease stays", func(t *testing.T) {
+		p := Compute(nodes(LeaseStarting, true, false))
+		wantAssigned(t, p, "a-0", "n2", 3)
+	})
+	t.Run("lapsed lease is re-placed and its GPU still counts", func(t *testing.T) {
+		p := Compute(nodes(LeaseLapsed, true, false))
+		a := find(p, "a-0")
+		if len(a) != 1 || a[0].Kept || a[0].Node != "n1" {
+			t.Fatalf("want re-placed on the fuller n1, got %+v", a)
+		}
+	})
+	t.Run("dead holder is re-placed", func(t *testing.T) {
+		p := Compute(nodes(LeaseValid, false, false))
+		if a := find(p, "a-0"); len(a) != 1 || a[0].Node != "n1" || a[0].Kept {
+			t.Fatalf("want re-placed on n1, got %+v", a)
+		}
+	})
+	t.Run("failing shard moves", func(t *testing.T) {
+		p := Compute(nodes(LeaseValid, true, true))
+		if a := find(p, "a-0"); len(a) != 1 || a[0].Node != "n1" || a[0].Kept {
+			t.Fatalf("want moved to n1, got %+v", a)
+		}
+	})
+	t.Run("failing shard stays when nothing else fits", func(t *testing.T) {
+		view := nodes(LeaseValid, true, true)
+		view.Nodes = view.Nodes[1:]
+		p := Compute(view)
+		if a := find(p, "a-0"); len(a) != 1 || a[0].Node != "n2" || !a[0].Kept || !slices.Equal(a[0].GPUs, []int{3}) {
+			t.Fatalf("want it kept where it is, got %+v", a)
+		}
+	})
+	t.Run("scaled down replicas stop", func(t *testing.T) {
+		view := nodes(LeaseValid, true, false)
+		view.Nodes[1].Shards = append(view.Nodes[1].Shards, hold("a-1", v, LeaseValid, 2, 2))
+		p := Compute(view)
+		if len(find(p, "a-1")) != 0 {
+			t.Fatalf("a-1 is beyond replicas and still assigned: %+v", p)
+		}
+	})
+	t.Run("deleted deployment stops", func(t *testing.T) {
+		view := nodes(LeaseValid, true, false)
+		view.Deployments = nil
+		if p := Compute(view); len(p.Assignments) != 0 {
+			t.Fatalf("want nothing, got %+v", p)
+		}
+	})
+}
+
+func TestDuplicatesAfterPartition(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d := mkDep("a")
+	v := version(d)
+	tests := []struct {
+		name            string
+		stamp1, stamp2  int64
+		lease1, lease2  LeaseState
+		want            string
+	}{
+		{"earliest claim wins", 5, 3, LeaseValid, LeaseValid, "n2"},
+		{"equal claims: lower name", 3, 3, LeaseValid, LeaseValid, "n1"},
+		{"starting counts as a claim", 1, 3, LeaseStarting, LeaseValid, "n1"},
+		{"lapsed does not", 1, 3, LeaseLapsed, LeaseValid, "n2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			view := View{
+				Nodes: []Node{
+					mkNode("n1", hgpus(1, h100, 80, false), holding(hold("a-0", v, tt.lease1, tt.stamp1, 0))),
+					mkNode("n2", hgpus(1, h100, 80, false), holding(hold("a-0", v, tt.lease2, tt.stamp2, 0))),
+				},
+				Deployments: []Deployment{d},
+			}
+			p := Compute(view)
+			a := find(p, "a-0")
+			if len(a) != 1 || a[0].Node != tt.want || !a[0].Kept {
+				t.Fatalf("want kept on %s only, got %+v", tt.want, a)
+			}
+		})
+	}
+}
+
+// TestSurgeThenDrain walks a rolling change step by step: the new version is
+// placed beside the old, the old keeps serving while the new one starts, and
+// goes only once the new one is ready.
+func TestSurgeThenDrain(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d1 := mkDep("a", replicas(2), memGiB(30))
+	d2 := mkDep("a", replicas(2), memGiB(30), args("--max-model-len=8192"))
+	v1, v2 := version(d1), version(d2)
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(1, h100, 80, false)),
+			mkNode("n2", hgpus(1, h100, 80, false)),
+		},
+		Deployments: []Deployment{d1},
+	}
+	p := Compute(view)
+	view = heldFromPlan(view, p, LeaseValid)
+
+	// Spec change: surge.
+	view.Deployments = []Deployment{d2}
+	p = Compute(view)
+	for _, id := range []string{"a-0", "a-1"} {
+		as := find(p, id)
+		if len(as) != 2 {
+			t.Fatalf("%s: want old and new, got %+v", id, as)
+		}
+		old, nu := as[0], as[1]
+		if old.SpecVersion != v1 {
+			old, nu = nu, old
+		}
+		if old.SpecVersion != v1 || !old.Draining || !old.Kept {
+			t.Fatalf("%s: old not kept draining: %+v", id, old)
+		}
+		if nu.SpecVersion != v2 || nu.Kept || nu.Draining {
+			t.Fatalf("%s: new not placed fresh: %+v", id, nu)
+		}
+		if nu.Node == old.Node {
+			t.Errorf("%s: new version on the old one's node %s although the other node fits", id, nu.Node)
+		}
+	}
+	checkInvariants(t, view, p)
+
+	// The new engines are starting: the old ones keep serving.
+	starting := heldFromPlan(view, p, LeaseValid)
+	for i := range starting.Nodes {
+		for j := range starting.Nodes[i].Shards {
+			if s := &starting.Nodes[i].Shards[j]; s.SpecVersion == v2 {
+				s.Lease = LeaseStarting
+			}
+		}
+	}
+	p = Compute(starting)
+	if n := countVersion(p, v1); n != 2 {
+		t.Fatalf("old version kept %d times while new starts, want 2: %+v", n, p)
+	}
+
+	// New ready: old ones get no assignment.
+	ready := heldFromPlan(starting, p, LeaseValid)
+	p = Compute(ready)
+	if n := countVersion(p, v1); n != 0 {
+		t.Fatalf("old version still assigned after new is ready: %+v", p)
+	}
+	if n := countVersion(p, v2); n != 2 {
+		t.Fatalf("new version assigned %d times, want 2", n)
+	}
+}
+
+func TestSurgeWithoutRoom(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d1 := mkDep("a", memGiB(60))
+	d2 := mkDep("a", memGiB(60), args("--x"))
+	view := View{
+		Nodes:       []Node{mkNode("n1", hgpus(1, h100, 80, false))},
+		Deployments: []Deployment{d1},
+	}
+	view = heldFromPlan(view, Compute(view), LeaseValid)
+	view.Deployments = []Deployment{d2}
+	p := Compute(view)
+	a := find(p, "a-0")
+	if len(a) != 1 || a[0].SpecVersion != version(d1) || !a[0].Draining {
+		t.Fatalf("want the old version serving, got %+v", a)
+	}
+	wantReason(t, p, "a-0", "new version "+version(d2)+": needs 1 GPU with 60GiB free")
+	wantReason(t, p, "a-0", "version "+version(d1)+" keeps serving meanwhile")
+}
+
+func TestPipelineChangeDrainsOldShards(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d1 := mkDep("a", tp(2))
+	d2 := mkDep("a", tp(2), pp(2))
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(4, h100, 80, true)),
+			mkNode("n2", hgpus(4, h100, 80, true)),
+			mkNode("n3", hgpus(4, h100, 80, true)),
+		},
+		Deployments: []Deployment{d1},
+	}
+	view = heldFromPlan(view, Compute(view), LeaseValid)
+	view.Deployments = []Deployment{d2}
+	p := Compute(view)
+	if a := find(p, "a-0"); len(a) != 1 || !a[0].Draining {
+		t.Fatalf("old single shard should drain: %+v", a)
+	}
+	if len(find(p, "a-0-s0")) != 1 || len(find(p, "a-0-s1")) != 1 {
+		t.Fatalf("new pipeline not placed: %+v", p)
+	}
+}
+
+func TestPartialGang(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d := mkDep("a", pp(3), tp(4))
+	v := version(d)
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(8, h100, 80, true), holding(hold("a-0-s0", v, LeaseValid, 1, 0, 1, 2, 3))),
+			mkNode("n2", hgpus(8, h100, 80, true), holding(hold("a-0-s1", v, LeaseLapsed, 1, 0, 1, 2, 3))),
+			mkNode("n3", hgpus(8, h100, 80, true)),
+		},
+		Deployments: []Deployment{d},
+	}
+	p := Compute(view)
+	s0, s1, s2 := find(p, "a-0-s0"), find(p, "a-0-s1"), find(p, "a-0-s2")
+	if len(s0) != 1 || !s0[0].Kept || s0[0].Node != "n1" {
+		t.Fatalf("kept shard moved: %+v", s0)
+	}
+	if len(s1) != 1 || len(s2) != 1 || s1[0].Node == "n1" || s2[0].Node == "n1" || s1[0].Node == s2[0].Node {
+		t.Fatalf("missing shards not on distinct other nodes: %+v %+v", s1, s2)
+	}
+
+	// Only the kept shard's node is left: keep it, explain the others.
+	view.Nodes = view.Nodes[:1]
+	p = Compute(view)
+	if s0 := find(p, "a-0-s0"); len(s0) != 1 || !s0[0].Kept {
+		t.Fatalf("kept shard dropped: %+v", p)
+	}
+	wantReason(t, p, "a-0-s1", "gang of 3 shards needs 2 distinct nodes with 4 whole GPUs each; only 0 fit besides n1, where its other shards stay")
+}
+
+func TestForNode(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(2, h100, 80, false)),
+			mkNode("n2", hgpus(2, h100, 80, false)),
+		},
+		Deployments: []Deployment{mkDep("a", replicas(2)), mkDep("b", replicas(2))},
+	}
+	p := Compute(view)
+	var all []Assignment
+	for _, n := range []string{"n1", "n2"} {
+		for _, a := range p.ForNode(n) {
+			if a.Node != n {
+				t.Fatalf("ForNode(%s) returned %+v", n, a)
+			}
+			all = append(all, a)
+		}
+	}
+	if len(all) != 4 {
+		t.Fatalf("ForNode covers %d of 4 assignments", len(all))
+	}
+	if p.ForNode("nope") != nil {
+		t.Fatal("unknown node has assignments")
+	}
+}
+
+func TestEmptyPlanMarshalsLists(t *testing.T) {
+	if got := mustJSON(t, Compute(View{})); got != `{"assignments":[],"unplaced":[]}` {
+		t.Fatalf("got %s", got)
+	}
+}
+
+func countVersion(p Plan, v string) int {
+	n := 0
+	for _, a := range p.Assignments {
+		if a.SpecVersion == v {
+			n++
+		}
+	}
+	return n
+}

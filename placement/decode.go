@@ -1,0 +1,145 @@
+package placement
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+)
+
+// ErrInvalidDeployment is wrapped by every error DecodeDeployment returns,
+// so an API layer can map it to a client error with errors.Is. The wrapped
+// error is a *FieldError or *UnknownFieldError where one field is to blame.
+var ErrInvalidDeployment = errors.New("invalid deployment")
+
+// UnknownFieldError is a spec field that Deployment does not have.
+type UnknownFieldError struct {
+	Field string
+	Valid []string
+}
+
+func (e *UnknownFieldError) Error() string {
+	return fmt.Sprintf("unknown field %q; valid fields are %s", e.Field, strings.Join(e.Valid, ", "))
+}
+
+// deploymentField is one JSON field of Deployment: where it lives in the
+// struct and how to describe a good value when a bad one arrives.
+type deploymentField struct {
+	index []int
+	want  string
+}
+
+var (
+	deploymentFields     = map[string]deploymentField{}
+	deploymentFieldNames []string // in struct order, for error messages
+)
+
+func init() {
+	t := reflect.TypeFor[Deployment]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		deploymentFields[name] = deploymentField{index: f.Index, want: describeJSONType(f.Type)}
+		deploymentFieldNames = append(deploymentFieldNames, name)
+	}
+}
+
+func describeJSONType(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[Bytes]():
+		return `a size such as "70GiB" or a number of bytes`
+	case t.Kind() == reflect.String:
+		return "a string"
+	case t.Kind() == reflect.Int:
+		return "an integer"
+	case t.Kind() == reflect.Map:
+		return "an object of string values"
+	case t.Kind() == reflect.Slice:
+		return "a list of strings"
+	}
+	return "a value of type " + t.String()
+}
+
+// DecodeDeployment reads a deployment spec strictly: one JSON object, field
+// names spelled exactly as documented (encoding/json would otherwise accept
+// "Replicas" for "replicas"), no unknown fields, no trailing data. It then
+// fills defaults (replicas is 1 when absent; an explicit 0 stays 0) and
+// validates. Every error wraps ErrInvalidDeployment and names the field.
+//
+// YAML specs are converted to JSON by the API layer before they get here.
+func DecodeDeployment(data []byte) (Deployment, error) {
+	invalid := func(err error) (Deployment, error) {
+		return Deployment{}, fmt.Errorf("%w: %w", ErrInvalidDeployment, err)
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return invalid(errors.New("want a JSON object such as {\"name\": \"llama\", \"model\": \"meta-llama/Llama-3.1-8B-Instruct\"}"))
+	}
+	// Decoding into raw fields first is what makes the check strict: each
+	// key is compared exactly, and each value is decoded on its own so a
+	// type error names its field.
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	if err := dec.Decode(&raw); err != nil {
+		return invalid(fmt.Errorf("not valid JSON: %v", err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid(errors.New("unexpected data after the deployment object"))
+	}
+
+	var d Deployment
+	dv := reflect.ValueOf(&d).Elem()
+	replicasSet := false
+	for _, name := range sortedKeys(raw) {
+		f, ok := deploymentFields[name]
+		if !ok {
+			return invalid(&UnknownFieldError{Field: name, Valid: deploymentFieldNames})
+		}
+		value := raw[name]
+		if string(value) == "null" {
+			continue // same as absent
+		}
+		if err := json.Unmarshal(value, dv.FieldByIndex(f.index).Addr().Interface()); err != nil {
+			return invalid(&FieldError{Field: name, Value: clip(string(value), 64), Want: f.want})
+		}
+		if name == "replicas" {
+			replicasSet = true
+		}
+	}
+	if !replicasSet {
+		d.Replicas = 1
+	}
+	d = normalize(d.WithDefaults())
+	if err := d.Validate(); err != nil {
+		return invalid(err)
+	}
+	return d, nil
+}
+
+// normalize drops empty maps and lists, so a decoded spec equals itself
+// after a JSON round trip (omitempty writes neither nil nor empty ones).
+func normalize(d Deployment) Deployment {
+	if len(d.Labels) == 0 {
+		d.Labels = nil
+	}
+	if len(d.Env) == 0 {
+		d.Env = nil
+	}
+	if len(d.Args) == 0 {
+		d.Args = nil
+	}
+	return d
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

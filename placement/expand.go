@@ -1,0 +1,313 @@
+package placement
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+)
+
+// This file reads the view: nodes in a canonical order, deployments
+// expanded into replicas and shards, and held shards judged (kept, draining
+// or neither).
+
+// nodeState is one node of the view as the planner tracks it.
+type nodeState struct {
+	name  string
+	node  *Node
+	alive bool
+	key   uint64 // rendezvous half
+
+	// Live nodes only.
+	labels   []int32 // value IDs of the labels deployments ask about
+	cached   []int32 // model IDs among the deployed models, sorted
+	class    *class
+	classPos int
+
+	// Scratch for the deployment being placed.
+	spreadSeq int32
+	spread    int32 // shards of the deployment on this node
+	exclSeq   int32 // equals planner.gangSeq while the gang must avoid it
+}
+
+func (n *nodeState) spreadOf(seq int32) int32 {
+	if n.spreadSeq != seq {
+		return 0
+	}
+	return n.spread
+}
+
+// depState is one valid deployment, expanded.
+type depState struct {
+	d        Deployment // with defaults
+	version  string
+	seq      int32 // 1-based, unique per deployment: scratch stamps use it
+	shapeID  int32
+	model    int32
+	labels   []labelReq
+	replicas []*replicaState
+
+	// Placement order: larger gangs first.
+	weightHi, weightLo uint64
+
+	penalized []*nodeState // nodes holding a shard of it (spread > 0)
+	funnelAt  int          // planner.stateVersion+1 when funnel is current
+	funnel    funnel
+}
+
+type labelReq struct {
+	key int   // position in planner.labelKeys
+	val int32 // value ID
+}
+
+type replicaState struct {
+	dep    *depState
+	id     string
+	index  int
+	shards []*shardState
+	// drains are old-version shards kept serving until every shard of the
+	// current version of this replica is ready.
+	drains []holder
+}
+
+type shardState struct {
+	rep   *replicaState
+	id    string
+	hash  uint64
+	kept *holder
+	// failing is a live claim whose engine keeps crashing. The shard moves
+	// if it can; if not, the claim is kept after all.
+	failing *holder
+	exclude []*nodeState // never place here: it keeps failing here
+	avoid   []*nodeState // place here only if nothing else fits
+
+	placed *nodeState
+	gpus   []int // GPU indices when placed
+	reason string
+}
+
+// holder is one node's claim on a shard.
+type holder struct {
+	node *nodeState
+	held *HeldShard
+}
+
+// before orders duplicate claims: earliest claim stamp, then lower node
+// name; the winner keeps the shard and the others stop.
+func (a holder) before(b holder) bool {
+	if a.held.ClaimStamp != b.held.ClaimStamp {
+		return a.held.ClaimStamp < b.held.ClaimStamp
+	}
+	if a.node.name != b.node.name {
+		return a.node.name < b.node.name
+	}
+	// One node listing the same shard twice: any total order will do.
+	return compareHeld(a.held, b.held) < 0
+}
+
+func compareHeld(a, b *HeldShard) int {
+	if c := strings.Compare(a.SpecVersion, b.SpecVersion); c != 0 {
+		return c
+	}
+	if c := strings.Compare(string(a.Lease), string(b.Lease)); c != 0 {
+		return c
+	}
+	if a.Failing != b.Failing {
+		return cmpBool(a.Failing, b.Failing)
+	}
+	if a.MemoryPerGPU != b.MemoryPerGPU {
+		return cmpU64(a.MemoryPerGPU, b.MemoryPerGPU)
+	}
+	return slices.Compare(sortedInts(a.GPUs), sortedInts(b.GPUs))
+}
+
+// liveLease: the holder is alive and renewing (ready or not yet).
+func liveLease(l LeaseState) bool { return l == LeaseValid || l == LeaseStarting }
+
+// readNodes sorts nodes by name. A name listed twice is a bug upstream;
+// one copy is kept by a total order on content so that the plan does not
+// depend on which copy came first.
+func (p *planner) readNodes(in []Node) {
+	ptrs := make([]*Node, len(in))
+	for i := range in {
+		ptrs[i] = &in[i]
+	}
+	slices.SortFunc(ptrs, func(a, b *Node) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return compareJSON(a, b)
+	})
+	ptrs = slices.CompactFunc(ptrs, func(a, b *Node) bool { return a.Name == b.Name })
+	p.nodes = make([]*nodeState, len(ptrs))
+	for i, n := range ptrs {
+		p.nodes[i] = &nodeState{name: n.Name, node: n, alive: n.Alive, key: nodeKey(n.Name)}
+	}
+}
+
+// compareJSON is the tie breaker of last resort for duplicates.
+func compareJSON(a, b any) int {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Compare(ja, jb)
+}
+
+// readDeployments applies defaults, sets aside invalid deployments as
+// unplaced, and expands the rest into replicas and shards.
+func (p *planner) readDeployments(in []Deployment) {
+	ds := make([]Deployment, len(in))
+	for i, d := range in {
+		ds[i] = d.WithDefaults()
+	}
+	slices.SortFunc(ds, func(a, b Deployment) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return compareJSON(a, b)
+	})
+	ds = slices.CompactFunc(ds, func(a, b Deployment) bool { return a.Name == b.Name })
+
+	p.shards = map[string]*shardState{}
+	p.replicas = map[string]*replicaState{}
+	for _, d := range ds {
+		if err := d.Validate(); err != nil {
+			// There is no sound expansion of an invalid spec, so the whole
+			// deployment is one entry, keyed by its name.
+			p.invalid = append(p.invalid, Unplaced{
+				ShardID: d.Name, Deployment: d.Name,
+				Reason: "invalid deployment: " + err.Error(),
+			})
+			continue
+		}
+		dst := &depState{d: d, version: d.SpecVersion(), seq: int32(len(p.deps) + 1)}
+		for i := range d.Replicas {
+			r := &replicaState{dep: dst, id: ReplicaID(d.Name, i), index: i}
+			for j := range d.PipelineParallel {
+				s := &shardState{rep: r, id: ShardID(r.id, j, d.PipelineParallel)}
+				s.hash = fnv1a(s.id)
+				r.shards = append(r.shards, s)
+				p.shards[s.id] = s
+			}
+			dst.replicas = append(dst.replicas, r)
+			p.replicas[r.id] = r
+		}
+		p.deps = append(p.deps, dst)
+	}
+}
+
+// replicaOf finds the replica a held shard ID belongs to under any
+// pipeline_parallel: "<replica>" or "<replica>-s<j>". Replica IDs end in
+// "-<digits>" and shard suffixes in "-s<digits>", so the two cannot be
+// confused.
+func (p *planner) replicaOf(shardID string) *replicaState {
+	if r := p.replicas[shardID]; r != nil {
+		return r
+	}
+	i := strings.LastIndex(shardID, "-s")
+	if i < 0 || !allDigits(shardID[i+2:]) {
+		return nil
+	}
+	return p.replicas[shardID[:i]]
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// judgeHeld decides, for every shard a node lists, whether it is kept,
+// kept draining, or neither (its supervisor then stops it).
+//
+// Kept: the current spec version on a live node with a valid or starting
+// lease, not failing; among duplicates the earliest claim wins. Stability
+// beats optimality: a kept shard stays even where placement would not put
+// it today (labels changed, foreign memory grew).
+//
+// Draining: an older spec version, ready (valid lease), for a replica that
+// still exists, until every current-version shard of that replica is ready.
+// The test is per replica, not per shard, because a pipeline is only useful
+// whole.
+func (p *planner) judgeHeld() {
+	for _, n := range p.nodes {
+		for i := range n.node.Shards {
+			h := holder{node: n, held: &n.node.Shards[i]}
+			p.judgeOne(h)
+		}
+	}
+	for _, d := range p.deps {
+		for _, r := range d.replicas {
+			ready := true
+			for _, s := range r.shards {
+				if s.kept == nil || s.kept.held.Lease != LeaseValid {
+					ready = false
+				}
+			}
+			if ready {
+				r.drains = nil
+			}
+			slices.SortFunc(r.drains, func(a, b holder) int { return strings.Compare(a.held.ShardID, b.held.ShardID) })
+		}
+	}
+}
+
+func (p *planner) judgeOne(h holder) {
+	hs := h.held
+	s := p.shards[hs.ShardID]
+	if s != nil && hs.SpecVersion == s.rep.dep.version {
+		live := h.node.alive && liveLease(hs.Lease)
+		switch {
+		case live && hs.Failing:
+			// Restarting it elsewhere may help; if nothing else fits,
+			// placeGang keeps it here after all.
+			if s.failing == nil || h.before(*s.failing) {
+				s.failing = &h
+			}
+			s.exclude = appendUnique(s.exclude, h.node)
+		case hs.Failing:
+			s.avoid = appendUnique(s.avoid, h.node)
+		case live:
+			if s.kept == nil || h.before(*s.kept) {
+				s.kept = &h
+			}
+		}
+		return
+	}
+	r := p.replicaOf(hs.ShardID)
+	if r == nil || hs.SpecVersion == r.dep.version {
+		return // deleted, scaled down, or not a shard ID of ours
+	}
+	if !h.node.alive || !liveLease(hs.Lease) {
+		return
+	}
+	if s != nil {
+		// Surge onto another node if one fits: an old and a new engine of
+		// one shard ID on one node are harder on its supervisor.
+		s.avoid = appendUnique(s.avoid, h.node)
+	}
+	if hs.Lease != LeaseValid || hs.Failing {
+		return // not serving: nothing to keep it for
+	}
+	for i := range r.drains {
+		if r.drains[i].held.ShardID == hs.ShardID {
+			if h.before(r.drains[i]) {
+				r.drains[i] = h
+			}
+			return
+		}
+	}
+	r.drains = append(r.drains, h)
+}
+
+func appendUnique(ns []*nodeState, n *nodeState) []*nodeState {
+	if slices.Contains(ns, n) {
+		return ns
+	}
+	return append(ns, n)
+}

@@ -1,0 +1,89 @@
+package placement
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+)
+
+// plan assembles the output: one assignment per kept, draining or newly
+// placed shard, one unplaced entry per shard without a current-version
+// assignment, both sorted so that equal views marshal to equal bytes.
+func (p *planner) plan() Plan {
+	out := Plan{Assignments: []Assignment{}, Unplaced: slices.Clone(p.invalid)}
+	if out.Unplaced == nil {
+		out.Unplaced = []Unplaced{}
+	}
+	for _, d := range p.deps {
+		for _, r := range d.replicas {
+			for _, h := range r.drains {
+				a := heldAssignment(r, h)
+				a.Draining = true
+				out.Assignments = append(out.Assignments, a)
+			}
+			for _, s := range r.shards {
+				switch {
+				case s.kept != nil:
+					out.Assignments = append(out.Assignments, heldAssignment(r, *s.kept))
+				case s.placed != nil:
+					out.Assignments = append(out.Assignments, Assignment{
+						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name,
+						SpecVersion: d.version, Node: s.placed.name,
+						GPUs: s.gpus, MemoryPerGPU: uint64(d.d.GPUMemory),
+					})
+				default:
+					reason := s.reason
+					if reason == "" {
+						reason = "not placed" // unreachable: every gang failure is explained
+					}
+					out.Unplaced = append(out.Unplaced, Unplaced{
+						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name, Reason: reason,
+					})
+				}
+			}
+		}
+	}
+	slices.SortFunc(out.Assignments, func(a, b Assignment) int {
+		if c := strings.Compare(a.ShardID, b.ShardID); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.SpecVersion, b.SpecVersion); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Node, b.Node)
+	})
+	slices.SortFunc(out.Unplaced, func(a, b Unplaced) int {
+		return cmp.Or(
+			strings.Compare(a.ShardID, b.ShardID),
+			strings.Compare(a.Deployment, b.Deployment),
+			strings.Compare(a.Reason, b.Reason),
+		)
+	})
+	return out
+}
+
+// heldAssignment keeps a held shard where it is, with what it was placed
+// with.
+func heldAssignment(r *replicaState, h holder) Assignment {
+	gpus := sortedInts(h.held.GPUs)
+	if gpus == nil {
+		gpus = []int{} // marshal the same whether the record had nil or []
+	}
+	return Assignment{
+		ShardID: h.held.ShardID, ReplicaID: r.id, Deployment: r.dep.d.Name,
+		SpecVersion: h.held.SpecVersion, Node: h.node.name,
+		GPUs: gpus, MemoryPerGPU: h.held.MemoryPerGPU,
+		Kept: true,
+	}
+}
+
+// ForNode returns the assignments of one node, in plan order.
+func (p Plan) ForNode(name string) []Assignment {
+	var out []Assignment
+	for _, a := range p.Assignments {
+		if a.Node == name {
+			out = append(out, a)
+		}
+	}
+	return out
+}

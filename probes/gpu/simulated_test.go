@@ -1,0 +1,98 @@
+package gpu
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+func TestParseSimulated(t *testing.T) {
+	gs, err := ParseSimulated("4xH100-80GB, 2×L40S-48GB", "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gs) != 6 {
+		t.Fatalf("got %d GPUs", len(gs))
+	}
+	for i, g := range gs {
+		if g.Index != i {
+			t.Errorf("GPU %d has index %d", i, g.Index)
+		}
+		name, total := "NVIDIA H100 80GB", uint64(80<<30)
+		if i >= 4 {
+			name, total = "NVIDIA L40S 48GB", 48<<30
+		}
+		if g.Name != name || g.MemoryTotal != total || g.MemoryUsed != 0 {
+			t.Errorf("GPU %d = %+v", i, g)
+		}
+		if len(g.UUID) != len("GPU-8b38414a-24cf-3fdb-ca7d-672639ff58e5") || !strings.HasPrefix(g.UUID, "GPU-") {
+			t.Errorf("GPU %d UUID %q is not shaped like NVML's", i, g.UUID)
+		}
+	}
+
+	again, _ := ParseSimulated("4xH100-80GB,2xL40S-48GB", "node-a")
+	other, _ := ParseSimulated("4xH100-80GB,2xL40S-48GB", "node-b")
+	seen := map[string]bool{}
+	for i := range gs {
+		if again[i].UUID != gs[i].UUID {
+			t.Errorf("UUID %d not stable: %s vs %s", i, gs[i].UUID, again[i].UUID)
+		}
+		for _, u := range []string{gs[i].UUID, other[i].UUID} {
+			if seen[u] {
+				t.Errorf("UUID %s appears twice across two nodes", u)
+			}
+			seen[u] = true
+		}
+	}
+}
+
+func TestParseSimulatedBad(t *testing.T) {
+	for spec, wantIn := range map[string]string{
+		"":                        "empty spec",
+		"H100-80GB":               `part 1 "H100-80GB": does not start with a count`,
+		"0xH100-80GB":             "count must be a positive number",
+		"4H100-80GB":              `no "x" after the count`,
+		"4xH100":                  `no "-<memory>GB"`,
+		"4x-80GB":                 "no model",
+		"4xH100-80":               `memory "80" does not end in GB`,
+		"4xH100-eightyGB":         "not a positive whole number",
+		"4xH100-0GB":              "not a positive whole number",
+		"4xH100-80GB,,":           `part 2 ""`,
+		"4xH100-80GB,2xL4 0-24GB": `part 2 "2xL4 0-24GB": model "L4 0"`,
+		"2000xH100-80GB":          "more than 1024 GPUs",
+	} {
+		_, err := ParseSimulated(spec, "n1")
+		if err == nil || !strings.Contains(err.Error(), wantIn) {
+			t.Errorf("ParseSimulated(%q) = %v, want error containing %q", spec, err, wantIn)
+			continue
+		}
+		if !strings.Contains(err.Error(), "4xH100-80GB") && spec != "2000xH100-80GB" {
+			t.Errorf("error for %q does not show the expected form: %v", spec, err)
+		}
+	}
+	if _, err := ParseSimulated("1xH100-80GB", ""); err == nil || !strings.Contains(err.Error(), "seed") {
+		t.Errorf("empty seed: %v", err)
+	}
+}
+
+func TestSimulatedDiscoverer(t *testing.T) {
+	s, err := NewSimulated("2xA100-40GB", "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.Available || !snap.Simulated || len(snap.GPUs) != 2 || snap.GPUs[1].Name != "NVIDIA A100 40GB" {
+		t.Fatalf("snapshot = %+v", snap)
+	}
+	snap.GPUs[0].Name = "changed"
+	again, _ := s.Discover(context.Background())
+	if again.GPUs[0].Name != "NVIDIA A100 40GB" {
+		t.Error("a caller's change leaked into the discoverer")
+	}
+	if _, err := NewSimulated("nonsense", "n1"); err == nil {
+		t.Error("bad spec accepted")
+	}
+}

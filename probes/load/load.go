@@ -1,0 +1,275 @@
+// Package load reads an engine's load from its Prometheus /metrics page.
+//
+// Scraper fetches and parses one page into a Sample (gauges and counter
+// totals). Tracker turns successive Samples of one engine into a Load with
+// token rates: vLLM publishes token counts as counters, and a counter says
+// nothing about now until it is differenced against an earlier reading.
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+// Names are the metric names a Sample is read from. Engine profiles are
+// data, so another engine's names can be given here; VLLM returns vLLM's.
+type Names struct {
+	Running string
+	Waiting string
+	// KVCache is tried in order; the first name the page has wins.
+	KVCache []string
+	// Counters, summed over all label sets.
+	PromptTokens     string
+	GenerationTokens string
+	// StartTime is the engine process's start time in Unix seconds; a
+	// change means a restart even when the counters did not go down.
+	StartTime string
+}
+
+// VLLM returns vLLM's metric names. vllm:kv_cache_usage_perc replaced
+// vllm:gpu_cache_usage_perc; a newer vLLM does not publish the old name at
+// all, and reading only the old one reports an empty cache forever.
+func VLLM() Names {
+	return Names{
+		Running:          "vllm:num_requests_running",
+		Waiting:          "vllm:num_requests_waiting",
+		KVCache:          []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		PromptTokens:     "vllm:prompt_tokens_total",
+		GenerationTokens: "vllm:generation_tokens_total",
+		StartTime:        "process_start_time_seconds",
+	}
+}
+
+// Sample is one reading of an engine's page.
+type Sample struct {
+	// Running and Waiting are request counts, summed over label sets (a
+	// data-parallel vLLM has one set per engine).
+	Running float64
+	Waiting float64
+	// KVCacheUsage is the fraction (0-1) of the KV cache in use; with
+	// several engines, the fullest, since that one queues first.
+	KVCacheUsage float64
+	// PromptTokens and GenerationTokens are counter totals since the engine
+	// started.
+	PromptTokens     float64
+	GenerationTokens float64
+	// StartTime is the engine's start time in Unix seconds, 0 if unknown.
+	StartTime float64
+	// Missing lists the names the page lacked (for KVCache, all of them).
+	Missing []string
+	// At is when the page was read, by the Scraper's clock.
+	At time.Time
+}
+
+// ErrNoMetrics is returned when a page parses but has none of the names: the
+// URL points at something other than the engine, or the names are wrong.
+var ErrNoMetrics = errors.New("load: page has none of the expected metrics")
+
+// Parse reads a page in the given format (expfmt.ResponseFormat of the
+// response; FmtText when unknown). It never panics on any input, and the
+// Sample holds no NaN or Inf: such values are treated as absent, since they
+// would break the JSON a Load is sent as.
+func Parse(r io.Reader, format expfmt.Format, names Names) (Sample, error) {
+	if format == expfmt.FmtUnknown {
+		format = expfmt.FmtText
+	}
+	dec := expfmt.NewDecoder(r, format)
+	fams := make(map[string]*dto.MetricFamily)
+	for {
+		mf := &dto.MetricFamily{}
+		err := dec.Decode(mf)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return Sample{}, fmt.Errorf("load: parse metrics: %w", err)
+		}
+		fams[mf.GetName()] = mf
+	}
+
+	var s Sample
+	found := false
+	get := func(name string, combine func(acc, v float64) float64) (float64, bool) {
+		v, ok := read(fams[name], combine)
+		if ok {
+			found = true
+		} else if name != "" {
+			s.Missing = append(s.Missing, name)
+		}
+		return v, ok
+	}
+	s.Running, _ = get(names.Running, sum)
+	s.Waiting, _ = get(names.Waiting, sum)
+	kvFound := false
+	for _, n := range names.KVCache {
+		if v, ok := read(fams[n], math.Max); ok {
+			s.KVCacheUsage, kvFound, found = v, true, true
+			break
+		}
+	}
+	if !kvFound {
+		s.Missing = append(s.Missing, names.KVCache...)
+	}
+	s.PromptTokens, _ = get(names.PromptTokens, sum)
+	s.GenerationTokens, _ = get(names.GenerationTokens, sum)
+	// The start time alone does not make a page an engine's: every Python
+	// process publishes it.
+	if v, ok := read(fams[names.StartTime], math.Max); ok {
+		s.StartTime = v
+	}
+	if !found {
+		return Sample{}, ErrNoMetrics
+	}
+	return s, nil
+}
+
+func sum(acc, v float64) float64 { return acc + v }
+
+// read combines the finite values of a family's series; ok is false if it
+// has none. Gauge, counter and untyped series are read alike: a page may
+// declare no TYPE at all.
+func read(mf *dto.MetricFamily, combine func(acc, v float64) float64) (float64, bool) {
+	if mf == nil {
+		return 0, false
+	}
+	var acc float64
+	ok := false
+	for _, m := range mf.GetMetric() {
+		var v float64
+		switch {
+		case m.GetGauge() != nil:
+			v = m.GetGauge().GetValue()
+		case m.GetCounter() != nil:
+			v = m.GetCounter().GetValue()
+		case m.GetUntyped() != nil:
+			v = m.GetUntyped().GetValue()
+		default:
+			continue
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		if !ok {
+			acc, ok = v, true
+		} else {
+			acc = combine(acc, v)
+		}
+	}
+	if math.IsInf(acc, 0) { // finite values can still add up past MaxFloat64
+		return 0, false
+	}
+	return acc, ok
+}
+
+// Clock tells the time. Scrapes are stamped by it and rates are computed
+// over its intervals, so a test's fake clock makes rates exact.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// DefaultMaxBytes bounds a page. vLLM's, histograms included, is tens of
+// kilobytes; a page far beyond that is not an engine's.
+const DefaultMaxBytes = 8 << 20
+
+// acceptText asks for the classic text format. Without it a Prometheus
+// client library may answer in OpenMetrics (which Parse also reads) or
+// protobuf.
+const acceptText = "text/plain; version=0.0.4"
+
+// Scraper fetches engines' /metrics pages. It is safe for concurrent use.
+type Scraper struct {
+	client   *http.Client
+	clock    Clock
+	names    Names
+	maxBytes int64
+}
+
+// Option configures a Scraper.
+type Option func(*Scraper)
+
+// WithNames reads other metric names than vLLM's.
+func WithNames(n Names) Option { return func(s *Scraper) { s.names = n } }
+
+// WithMaxBytes changes the largest page read (DefaultMaxBytes).
+func WithMaxBytes(n int64) Option { return func(s *Scraper) { s.maxBytes = n } }
+
+// NewScraper returns a Scraper. A nil client gets one with a 5 s timeout
+// (http.DefaultClient has none, and a hung engine must not hang the
+// prober); a nil clock is the real one.
+func NewScraper(client *http.Client, clock Clock, opts ...Option) *Scraper {
+	if client == nil {
+		client = &http.Client{Timeout: 5 * time.Second}
+	}
+	if clock == nil {
+		clock = realClock{}
+	}
+	s := &Scraper{client: client, clock: clock, names: VLLM(), maxBytes: DefaultMaxBytes}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Scrape fetches url (the full /metrics URL) and parses it. The Sample's At
+// is set even when err is not nil, for Tracker.Failed.
+func (s *Scraper) Scrape(ctx context.Context, url string) (Sample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)
+	}
+	req.Header.Set("Accept", acceptText)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)
+	}
+	defer resp.Body.Close()
+	at := s.clock.Now()
+	if resp.StatusCode != http.StatusOK {
+		return Sample{At: at}, fmt.Errorf("load: %s: %s", url, resp.Status)
+	}
+	body := &capReader{r: resp.Body, left: s.maxBytes}
+	sample, err := Parse(body, expfmt.ResponseFormat(resp.Header), s.names)
+	if body.over {
+		return Sample{At: at}, fmt.Errorf("load: %s: page larger than %d bytes", url, s.maxBytes)
+	}
+	if err != nil {
+		return Sample{At: at}, fmt.Errorf("%w (from %s)", err, url)
+	}
+	sample.At = at
+	return sample, nil
+}
+
+// capReader reads at most left bytes and records whether there was more, so
+// an oversized page is reported as such rather than as a parse error at
+// the cut.
+type capReader struct {
+	r    io.Reader
+	left int64
+	over bool
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		var one [1]byte
+		if n, _ := c.r.Read(one[:]); n > 0 {
+			c.over = true
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
+}

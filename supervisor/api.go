@@ -1,0 +1,436 @@
+package supervisor
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+)
+
+// maxBody bounds request bodies: a deployment spec is a few KiB.
+const maxBody = 1 << 20
+
+// newHTTPServer sets timeouts so a slow or stuck client cannot hold a
+// connection forever. The listen backlog is Go's default, which is the
+// kernel's net.core.somaxconn (4096 on current kernels), not the 5 some
+// frameworks use: bursts of clients are queued, not refused.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+func (n *Node) routes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /status.json", n.handleStatus)
+	mux.HandleFunc("GET /v1/cluster", n.handleCluster)
+	mux.HandleFunc("GET /v1/deployments", n.handleDeployments)
+	mux.HandleFunc("POST /v1/deployments", n.authorized(n.handlePlace))
+	mux.HandleFunc("DELETE /v1/deployments/{name}", n.authorized(n.handleUnplace))
+	mux.HandleFunc("GET /v1/plan", n.handlePlan)
+	mux.HandleFunc("GET /v1/shards", n.handleShards)
+	if n.cfg.TestHooks {
+		mux.HandleFunc("POST /v1/test/partition", n.authorized(n.handlePartition))
+	}
+}
+
+// guard applies the source allowlist to every request.
+func (n *Node) guard(h http.Handler) http.Handler {
+	if len(n.cfg.AllowFrom) == 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		ip := net.ParseIP(host)
+		if err != nil || ip == nil || !allowed(n.cfg.AllowFrom, ip) {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("source %s is not in --allow-from", host))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func allowed(nets []*net.IPNet, ip net.IP) bool {
+	for _, c := range nets {
+		if c.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// authorized requires the cluster token: 401 without one, 403 for a wrong
+// one. The comparison takes constant time.
+func (n *Node) authorized(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !n.checkToken(w, r) {
+			return
+		}
+		h(w, r)
+	}
+}
+
+// CheckToken writes the error and returns false unless r carries the
+// cluster token. Other packages' handlers (MCP) use it too.
+func (n *Node) checkToken(w http.ResponseWriter, r *http.Request) bool {
+	auth := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	if auth == "" || !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="llmgw"`)
+		writeError(w, http.StatusUnauthorized, "this call needs the cluster token: Authorization: Bearer <token> (llmgw reads it from --token-file or LLMGW_TOKEN)")
+		return false
+	}
+	if n.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(n.cfg.Token)) != 1 {
+		writeError(w, http.StatusForbidden, "wrong cluster token")
+		return false
+	}
+	return true
+}
+
+// RequireToken wraps h so that it needs the cluster token.
+func (n *Node) RequireToken(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.checkToken(w, r) {
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// MemberInfo is one node in /v1/cluster.
+type MemberInfo struct {
+	Name         string               `json:"name"`
+	State        gossip.MemberState   `json:"state"`
+	Gossip       string               `json:"gossip"`
+	API          string               `json:"api"`
+	Labels       map[string]string    `json:"labels,omitempty"`
+	GPUs         []placement.GPU      `json:"gpus"`
+	Shards       []gossip.ShardRecord `json:"shards,omitempty"`
+	Version      gossip.Version       `json:"version"`
+	LastChange   time.Time            `json:"last_change,omitzero"`
+	SeenAt       time.Time            `json:"seen_at,omitzero"`
+	StartedAt    time.Time            `json:"started_at,omitzero"`
+	AgentVersion string               `json:"agent_version,omitempty"`
+	Runtime      string               `json:"runtime,omitempty"`
+	Probes       gossip.ProbeSummary  `json:"probes,omitzero"`
+}
+
+// ClusterInfo is the body of /v1/cluster.
+type ClusterInfo struct {
+	Self    string       `json:"self"`
+	Members []MemberInfo `json:"members"`
+}
+
+// Members describes every member this node knows.
+func (n *Node) Members() []MemberInfo {
+	var out []MemberInfo
+	for _, m := range n.cluster.Members() {
+		mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt}
+		if r := m.Record; r != nil {
+			mi.API, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Labels, r.GPUs, r.Shards
+			mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes
+			if mi.Gossip == "" {
+				mi.Gossip = r.Gossip
+			}
+		}
+		if mi.GPUs == nil {
+			mi.GPUs = []placement.GPU{}
+		}
+		out = append(out, mi)
+	}
+	return out
+}
+
+func (n *Node) handleCluster(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, ClusterInfo{Self: n.cfg.Name, Members: n.Members()})
+}
+
+func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
+	rec := n.cluster.Local()
+	plan, _ := n.Plan()
+	writeJSON(w, http.StatusOK, map[string]any{
+		"name":          n.cfg.Name,
+		"api":           n.APIAddr(),
+		"gossip":        n.cluster.Address(),
+		"profile":       n.cfg.Profile.Name,
+		"version":       n.cfg.Version,
+		"started_at":    n.started,
+		"record":        rec,
+		"gossip_stats":  n.cluster.Stats(),
+		"assigned_here": plan.ForNode(n.cfg.Name),
+		"lease_ttl":     n.cfg.LeaseTTL.String(),
+	})
+}
+
+// DeploymentInfo is one deployment in /v1/deployments.
+type DeploymentInfo struct {
+	placement.Deployment
+	SpecVersion string       `json:"spec_version"`
+	Stamp       gossip.Stamp `json:"stamp"`
+	Placed      int          `json:"placed"`
+	Ready       int          `json:"ready"`
+	Nodes       []string     `json:"nodes"`
+	Why         []string     `json:"why,omitempty"`
+}
+
+// Deployments lists live deployments with how much of each is placed.
+func (n *Node) Deployments() []DeploymentInfo {
+	plan, view := n.Plan()
+	var out []DeploymentInfo
+	for _, rec := range n.cluster.Deployments() {
+		if rec.Deleted || rec.Spec == nil {
+			continue
+		}
+		d := rec.Spec.WithDefaults()
+		info := DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
+		replicas := map[string]bool{}
+		ready := map[string]int{}
+		nodes := map[string]bool{}
+		for _, a := range plan.Assignments {
+			if a.Deployment != d.Name || a.SpecVersion != info.SpecVersion {
+				continue
+			}
+			replicas[a.ReplicaID] = true
+			nodes[a.Node] = true
+			if leaseOf(view, a.Node, a.ShardID, a.SpecVersion) == placement.LeaseValid {
+				ready[a.ReplicaID]++
+			}
+		}
+		for _, c := range ready {
+			if c == d.PipelineParallel {
+				info.Ready++
+			}
+		}
+		info.Placed = len(replicas)
+		for node := range nodes {
+			info.Nodes = append(info.Nodes, node)
+		}
+		sort.Strings(info.Nodes)
+		for _, u := range plan.Unplaced {
+			if u.Deployment == d.Name {
+				info.Why = append(info.Why, u.ShardID+": "+u.Reason)
+			}
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+func leaseOf(v placement.View, node, shard, spec string) placement.LeaseState {
+	for _, nd := range v.Nodes {
+		if nd.Name != node {
+			continue
+		}
+		for _, s := range nd.Shards {
+			if s.ShardID == shard && s.SpecVersion == spec {
+				return s.Lease
+			}
+		}
+	}
+	return ""
+}
+
+func (n *Node) handleDeployments(w http.ResponseWriter, r *http.Request) {
+	out := n.Deployments()
+	if out == nil {
+		out = []DeploymentInfo{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// DecodeSpec reads a deployment from JSON or YAML.
+func DecodeSpec(body []byte, contentType string) (placement.Deployment, error) {
+	js := body
+	trimmed := strings.TrimSpace(string(body))
+	if !strings.HasPrefix(trimmed, "{") || strings.Contains(contentType, "yaml") {
+		var err error
+		if js, err = yaml.YAMLToJSON(body); err != nil {
+			return placement.Deployment{}, fmt.Errorf("spec is neither JSON nor valid YAML: %w", err)
+		}
+	}
+	return placement.DecodeDeployment(js)
+}
+
+func (n *Node) handlePlace(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("spec larger than %d bytes", maxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	spec, err := DecodeSpec(body, r.Header.Get("Content-Type"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	rec, err := n.cluster.PutDeployment(spec)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
+	writeJSON(w, http.StatusOK, DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}})
+}
+
+func (n *Node) handleUnplace(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	_, ok, err := n.cluster.DeleteDeployment(name)
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	case !ok:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no deployment named %q", name))
+	default:
+		n.log.Info("deployment removed", "name", name)
+		writeJSON(w, http.StatusOK, map[string]string{"removed": name})
+	}
+}
+
+// PlanInfo is the body of /v1/plan.
+type PlanInfo struct {
+	Node       string         `json:"node"`
+	ComputedAt time.Time      `json:"computed_at"`
+	Plan       placement.Plan `json:"plan"`
+}
+
+func (n *Node) handlePlan(w http.ResponseWriter, r *http.Request) {
+	n.mu.Lock()
+	p := PlanInfo{Node: n.cfg.Name, ComputedAt: n.planAt, Plan: n.plan}
+	n.mu.Unlock()
+	if p.Plan.Assignments == nil {
+		p.Plan.Assignments = []placement.Assignment{}
+	}
+	if p.Plan.Unplaced == nil {
+		p.Plan.Unplaced = []placement.Unplaced{}
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// ShardInfo is one row of /v1/shards.
+type ShardInfo struct {
+	ShardID     string               `json:"shard_id"`
+	ReplicaID   string               `json:"replica_id"`
+	Deployment  string               `json:"deployment"`
+	SpecVersion string               `json:"spec_version"`
+	Node        string               `json:"node,omitempty"`
+	GPUs        []int                `json:"gpus"`
+	Lease       placement.LeaseState `json:"lease"`
+	Status      string               `json:"status"`
+	Draining    bool                 `json:"draining,omitempty"`
+	URL         string               `json:"url,omitempty"`
+	PID         int                  `json:"pid,omitempty"`
+	Container   string               `json:"container,omitempty"`
+	Restarts    int                  `json:"restarts"`
+	LastExit    *int                 `json:"last_exit,omitempty"`
+	StartedAt   time.Time            `json:"started_at,omitzero"`
+	Load        gossip.ShardLoad     `json:"load,omitzero"`
+	Reason      string               `json:"reason,omitempty"`
+}
+
+// Shards lists every shard: planned, held, or unplaced.
+func (n *Node) Shards() []ShardInfo {
+	plan, view := n.Plan()
+	held := map[string]gossip.ShardRecord{}
+	for _, m := range n.cluster.Members() {
+		if m.Record == nil {
+			continue
+		}
+		for _, s := range m.Record.Shards {
+			held[m.Name+"/"+s.ShardID+"@"+s.SpecVersion] = s
+		}
+	}
+	var out []ShardInfo
+	seen := map[string]bool{}
+	for _, a := range plan.Assignments {
+		k := a.Node + "/" + a.ShardID + "@" + a.SpecVersion
+		seen[k] = true
+		si := ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
+			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: "pending", Lease: leaseOf(view, a.Node, a.ShardID, a.SpecVersion)}
+		if s, ok := held[k]; ok {
+			fillHeld(&si, s)
+		}
+		out = append(out, si)
+	}
+	for k, s := range held {
+		if seen[k] {
+			continue
+		}
+		node, _, _ := strings.Cut(k, "/")
+		si := ShardInfo{ShardID: s.ShardID, ReplicaID: s.ReplicaID, Deployment: s.Deployment, SpecVersion: s.SpecVersion,
+			Node: node, GPUs: s.GPUs, Lease: leaseOf(view, node, s.ShardID, s.SpecVersion), Reason: "not in the plan: being stopped"}
+		fillHeld(&si, s)
+		out = append(out, si)
+	}
+	for _, u := range plan.Unplaced {
+		out = append(out, ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment, GPUs: []int{}, Status: "unplaced", Lease: placement.LeaseLapsed, Reason: u.Reason})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].ShardID != out[j].ShardID {
+			return out[i].ShardID < out[j].ShardID
+		}
+		return out[i].Node < out[j].Node
+	})
+	return out
+}
+
+func fillHeld(si *ShardInfo, s gossip.ShardRecord) {
+	si.Status, si.URL, si.PID, si.Container = s.Status, s.URL, s.PID, s.Container
+	si.Restarts, si.LastExit, si.StartedAt, si.Load = s.Restarts, s.LastExit, s.StartedAt, s.Load
+}
+
+func (n *Node) handleShards(w http.ResponseWriter, r *http.Request) {
+	out := n.Shards()
+	if out == nil {
+		out = []ShardInfo{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handlePartition sets the test-only drop rules: {"drop": ["n3","n4"]}.
+func (n *Node) handlePartition(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Drop []string `json:"drop"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "want {\"drop\": [node names]}: "+err.Error())
+		return
+	}
+	n.mu.Lock()
+	n.dropped = map[string]bool{}
+	for _, d := range req.Drop {
+		n.dropped[d] = true
+	}
+	n.mu.Unlock()
+	n.log.Warn("TEST HOOK: dropping gossip to and from nodes", "nodes", req.Drop)
+	writeJSON(w, http.StatusOK, map[string]any{"drop": req.Drop})
+}

@@ -1,0 +1,518 @@
+// Package supervisor is the per-node control loop of llmgw: it gathers the
+// gossip state, asks placement for the plan, hands this node's part of the
+// plan to the engines, and publishes what runs here (with its leases) back
+// into gossip. It serves the node's HTTP API too.
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor/atomicfile"
+)
+
+// Config is everything `llmgw node up` decides.
+type Config struct {
+	Name    string
+	DataDir string
+	// BindAddr/BindPort: gossip listener. AdvertiseAddr/Port: what peers
+	// dial (defaults to the bind address when it is not a wildcard).
+	BindAddr      string
+	BindPort      int
+	AdvertiseAddr string
+	AdvertisePort int
+	// APIAddr is the HTTP listener, host:port.
+	APIAddr string
+	// Join lists gossip addresses to join, retried in the background.
+	Join      []string
+	GossipKey []byte
+	// ClusterLabel tags gossip packets (default "llmgw").
+	ClusterLabel string
+	// Token guards mutating API calls and MCP.
+	Token   string
+	Labels  map[string]string
+	Profile gossip.Profile
+	// GPUs is the GPU probe (NVML, or simulated behind --simulate-gpus).
+	GPUs          gpu.Probe
+	GPUsSimulated bool
+	GPUInterval   time.Duration
+	LeaseTTL      time.Duration
+	// Engines runs shards; nil claims shards without running anything.
+	Engines Engines
+	// AllowFrom, when non-empty, limits every HTTP request to these
+	// networks.
+	AllowFrom []*net.IPNet
+	Version   string
+	Logger    *slog.Logger
+	Now       func() time.Time
+	// TestHooks enables /v1/test/partition. TEST ONLY.
+	TestHooks bool
+	// Extra registers additional HTTP handlers (MCP, metrics) on the mux.
+	Extra func(n *Node, mux *http.ServeMux)
+}
+
+// Node is one running llmgw agent.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	cluster *gossip.Cluster
+	engines Engines
+	api     *http.Server
+	apiLn   net.Listener
+	started time.Time
+
+	mu       sync.Mutex
+	plan     placement.Plan
+	view     placement.View
+	planAt   time.Time
+	gpuSnap  gpu.Snapshot
+	dropped  map[string]bool // test partition rules
+	reconDur time.Duration
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed chan struct{}
+	once   sync.Once
+}
+
+// Start brings a node up: it reads its identity, discovers GPUs, listens
+// for HTTP and gossip, and starts the control loop. On error nothing is
+// left running.
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 10 * time.Second
+	}
+	if cfg.GPUInterval == 0 {
+		cfg.GPUInterval = 5 * time.Second
+	}
+	if cfg.ClusterLabel == "" {
+		cfg.ClusterLabel = "llmgw"
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
+	}
+	id, err := loadIdentity(cfg.DataDir, cfg.Name, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{})}
+	n.engines = cfg.Engines
+	if n.engines == nil {
+		n.engines = NewClaimEngines(cfg.Now)
+	}
+	if cfg.GPUs == nil {
+		return nil, errors.New("supervisor: no GPU probe configured")
+	}
+	snap, err := cfg.GPUs.Discover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs: %w", err)
+	}
+	if !snap.Available && !cfg.GPUsSimulated {
+		n.log.Info("no NVIDIA GPUs here (NVML library not found); this node offers no GPU capacity")
+	}
+	if cfg.GPUsSimulated {
+		n.log.Warn("SIMULATED GPUs: this node advertises GPUs that do not exist (--simulate-gpus); for development and tests only", "gpus", len(snap.GPUs))
+	}
+	n.gpuSnap = snap
+
+	n.apiLn, err = net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--api %s: %w", cfg.APIAddr, err)
+	}
+	defer func() {
+		if err != nil {
+			n.apiLn.Close()
+		}
+	}()
+
+	gcfg := gossip.Config{
+		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
+		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
+		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
+		Now: cfg.Now, DataDir: cfg.DataDir, APIAddr: n.APIAddr(),
+	}
+	if cfg.TestHooks {
+		gcfg.Drop = n.isDropped
+	}
+	initial := gossip.NodeRecord{
+		Version:      gossip.Version{Epoch: id.Epoch},
+		API:          n.APIAddr(),
+		Labels:       cfg.Labels,
+		GPUs:         n.foreignAdjusted(snap),
+		AgentVersion: cfg.Version,
+		StartedAt:    n.started,
+		Probes:       gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated},
+		Shards:       n.engines.Shards(),
+	}
+	n.cluster, err = gossip.New(gcfg, initial)
+	if err != nil {
+		return nil, err
+	}
+	// The record's gossip address is only known once memberlist bound.
+	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Gossip = n.cluster.Address() })
+
+	mux := http.NewServeMux()
+	n.routes(mux)
+	if cfg.Extra != nil {
+		cfg.Extra(n, mux)
+	}
+	n.api = newHTTPServer(n.guard(mux))
+	lctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(4)
+	go func() {
+		defer n.wg.Done()
+		if err := n.api.Serve(n.apiLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("HTTP API stopped", "err", err)
+		}
+	}()
+	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
+	go n.loop(lctx)
+	go n.gpuLoop(lctx)
+	n.log.Info("node up", "api", n.APIAddr(), "gossip", n.cluster.Address(), "profile", cfg.Profile.Name, "gpus", len(snap.GPUs), "lease_ttl", cfg.LeaseTTL)
+	return n, nil
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// APIAddr is the address the HTTP API listens on.
+func (n *Node) APIAddr() string { return n.apiLn.Addr().String() }
+
+// GossipAddr is the address peers dial for gossip.
+func (n *Node) GossipAddr() string { return n.cluster.Address() }
+
+// Cluster exposes the gossip state (read-mostly) to handlers in other
+// packages, such as MCP.
+func (n *Node) Cluster() *gossip.Cluster { return n.cluster }
+
+// Plan returns the last plan this node computed and the view it used.
+func (n *Node) Plan() (placement.Plan, placement.View) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.plan, n.view
+}
+
+// Leave leaves the cluster gracefully and stops the node. Engines keep
+// running: a restarted agent adopts them.
+func (n *Node) Leave(timeout time.Duration) error {
+	return n.stop(func() error { return n.cluster.Leave(timeout) })
+}
+
+// Kill stops the node without telling the cluster, as a crash would.
+func (n *Node) Kill() error { return n.stop(n.cluster.Shutdown) }
+
+// Done is closed once the node stopped.
+func (n *Node) Done() <-chan struct{} { return n.closed }
+
+func (n *Node) stop(leave func() error) error {
+	var err error
+	n.once.Do(func() {
+		n.cancel()
+		err = leave()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = n.api.Shutdown(ctx)
+		n.wg.Wait()
+		if c, ok := n.cfg.GPUs.(interface{ Close() error }); ok {
+			_ = c.Close()
+		}
+		close(n.closed)
+	})
+	return err
+}
+
+// joinLoop joins the given peers, retrying with exponential backoff until
+// one answers, so nodes can start in any order. Later, it keeps dialling
+// members it believes dead: after a partition heals memberlist alone would
+// stop talking to the other side once its gossip-to-the-dead window passed.
+func (n *Node) joinLoop(ctx context.Context, peers []string) {
+	defer n.wg.Done()
+	peers = dedupe(peers, n.cluster.Address())
+	backoff := 250 * time.Millisecond
+	warned := false
+	for len(peers) > 0 {
+		if num, err := n.cluster.Join(peers); err == nil {
+			n.log.Info("joined cluster", "contacted", num, "members", n.cluster.NumMembers())
+			break
+		} else if !warned {
+			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
+			warned = true
+		}
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+	tick := time.NewTicker(n.reconnectInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, m := range n.cluster.Members() {
+			if m.State == gossip.StateDead && m.Address != "" {
+				if _, err := n.cluster.Join([]string{m.Address}); err == nil {
+					n.log.Info("reconnected to a member believed dead", "member", m.Name)
+				}
+			}
+		}
+		n.rememberPeers()
+	}
+}
+
+func (n *Node) reconnectInterval() time.Duration {
+	if n.cfg.Profile.Name == "local" {
+		return time.Second
+	}
+	return 10 * time.Second
+}
+
+// loop is the control loop: on every gossip or engine change, and on a
+// tick, it recomputes the plan and reconciles this node's engines; on the
+// renew tick it renews this node's leases.
+func (n *Node) loop(ctx context.Context) {
+	defer n.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
+	defer renew.Stop()
+	for {
+		n.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.cluster.Changes():
+		case <-n.engines.Changes():
+		case <-tick.C:
+		case <-renew.C:
+			n.cluster.Renew()
+		}
+	}
+}
+
+func (n *Node) reconcile(ctx context.Context) {
+	start := time.Now()
+	view := BuildView(n.cluster.Members(), n.cluster.Deployments(), n.cfg.Now(), n.cfg.LeaseTTL)
+	plan := placement.Compute(view)
+	specs := map[string]placement.Deployment{}
+	for _, d := range view.Deployments {
+		specs[d.Name] = d.WithDefaults()
+	}
+	var mine []Desired
+	for _, a := range plan.Assignments {
+		if a.Node == n.cfg.Name {
+			mine = append(mine, Desired{Assignment: a, Spec: specs[a.Deployment]})
+		}
+	}
+	n.engines.Reconcile(ctx, mine)
+	shards := n.engines.Shards()
+	if !reflect.DeepEqual(shards, n.cluster.Local().Shards) {
+		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
+	}
+	n.mu.Lock()
+	n.plan, n.view, n.planAt = plan, view, n.cfg.Now()
+	n.reconDur = time.Since(start)
+	n.mu.Unlock()
+}
+
+// ReconcileDuration is how long the last reconcile pass took.
+func (n *Node) ReconcileDuration() time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reconDur
+}
+
+func (n *Node) gpuLoop(ctx context.Context) {
+	defer n.wg.Done()
+	tick := time.NewTicker(n.cfg.GPUInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		snap, err := n.cfg.GPUs.Discover(ctx)
+		if err != nil {
+			n.log.Warn("GPU re-read failed; keeping the last reading", "err", err)
+			continue
+		}
+		gpus := n.foreignAdjusted(snap)
+		n.mu.Lock()
+		n.gpuSnap = snap
+		n.mu.Unlock()
+		if gpuChanged(n.cluster.Local().GPUs, gpus) {
+			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs = gpus })
+		}
+	}
+}
+
+// GPUSnapshot is the last GPU reading.
+func (n *Node) GPUSnapshot() gpu.Snapshot {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gpuSnap
+}
+
+func (n *Node) foreignAdjusted(s gpu.Snapshot) []placement.GPU {
+	own := map[int]bool{}
+	for _, p := range n.engines.OwnPIDs() {
+		own[p] = true
+	}
+	return gpu.ForeignMemory(s, own)
+}
+
+// gpuChanged ignores memory churn under 256 MiB: re-gossiping every
+// allocator wobble would flood the cluster for no placement decision.
+func gpuChanged(old, cur []placement.GPU) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	const q = 256 << 20
+	for i := range old {
+		a, b := old[i], cur[i]
+		if a.UUID != b.UUID || a.Faulted != b.Faulted || a.MIG != b.MIG || a.MemoryTotal != b.MemoryTotal ||
+			a.MemoryUsed/q != b.MemoryUsed/q || a.MemoryForeign/q != b.MemoryForeign/q {
+			return true
+		}
+	}
+	return false
+}
+
+// identity is what a node remembers across restarts.
+type identity struct {
+	Name  string   `json:"name"`
+	Epoch int64    `json:"epoch"`
+	Peers []string `json:"peers,omitempty"`
+}
+
+// loadIdentity reads node.json, checks the name, and bumps the boot epoch
+// so this run's records are newer than any the cluster still holds from the
+// last run, even if the clock went backwards in between.
+func loadIdentity(dir, name string, now func() time.Time) (identity, error) {
+	p := filepath.Join(dir, "node.json")
+	var id identity
+	b, err := os.ReadFile(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return id, fmt.Errorf("--data-dir: read %s: %w", p, err)
+	default:
+		if err := json.Unmarshal(b, &id); err != nil {
+			return id, fmt.Errorf("--data-dir: %s is corrupt (%v); move it aside to start as a new node", p, err)
+		}
+		if id.Name != "" && id.Name != name {
+			return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir, id.Name)
+		}
+	}
+	id.Name = name
+	id.Epoch = max(id.Epoch+1, now().UnixNano())
+	out, _ := json.MarshalIndent(id, "", "  ")
+	if err := atomicfile.Write(p, out, 0o600); err != nil {
+		return id, fmt.Errorf("--data-dir: %w", err)
+	}
+	return id, nil
+}
+
+// rememberPeers saves the gossip addresses of live members, so a restart
+// finds the cluster without --join.
+func (n *Node) rememberPeers() {
+	var peers []string
+	for _, m := range n.cluster.Members() {
+		if m.Name != n.cfg.Name && m.State == gossip.StateAlive && m.Address != "" {
+			peers = append(peers, m.Address)
+		}
+	}
+	if len(peers) == 0 {
+		return
+	}
+	p := filepath.Join(n.cfg.DataDir, "node.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return
+	}
+	var id identity
+	if json.Unmarshal(b, &id) != nil || slices.Equal(id.Peers, peers) {
+		return
+	}
+	id.Peers = peers
+	out, _ := json.MarshalIndent(id, "", "  ")
+	if err := atomicfile.Write(p, out, 0o600); err != nil {
+		n.log.Warn("remember peers", "err", err)
+	}
+}
+
+// ValidateJoin checks a --join value without contacting it.
+func ValidateJoin(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("--join %q: want host:port, e.g. 10.0.0.2:7946", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("--join %q: port must be 1-65535", addr)
+	}
+	return nil
+}
+
+func dedupe(peers []string, self string) []string {
+	seen := map[string]bool{self: true}
+	var out []string
+	for _, p := range peers {
+		if p = strings.TrimSpace(p); p != "" && !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// NewToken returns a random cluster token.
+func NewToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (n *Node) isDropped(peer string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.dropped[peer]
+}

@@ -1,0 +1,343 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/probes/gpu"
+)
+
+const testToken = "test-token-0123456789abcdef"
+
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+type harness struct {
+	t     *testing.T
+	nodes map[string]*Node
+	cfgs  map[string]Config
+}
+
+func newHarness(t *testing.T) *harness {
+	return &harness{t: t, nodes: map[string]*Node{}, cfgs: map[string]Config{}}
+}
+
+// freePort finds a port free for both TCP and UDP on loopback, so a node
+// can be restarted at the same gossip address.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func (h *harness) config(name string, join ...string) Config {
+	h.t.Helper()
+	if cfg, ok := h.cfgs[name]; ok {
+		return cfg
+	}
+	sim, err := gpu.NewSimulated("4xH100-80GB", name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	prof, _ := gossip.ProfileByName("local")
+	cfg := Config{
+		Name: name, DataDir: h.t.TempDir(), BindAddr: "127.0.0.1", BindPort: freePort(h.t),
+		APIAddr: fmt.Sprintf("127.0.0.1:%d", freePort(h.t)), Join: join, Token: testToken,
+		Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second, Version: "test",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TestHooks: true,
+	}
+	h.cfgs[name] = cfg
+	return cfg
+}
+
+func (h *harness) start(name string, join ...string) *Node {
+	h.t.Helper()
+	cfg := h.config(name, join...)
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		h.t.Fatalf("start %s: %v", name, err)
+	}
+	h.nodes[name] = n
+	h.t.Cleanup(func() { _ = n.Kill() })
+	return n
+}
+
+func (h *harness) gossipAddr(name string) string {
+	return fmt.Sprintf("127.0.0.1:%d", h.cfgs[name].BindPort)
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, last = cond(); ok {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true within %v; last: %s", what, within, last)
+}
+
+func call(t *testing.T, method, url, token string, body []byte, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode/100 == 2 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("decode %s: %v: %s", url, err, raw)
+		}
+	}
+	return resp.StatusCode
+}
+
+func api(n *Node, path string) string { return "http://" + n.APIAddr() + path }
+
+func planJSON(t *testing.T, n *Node) string {
+	var p PlanInfo
+	call(t, "GET", api(n, "/v1/plan"), "", nil, &p)
+	b, _ := json.Marshal(p.Plan)
+	return string(b)
+}
+
+// threeNodes starts a, b, c in an order where b and c know only a, and a is
+// started last: joins are retried until a answers.
+func threeNodes(t *testing.T) (*harness, []*Node) {
+	h := newHarness(t)
+	h.config("a")
+	b := h.start("b", h.gossipAddr("a"))
+	c := h.start("c", h.gossipAddr("a"))
+	a := h.start("a")
+	nodes := []*Node{a, b, c}
+	for _, n := range nodes {
+		waitUntil(t, 15*time.Second, n.Name()+" sees 3 alive members", func() (bool, string) {
+			var ci ClusterInfo
+			call(t, "GET", api(n, "/v1/cluster"), "", nil, &ci)
+			alive := 0
+			for _, m := range ci.Members {
+				if m.State == gossip.StateAlive && len(m.GPUs) == 4 {
+					alive++
+				}
+			}
+			return alive == 3, fmt.Sprint(alive)
+		})
+	}
+	return h, nodes
+}
+
+func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
+	_, nodes := threeNodes(t)
+	spec := []byte(`{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
+	if code := call(t, "POST", api(nodes[1], "/v1/deployments"), testToken, spec, nil); code != 200 {
+		t.Fatalf("place: HTTP %d", code)
+	}
+	for _, n := range nodes {
+		waitUntil(t, 5*time.Second, n.Name()+" knows chat with 2 ready replicas", func() (bool, string) {
+			var deps []DeploymentInfo
+			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+			return len(deps) == 1 && deps[0].Name == "chat" && deps[0].Ready == 2 && len(deps[0].Nodes) == 2, fmt.Sprintf("%+v", deps)
+		})
+	}
+	waitUntil(t, 5*time.Second, "every node's /v1/plan is identical", func() (bool, string) {
+		p0 := planJSON(t, nodes[0])
+		for _, n := range nodes[1:] {
+			if p := planJSON(t, n); p != p0 {
+				return false, p0 + " vs " + p
+			}
+		}
+		return strings.Count(p0, `"shard_id"`) == 2, p0
+	})
+}
+
+func TestMutationsNeedTheToken(t *testing.T) {
+	h := newHarness(t)
+	n := h.start("a")
+	spec := []byte(`{"name":"chat","model":"m","replicas":1}`)
+	if code := call(t, "POST", api(n, "/v1/deployments"), "", spec, nil); code != http.StatusUnauthorized {
+		t.Fatalf("no token: HTTP %d, want 401", code)
+	}
+	if code := call(t, "POST", api(n, "/v1/deployments"), "wrong-token-xxxxxxxxxxxx", spec, nil); code != http.StatusForbidden {
+		t.Fatalf("wrong token: HTTP %d, want 403", code)
+	}
+	if code := call(t, "DELETE", api(n, "/v1/deployments/chat"), "", nil, nil); code != http.StatusUnauthorized {
+		t.Fatalf("unplace without token: HTTP %d, want 401", code)
+	}
+	var deps []DeploymentInfo
+	call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+	if len(deps) != 0 {
+		t.Fatalf("refused calls changed state: %+v", deps)
+	}
+}
+
+func TestInvalidSpecNamesTheFieldAndChangesNothing(t *testing.T) {
+	h := newHarness(t)
+	n := h.start("a")
+	for body, field := range map[string]string{
+		`{"name":"Bad_Name","model":"m"}`:            "name",
+		`{"name":"ok","model":"m","replicas":-1}`:    "replicas",
+		`{"name":"ok","model":"m","engine":"nope"}`:  "engine",
+		`{"name":"ok","model":"m","colour":"blue"}`:  "colour",
+		"name: ok\nmodel: m\ntensor_parallel: 0.5\n": "tensor_parallel",
+	} {
+		req, _ := http.NewRequest("POST", api(n, "/v1/deployments"), strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), field) {
+			t.Errorf("%s: HTTP %d %s; want 400 naming %q", body, resp.StatusCode, raw, field)
+		}
+	}
+	var deps []DeploymentInfo
+	call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+	if len(deps) != 0 {
+		t.Fatalf("invalid specs changed state: %+v", deps)
+	}
+}
+
+func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
+	_, nodes := threeNodes(t)
+	// 3 replicas of 4 GPUs each: one per node, nothing to spare.
+	spec := []byte(`{"name":"big","model":"m","engine":"fake","replicas":2,"tensor_parallel":4}`)
+	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, spec, nil)
+	var victim string
+	waitUntil(t, 5*time.Second, "both replicas placed", func() (bool, string) {
+		p, _ := nodes[0].Plan()
+		if len(p.Assignments) != 2 {
+			return false, fmt.Sprint(p)
+		}
+		victim = p.Assignments[0].Node
+		return true, ""
+	})
+	var survivors []*Node
+	for _, n := range nodes {
+		if n.Name() == victim {
+			_ = n.Kill()
+		} else {
+			survivors = append(survivors, n)
+		}
+	}
+	bound := nodes[0].cfg.Profile.DetectionBound(3) + nodes[0].cfg.LeaseTTL
+	for _, n := range survivors {
+		waitUntil(t, bound+2*time.Second, n.Name()+" re-places the dead node's shard", func() (bool, string) {
+			p, _ := n.Plan()
+			nodesUsed := map[string]bool{}
+			for _, a := range p.Assignments {
+				nodesUsed[a.Node] = true
+			}
+			return len(p.Assignments) == 2 && !nodesUsed[victim], fmt.Sprintf("%+v", p)
+		})
+	}
+}
+
+func TestUnplaceRemovesShardsEverywhere(t *testing.T) {
+	_, nodes := threeNodes(t)
+	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, []byte(`{"name":"chat","model":"m","replicas":3}`), nil)
+	waitUntil(t, 5*time.Second, "3 shards held", func() (bool, string) {
+		held := 0
+		for _, n := range nodes {
+			held += len(n.Cluster().Local().Shards)
+		}
+		return held == 3, fmt.Sprint(held)
+	})
+	if code := call(t, "DELETE", api(nodes[2], "/v1/deployments/chat"), testToken, nil, nil); code != 200 {
+		t.Fatalf("unplace: HTTP %d", code)
+	}
+	if code := call(t, "DELETE", api(nodes[2], "/v1/deployments/chat"), testToken, nil, nil); code != 404 {
+		t.Fatalf("second unplace: HTTP %d, want 404", code)
+	}
+	for _, n := range nodes {
+		waitUntil(t, 5*time.Second, n.Name()+" holds nothing and shows nothing", func() (bool, string) {
+			var shards []ShardInfo
+			call(t, "GET", api(n, "/v1/shards"), "", nil, &shards)
+			return len(n.Cluster().Local().Shards) == 0 && len(shards) == 0, fmt.Sprint(shards)
+		})
+	}
+}
+
+func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
+	h, nodes := threeNodes(t)
+	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, []byte(`{"name":"one","model":"m"}`), nil)
+	call(t, "POST", api(nodes[1], "/v1/deployments"), testToken, []byte(`{"name":"two","model":"m"}`), nil)
+	call(t, "POST", api(nodes[1], "/v1/deployments"), testToken, []byte(`{"name":"gone","model":"m"}`), nil)
+	waitUntil(t, 5*time.Second, "c learns gone", func() (bool, string) {
+		_, ok := nodes[2].Cluster().Deployment("gone")
+		return ok, ""
+	})
+	if code := call(t, "DELETE", api(nodes[2], "/v1/deployments/gone"), testToken, nil, nil); code != 200 {
+		t.Fatalf("unplace gone: HTTP %d", code)
+	}
+	for _, n := range nodes {
+		waitUntil(t, 5*time.Second, n.Name()+" knows both", func() (bool, string) {
+			var deps []DeploymentInfo
+			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+			return len(deps) == 2, fmt.Sprint(len(deps))
+		})
+	}
+	for _, n := range nodes {
+		if err := n.Leave(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Restart in another order; c remembers its peers without --join.
+	c := h.start("c")
+	b := h.start("b", h.gossipAddr("c"))
+	a := h.start("a", h.gossipAddr("b"))
+	for _, n := range []*Node{a, b, c} {
+		waitUntil(t, 10*time.Second, n.Name()+" knows one and two placed, not gone", func() (bool, string) {
+			var deps []DeploymentInfo
+			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+			names := []string{}
+			placed := 0
+			for _, d := range deps {
+				names = append(names, d.Name)
+				placed += d.Placed
+			}
+			return fmt.Sprint(names) == "[one two]" && placed == 2, fmt.Sprint(names, placed)
+		})
+	}
+}

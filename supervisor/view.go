@@ -1,0 +1,75 @@
+package supervisor
+
+import (
+	"sort"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+)
+
+// BuildView turns this node's copy of the gossip state into placement's
+// input, judging every lease by this node's own clock: a lease is valid while
+// its holder is alive in memberlist and renewed its record within ttl of now,
+// measured from when this node saw the renewal. No clock of another node is
+// ever compared with ours.
+func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time.Time, ttl time.Duration) placement.View {
+	var v placement.View
+	for _, m := range members {
+		if m.Record == nil {
+			continue
+		}
+		alive := m.State == gossip.StateAlive || m.State == gossip.StateSuspect
+		fresh := now.Sub(m.SeenAt) <= ttl
+		n := placement.Node{
+			Name:         m.Name,
+			Alive:        alive && !m.Record.Leaving,
+			Labels:       m.Record.Labels,
+			GPUs:         m.Record.GPUs,
+			CachedModels: m.Record.CachedModels,
+		}
+		for _, s := range m.Record.Shards {
+			n.Shards = append(n.Shards, placement.HeldShard{
+				ShardID:      s.ShardID,
+				SpecVersion:  s.SpecVersion,
+				GPUs:         s.GPUs,
+				MemoryPerGPU: s.MemoryPerGPU,
+				Lease:        JudgeLease(alive && !m.Record.Leaving, fresh, s),
+				ClaimStamp:   s.ClaimStamp,
+				Failing:      s.Failing,
+			})
+		}
+		v.Nodes = append(v.Nodes, n)
+	}
+	for _, d := range deps {
+		if d.Deleted || d.Spec == nil {
+			continue
+		}
+		v.Deployments = append(v.Deployments, *d.Spec)
+	}
+	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].Name < v.Nodes[j].Name })
+	return v
+}
+
+// JudgeLease says how a receiver treats one held shard.
+func JudgeLease(holderAlive, renewedWithinTTL bool, s gossip.ShardRecord) placement.LeaseState {
+	switch {
+	case !holderAlive || !renewedWithinTTL:
+		return placement.LeaseLapsed
+	case s.Ready:
+		return placement.LeaseValid
+	case s.Status == StatusStopping:
+		return placement.LeaseLapsed
+	default:
+		return placement.LeaseStarting
+	}
+}
+
+// Shard statuses a node reports for the engines it holds.
+const (
+	StatusStarting = "starting"
+	StatusReady    = "ready"
+	StatusCrashed  = "crashed"
+	StatusBackoff  = "backoff"
+	StatusStopping = "stopping"
+)
