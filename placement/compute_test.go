@@ -393,10 +393,10 @@ func TestDuplicatesAfterPartition(t *testing.T) {
 	d := mkDep("a")
 	v := version(d)
 	tests := []struct {
-		name            string
-		stamp1, stamp2  int64
-		lease1, lease2  LeaseState
-		want            string
+		name           string
+		stamp1, stamp2 int64
+		lease1, lease2 LeaseState
+		want           string
 	}{
 		{"earliest claim wins", 5, 3, LeaseValid, LeaseValid, "n2"},
 		{"equal claims: lower name", 3, 3, LeaseValid, LeaseValid, "n1"},

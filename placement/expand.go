@@ -71,9 +71,9 @@ type replicaState struct {
 }
 
 type shardState struct {
-	rep   *replicaState
-	id    string
-	hash  uint64
+	rep  *replicaState
+	id   string
+	hash uint64
 	kept *holder
 	// failing is a live claim whose engine keeps crashing. The shard moves
 	// if it can; if not, the claim is kept after all.

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -87,6 +88,9 @@ type Node struct {
 	dropped  map[string]bool // test partition rules
 	reconDur time.Duration
 
+	settled atomic.Bool
+	kick    chan struct{}
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -119,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{})}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{}), kick: make(chan struct{}, 1)}
 	n.engines = cfg.Engines
 	if n.engines == nil {
 		n.engines = NewClaimEngines(cfg.Now)
@@ -238,6 +242,10 @@ func (n *Node) stop(leave func() error) error {
 		defer cancel()
 		_ = n.api.Shutdown(ctx)
 		n.wg.Wait()
+		// Engines keep running; only our watch over them ends.
+		if c, ok := n.engines.(interface{ Close() }); ok {
+			c.Close()
+		}
 		if c, ok := n.cfg.GPUs.(interface{ Close() error }); ok {
 			_ = c.Close()
 		}
@@ -255,11 +263,21 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 	peers = dedupe(peers, n.cluster.Address())
 	backoff := 250 * time.Millisecond
 	warned := false
+	if len(peers) == 0 {
+		n.settle("no peers to join: this node starts the cluster")
+	}
+	giveUp := time.Now().Add(settleTimeout)
 	for len(peers) > 0 {
-		if num, err := n.cluster.Join(peers); err == nil {
+		num, err := n.cluster.Join(peers)
+		if err == nil {
 			n.log.Info("joined cluster", "contacted", num, "members", n.cluster.NumMembers())
+			n.settle("joined")
 			break
-		} else if !warned {
+		}
+		if time.Now().After(giveUp) {
+			n.settle("no peer answered within " + settleTimeout.String() + "; acting on what this node knows")
+		}
+		if !warned {
 			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
 			warned = true
 		}
@@ -287,6 +305,31 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 	}
 }
 
+// settleTimeout bounds how long a node that cannot reach any peer waits
+// before it starts and stops engines on its own view.
+const settleTimeout = 10 * time.Second
+
+// settle lets the engines act on the plan. Until the node has exchanged
+// state with a peer its view is partial (after a restart it may not even
+// know the other nodes), and a plan from a partial view would start
+// duplicates of shards that run elsewhere.
+func (n *Node) settle(why string) {
+	if s, ok := n.engines.(interface{ Settle() }); ok {
+		if n.settled.CompareAndSwap(false, true) {
+			n.log.Info("engines may now follow the plan", "why", why)
+			s.Settle()
+			n.poke()
+		}
+	}
+}
+
+func (n *Node) poke() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
 func (n *Node) reconnectInterval() time.Duration {
 	if n.cfg.Profile.Name == "local" {
 		return time.Second
@@ -310,6 +353,7 @@ func (n *Node) loop(ctx context.Context) {
 			return
 		case <-n.cluster.Changes():
 		case <-n.engines.Changes():
+		case <-n.kick:
 		case <-tick.C:
 		case <-renew.C:
 			n.cluster.Renew()
@@ -477,6 +521,14 @@ func ValidateJoin(addr string) error {
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 		return fmt.Errorf("--join %q: port must be 1-65535", addr)
+	}
+	// A name that does not resolve is a typo, not a peer that is still
+	// booting: fail now. An address that resolves but does not answer is
+	// retried in the background.
+	if net.ParseIP(host) == nil {
+		if _, err := net.LookupHost(host); err != nil {
+			return fmt.Errorf("--join %q: host does not resolve: %v", addr, err)
+		}
 	}
 	return nil
 }

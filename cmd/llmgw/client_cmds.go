@@ -121,7 +121,7 @@ func placeCommand() *cli.Command {
 			}
 			body, ctype, err := placeBody(c)
 			if err != nil {
-				return cli.Exit(err.Error(), 2)
+				return usageError(err.Error())
 			}
 			var out supervisor.DeploymentInfo
 			if err := cl.do(ctx, "POST", "/v1/deployments", body, ctype, &out); err != nil {
@@ -190,7 +190,7 @@ func unplaceCommand() *cli.Command {
 		Flags:     clientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			if c.Args().Len() != 1 {
-				return cli.Exit("NAME: want exactly one deployment name", 2)
+				return usageError("NAME: want exactly one deployment name")
 			}
 			cl, err := newClient(c)
 			if err != nil {

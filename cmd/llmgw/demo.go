@@ -58,7 +58,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 		return fmt.Errorf("--dir: %w", err)
 	}
 	if pids := demoPIDs(dir); len(pids) > 0 {
-		return cli.Exit(fmt.Sprintf("a demo cluster already runs from %s (pids %v); stop it with: make stop", dir, pids), 1)
+		return failure(fmt.Sprintf("a demo cluster already runs from %s (pids %v); stop it with: make stop", dir, pids))
 	}
 	tokenFile := filepath.Join(dir, "token")
 	if _, err := os.Stat(tokenFile); err != nil {
@@ -171,6 +171,9 @@ func demoDown(ctx context.Context, c *cli.Command) error {
 		fmt.Fprintln(c.Root().Writer, "no demo cluster is running")
 		return nil
 	}
+	// Engines outlive their agents by design; the demo's should not outlive
+	// the demo. Unplace everything and let the agents stop them first.
+	drainDemo(ctx, dir, c)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
@@ -188,4 +191,35 @@ func demoDown(ctx context.Context, c *cli.Command) error {
 	}
 	fmt.Fprintf(c.Root().Writer, "stopped %d demo nodes\n", len(pids))
 	return nil
+}
+
+func drainDemo(ctx context.Context, dir string, c *cli.Command) {
+	tok, err := os.ReadFile(filepath.Join(dir, "token"))
+	if err != nil {
+		return
+	}
+	cl := &client{base: "http://127.0.0.1:7070", token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 2 * time.Second}}
+	var deps []supervisor.DeploymentInfo
+	if cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps) != nil {
+		return
+	}
+	for _, d := range deps {
+		_ = cl.do(ctx, "DELETE", "/v1/deployments/"+d.Name, nil, "", nil)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var info supervisor.ClusterInfo
+		if cl.do(ctx, "GET", "/v1/cluster", nil, "", &info) != nil {
+			return
+		}
+		held := 0
+		for _, m := range info.Members {
+			held += len(m.Shards)
+		}
+		if held == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Fprintln(c.Root().ErrWriter, "some engines did not stop in time; see the node logs")
 }

@@ -20,19 +20,31 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := newApp().Run(ctx, os.Args)
-	var ec cli.ExitCoder
-	switch {
-	case err == nil:
-	case errors.As(err, &ec):
-		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(os.Stderr, "llmgw:", msg)
-		}
-		os.Exit(ec.ExitCode())
-	default:
-		fmt.Fprintln(os.Stderr, "llmgw:", err)
-		os.Exit(1)
+	if err == nil {
+		return
 	}
+	fmt.Fprintln(os.Stderr, "llmgw:", err)
+	var ce codedError
+	if errors.As(err, &ce) {
+		os.Exit(ce.code)
+	}
+	os.Exit(1)
 }
+
+// codedError carries the process exit code to main. (urfave/cli's own
+// cli.Exit calls os.Exit from inside Run, which tests cannot survive.)
+type codedError struct {
+	msg  string
+	code int
+}
+
+func (e codedError) Error() string { return e.msg }
+
+// usageError is a bad flag or argument: exit status 2.
+func usageError(msg string) error { return codedError{msg: msg, code: 2} }
+
+// failure is a failure to do what was asked: exit status 1.
+func failure(msg string) error { return codedError{msg: msg, code: 1} }
 
 // newApp builds a fresh command tree. Flags keep parse state, so tests
 // build one per run.
@@ -50,6 +62,7 @@ func newApp() *cli.Command {
 			shardsCommand(),
 			versionCommand(),
 			demoCommand(),
+			engineCommand(),
 		},
 	}
 }

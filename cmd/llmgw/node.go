@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/supervisor"
 )
@@ -47,7 +48,11 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "profile", Value: "lan", Usage: "memberlist timings: lan (its LAN defaults) or local (fast, one machine or rack)", Sources: cli.EnvVars("LLMGW_PROFILE")},
 		&cli.StringFlag{Name: "simulate-gpus", Usage: "DEV/TEST ONLY: advertise simulated GPUs, e.g. 4xH100-80GB,2xL40S-48GB", Sources: cli.EnvVars("LLMGW_SIMULATE_GPUS")},
 		&cli.DurationFlag{Name: "lease-ttl", Value: 10 * time.Second, Usage: "a shard's lease lapses this long after its last renewal", Sources: cli.EnvVars("LLMGW_LEASE_TTL")},
-		&cli.StringFlag{Name: "runtime", Value: "none", Usage: "how engines run: none (claim shards only)", Sources: cli.EnvVars("LLMGW_RUNTIME")},
+		&cli.StringFlag{Name: "runtime", Value: "auto", Usage: "how engines run: containerd, process (host processes and the built-in fake engine), none (claim shards, run nothing), or auto (containerd when its socket answers, else process)", Sources: cli.EnvVars("LLMGW_RUNTIME")},
+		&cli.StringFlag{Name: "containerd-socket", Value: "/run/containerd/containerd.sock", Usage: "containerd's socket", Sources: cli.EnvVars("LLMGW_CONTAINERD_SOCKET")},
+		&cli.StringFlag{Name: "containerd-namespace", Value: "llmgw", Usage: "containerd namespace for engines", Sources: cli.EnvVars("LLMGW_CONTAINERD_NAMESPACE")},
+		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache, bind-mounted into engine containers", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
+		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
@@ -130,9 +135,12 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 		cfg.GPUs = gpu.System()
 	}
 	switch c.String("runtime") {
-	case "none":
+	case "none", "process", "containerd", "auto":
 	default:
-		return cfg, fmt.Errorf("--runtime %q: want none", c.String("runtime"))
+		return cfg, fmt.Errorf("--runtime %q: want containerd, process, none or auto", c.String("runtime"))
+	}
+	if _, _, err := parsePortRange(c.String("engine-ports")); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }
@@ -140,19 +148,29 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 func nodeUp(ctx context.Context, c *cli.Command) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
-		return cli.Exit(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")), 2)
+		return usageError(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg, err := nodeConfig(c, log)
 	if err != nil {
-		return cli.Exit(err.Error(), 2)
+		return usageError(err.Error())
 	}
 	if cfg.Token, err = loadToken(c.String("token-file"), cfg.DataDir, log); err != nil {
-		return cli.Exit(err.Error(), 2)
+		return usageError(err.Error())
+	}
+	runner, err := newRunner(ctx, c, cfg, log)
+	if err != nil {
+		return failure(err.Error())
+	}
+	if runner != nil {
+		cfg.Engines = runner
 	}
 	node, err := supervisor.Start(ctx, cfg)
 	if err != nil {
-		return cli.Exit(err.Error(), 1)
+		if runner != nil {
+			runner.Close()
+		}
+		return failure(err.Error())
 	}
 	select {
 	case <-ctx.Done():
@@ -273,4 +291,43 @@ func parseKV(flag string, vals []string) (map[string]string, error) {
 		out[k] = val
 	}
 	return out, nil
+}
+
+func parsePortRange(v string) (int, int, error) {
+	lo, hi, ok := strings.Cut(v, "-")
+	a, err1 := strconv.Atoi(lo)
+	b, err2 := strconv.Atoi(hi)
+	if !ok || err1 != nil || err2 != nil || a < 1 || b > 65535 || a > b {
+		return 0, 0, fmt.Errorf("--engine-ports %q: want a range such as 8100-8999", v)
+	}
+	return a, b, nil
+}
+
+// newRunner builds the engine runner for --runtime; nil for none.
+func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger) (*supervisor.Runner, error) {
+	rt, err := openRuntime(ctx, c, cfg, log)
+	if err != nil || rt == nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the llmgw binary: %w", err)
+	}
+	lo, hi, _ := parsePortRange(c.String("engine-ports"))
+	host := cfg.AdvertiseAddr
+	if host == "" {
+		host = cfg.BindAddr
+	}
+	probe := cfg.GPUs
+	return supervisor.NewRunner(ctx, supervisor.RunnerConfig{
+		Node: cfg.Name, Runtime: rt, DataDir: cfg.DataDir, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
+		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
+		GPUs: func() []placement.GPU {
+			s, err := probe.Discover(context.Background())
+			if err != nil {
+				return nil
+			}
+			return s.GPUs
+		},
+	})
 }

@@ -50,8 +50,14 @@ func (r *Runtime) gpuSpecOpt(uuids []string) (oci.SpecOpts, error) {
 			}
 		}
 		var specErrs []error
-		for path, errs := range cache.GetErrors() {
-			specErrs = append(specErrs, fmt.Errorf("%s: %w", path, errors.Join(errs...)))
+		byPath := cache.GetErrors()
+		paths := make([]string, 0, len(byPath))
+		for p := range byPath {
+			paths = append(paths, p)
+		}
+		slices.Sort(paths)
+		for _, p := range paths {
+			specErrs = append(specErrs, fmt.Errorf("%s: %w", p, errors.Join(byPath[p]...)))
 		}
 		if nvidia == 0 {
 			return nil, fmt.Errorf("no NVIDIA CDI spec in %s, so GPUs %s cannot be given to containers; generate one on this node with `%s` (NVIDIA Container Toolkit)%s",

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -110,10 +109,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		oci.WithHostHostsFile,
 		oci.WithHostResolvconf,
 		oci.WithDevShmSize(r.shmSize >> 10),
-		// NCCL and RDMA pin memory; the default 64 KiB lock limit breaks
-		// them in ways that look like network faults.
-		withRlimit("RLIMIT_MEMLOCK", ^uint64(0)),
-		withRlimit("RLIMIT_NOFILE", 1<<20),
+		withRlimits(probeDaemonLimits(r.socket).rlimits()),
 	}
 	if spec.WeightsDir != "" {
 		specOpts = append(specOpts, oci.WithMounts([]specs.Mount{{
@@ -156,19 +152,6 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		return fail("start task", err)
 	}
 	return r.engine(ctx, ctr)
-}
-
-// withRlimit sets one process rlimit (hard and soft), replacing any the
-// image defaults set.
-func withRlimit(kind string, limit uint64) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-		if s.Process == nil {
-			s.Process = &specs.Process{}
-		}
-		s.Process.Rlimits = slices.DeleteFunc(s.Process.Rlimits, func(l specs.POSIXRlimit) bool { return l.Type == kind })
-		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: kind, Hard: limit, Soft: limit})
-		return nil
-	}
 }
 
 // replaceExited removes a stopped container that holds cid (the contract:

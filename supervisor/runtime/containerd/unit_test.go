@@ -59,7 +59,7 @@ func TestNormalizeRef(t *testing.T) {
 			t.Errorf("normalizeRef(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := normalizeRef("UPPER/case"); err == nil {
+	if _, err := normalizeRef("has space"); err == nil {
 		t.Error("normalizeRef accepted an invalid reference")
 	}
 }
@@ -153,5 +153,39 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	}
 	if _, err := New(WithShmSize(1024)); err == nil {
 		t.Error("1 KiB /dev/shm accepted")
+	}
+}
+
+func TestDaemonLimits(t *testing.T) {
+	limits := `Limit                     Soft Limit           Hard Limit           Units
+Max open files            20000                20000                files
+Max locked memory         8388608              8388608              bytes
+`
+	// A daemon without CAP_SYS_RESOURCE: the wanted limits are cut.
+	d := parseDaemonLimits("Name:\tcontainerd\nCapEff:\t000001fffeffffff\n", limits)
+	if !d.known || d.canRaise {
+		t.Fatalf("parsed %+v", d)
+	}
+	got := d.rlimits()
+	if got[0] != (specs.POSIXRlimit{Type: "RLIMIT_MEMLOCK", Hard: 8388608, Soft: 8388608}) ||
+		got[1] != (specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Hard: 20000, Soft: 20000}) {
+		t.Fatalf("cut limits %+v", got)
+	}
+	// Full root: the wanted limits stand.
+	d = parseDaemonLimits("CapEff:\t000001ffffffffff\n", limits)
+	if !d.canRaise || !slices.Equal(d.rlimits(), wantRlimits) {
+		t.Fatalf("root daemon: %+v -> %+v", d, d.rlimits())
+	}
+	// Unknown daemon: wanted limits.
+	if !slices.Equal((daemonLimits{}).rlimits(), wantRlimits) {
+		t.Fatal("unknown daemon limits changed the wanted ones")
+	}
+	// withRlimits replaces containerd's default open-file limit.
+	s := &oci.Spec{Process: &specs.Process{Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}}}}
+	if err := withRlimits(wantRlimits)(context.Background(), nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Process.Rlimits) != 2 || !slices.Contains(s.Process.Rlimits, wantRlimits[1]) {
+		t.Fatalf("rlimits %+v", s.Process.Rlimits)
 	}
 }

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/supervisor/fakeengine"
+)
+
+// engineCommand holds engines built into the binary. It is hidden: users
+// reach the fake engine through `llmgw place --engine fake`.
+func engineCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "engine",
+		Hidden: true,
+		Usage:  "engines built into llmgw",
+		Commands: []*cli.Command{{
+			Name:  "fake",
+			Usage: "a fake inference engine speaking vLLM's HTTP surface (no GPU needed)",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "model", Required: true, Usage: "served model name"},
+				&cli.IntFlag{Name: "port", Value: 8000},
+				&cli.StringFlag{Name: "host", Value: "0.0.0.0"},
+				&cli.DurationFlag{Name: "startup-delay", Usage: "answer 503 on /health for this long, like loading weights"},
+				&cli.DurationFlag{Name: "crash-after", Usage: "exit abruptly after this long"},
+				&cli.IntFlag{Name: "exit-code", Value: 1, Usage: "exit code of --crash-after"},
+				&cli.BoolFlag{Name: "fail-health", Usage: "always answer 503 on /health"},
+				&cli.BoolFlag{Name: "legacy-kv-metric", Usage: "export vllm:gpu_cache_usage_perc (vLLM before 0.10)"},
+				&cli.DurationFlag{Name: "token-delay", Usage: "pause between streamed tokens"},
+			},
+			Action: func(ctx context.Context, c *cli.Command) error {
+				err := fakeengine.Run(ctx, fakeengine.Config{
+					Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
+					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
+					ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
+					LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"),
+					Log: os.Stderr, Now: time.Now,
+				})
+				if code := fakeengine.ExitCode(err); code != 0 {
+					return codedError{msg: err.Error(), code: code}
+				}
+				return nil
+			},
+		}},
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run executes the CLI in-process with a fresh command tree.
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	app := newApp()
+	var out bytes.Buffer
+	app.Writer, app.ErrWriter = &out, &out
+	err := app.Run(context.Background(), append([]string{"llmgw"}, args...))
+	return out.String(), err
+}
+
+func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
+	dir := t.TempDir()
+	shortKey := filepath.Join(dir, "short.key")
+	os.WriteFile(shortKey, []byte("c2hvcnQ=\n"), 0o600) // "short": 5 bytes
+	notB64 := filepath.Join(dir, "bad.key")
+	os.WriteFile(notB64, []byte("!!!"), 0o600)
+	base := []string{"node", "up", "--name", "n1", "--data-dir", filepath.Join(dir, "data"), "--bind", "127.0.0.1:0", "--api", "127.0.0.1:0"}
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--simulate-gpus", "4xH100"}, []string{"--simulate-gpus"}},
+		{[]string{"--simulate-gpus", "lots-of-gpus"}, []string{"--simulate-gpus"}},
+		{[]string{"--gossip-key-file", shortKey}, []string{"--gossip-key-file", "5 bytes", "16, 24 or 32"}},
+		{[]string{"--gossip-key-file", notB64}, []string{"--gossip-key-file", "base64"}},
+		{[]string{"--join", "nowhere"}, []string{"--join", "host:port"}},
+		{[]string{"--join", "no-such-host.invalid:7946"}, []string{"--join", "does not resolve"}},
+		{[]string{"--join", "127.0.0.1:99999"}, []string{"--join", "port"}},
+		{[]string{"--profile", "wan"}, []string{"--profile", "lan or local"}},
+		{[]string{"--label", "novalue"}, []string{"--label", "key=value"}},
+		{[]string{"--allow-from", "10.0.0.0/99"}, []string{"--allow-from", "CIDR"}},
+		{[]string{"--bind", "7946"}, []string{"--bind", "host:port"}},
+		{[]string{"--advertise", "not-an-ip"}, []string{"--advertise"}},
+		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},
+		{[]string{"--runtime", "docker"}, []string{"--runtime"}},
+	}
+	for _, c := range cases {
+		_, err := run(t, append(append([]string{}, base...), c.args...)...)
+		if err == nil {
+			t.Errorf("%v: started; want an error", c.args)
+			continue
+		}
+		msg := err.Error()
+		if strings.Count(msg, "\n") > 0 {
+			t.Errorf("%v: error spans several lines: %q", c.args, msg)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%v: error %q does not mention %q", c.args, msg, w)
+			}
+		}
+	}
+	// Nothing half-started: flag validation runs before the data dir is
+	// even created.
+	if _, err := os.Stat(filepath.Join(dir, "data", "node.json")); !os.IsNotExist(err) {
+		t.Fatalf("a failed start left node.json behind (%v)", err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := run(t, "version")
+	if err != nil || !strings.HasPrefix(out, "llmgw ") {
+		t.Fatalf("version: %q %v", out, err)
+	}
+}
+
+func TestPlaceNeedsModelAndValidKV(t *testing.T) {
+	_, err := run(t, "place", "chat", "--addr", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "--model") {
+		t.Fatalf("got %v, want a --model error", err)
+	}
+	_, err = run(t, "place", "chat", "--model", "m", "--env", "NOEQUALS", "--addr", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "--env") {
+		t.Fatalf("got %v, want an --env error", err)
+	}
+	_, err = run(t, "place", "chat", "--model", "m", "--gpu-memory", "lots", "--addr", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "--gpu-memory") {
+		t.Fatalf("got %v, want a --gpu-memory error", err)
+	}
+}
+
+func TestGPUSummary(t *testing.T) {
+	out, err := run(t, "nodes", "--addr", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "cannot reach a node") {
+		t.Fatalf("unreachable node: %q %v", out, err)
+	}
+}

@@ -1,0 +1,243 @@
+package scenarios
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// The runner reads the nodes' HTTP API as any client would, with its own
+// copy of the wire shapes (only the fields it looks at): it tests the
+// contract, not the Go types behind it.
+
+type memberInfo struct {
+	Name   string            `json:"name"`
+	State  string            `json:"state"`
+	API    string            `json:"api"`
+	GPUs   []json.RawMessage `json:"gpus"`
+	Shards []shardRecord     `json:"shards"`
+}
+
+type clusterInfo struct {
+	Self    string       `json:"self"`
+	Members []memberInfo `json:"members"`
+}
+
+type shardRecord struct {
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	GPUs        []int  `json:"gpus"`
+	Status      string `json:"status"`
+	Ready       bool   `json:"ready"`
+	ClaimStamp  int64  `json:"claim_stamp"`
+	URL         string `json:"url"`
+	PID         int    `json:"pid"`
+	Restarts    int    `json:"restarts"`
+}
+
+type statusInfo struct {
+	Name    string `json:"name"`
+	Profile string `json:"profile"`
+	Record  struct {
+		Shards []shardRecord `json:"shards"`
+	} `json:"record"`
+}
+
+type deploymentInfo struct {
+	Name             string   `json:"name"`
+	Model            string   `json:"model"`
+	Engine           string   `json:"engine"`
+	Replicas         int      `json:"replicas"`
+	TensorParallel   int      `json:"tensor_parallel"`
+	PipelineParallel int      `json:"pipeline_parallel"`
+	Args             []string `json:"args"`
+	SpecVersion      string   `json:"spec_version"`
+	Placed           int      `json:"placed"`
+	Ready            int      `json:"ready"`
+	Nodes            []string `json:"nodes"`
+	Why              []string `json:"why"`
+}
+
+type shardRow struct {
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node"`
+	GPUs        []int  `json:"gpus"`
+	Lease       string `json:"lease"`
+	Status      string `json:"status"`
+	Draining    bool   `json:"draining"`
+	URL         string `json:"url"`
+	PID         int    `json:"pid"`
+	Restarts    int    `json:"restarts"`
+	LastExit    *int   `json:"last_exit"`
+	Reason      string `json:"reason"`
+}
+
+type assignment struct {
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node"`
+	GPUs        []int  `json:"gpus"`
+	Kept        bool   `json:"kept"`
+	Draining    bool   `json:"draining"`
+}
+
+type unplaced struct {
+	ShardID    string `json:"shard_id"`
+	Deployment string `json:"deployment"`
+	Reason     string `json:"reason"`
+}
+
+type planInfo struct {
+	Node string `json:"node"`
+	Plan struct {
+		Assignments []assignment `json:"assignments"`
+		Unplaced    []unplaced   `json:"unplaced"`
+	} `json:"plan"`
+}
+
+// apiError is an answer other than 2xx, with the server's message.
+type apiError struct {
+	Code int
+	Msg  string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Code, e.Msg) }
+
+func (r *runner) get(ctx context.Context, n *node, path string, out any) error {
+	return r.call(ctx, "GET", n.api()+path, nil, false, out)
+}
+
+// call does one request; body, when non-nil, is sent as JSON.
+func (r *runner) call(ctx context.Context, method, url string, body any, auth bool, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error any `json:"error"`
+		}
+		msg := strings.TrimSpace(string(raw))
+		if json.Unmarshal(raw, &e) == nil && e.Error != nil {
+			switch v := e.Error.(type) {
+			case string:
+				msg = v
+			case map[string]any:
+				if m, ok := v["message"].(string); ok {
+					msg = m
+				}
+			}
+		}
+		return &apiError{Code: resp.StatusCode, Msg: msg}
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("decode %s: %w", url, err)
+		}
+	}
+	return nil
+}
+
+// fetchAll GETs path from every node at once; results are in nodes' order.
+func fetchAll[T any](ctx context.Context, r *runner, nodes []*node, path string) ([]T, []error) {
+	out := make([]T, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = r.get(ctx, n, path, &out[i])
+		}()
+	}
+	wg.Wait()
+	return out, errs
+}
+
+// firstErr names the first node whose fetch failed.
+func firstErr(nodes []*node, errs []error) error {
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", nodes[i].name, err)
+		}
+	}
+	return nil
+}
+
+// servedModel asks an engine which model it serves.
+func (r *runner) servedModel(ctx context.Context, url string) (string, error) {
+	var m struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := r.call(ctx, "GET", strings.TrimRight(url, "/")+"/v1/models", nil, false, &m); err != nil {
+		return "", err
+	}
+	if len(m.Data) == 0 {
+		return "", fmt.Errorf("%s/v1/models lists no model", url)
+	}
+	return m.Data[0].ID, nil
+}
+
+// chat sends one small chat completion to an engine and checks the answer
+// has a choice.
+func (r *runner) chat(ctx context.Context, url string) error {
+	model, err := r.servedModel(ctx, url)
+	if err != nil {
+		return err
+	}
+	body := map[string]any{
+		"model":      model,
+		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
+		"max_tokens": 4,
+	}
+	var resp struct {
+		Choices []json.RawMessage `json:"choices"`
+	}
+	if err := r.call(ctx, "POST", strings.TrimRight(url, "/")+"/v1/chat/completions", body, false, &resp); err != nil {
+		return err
+	}
+	if len(resp.Choices) == 0 {
+		return fmt.Errorf("answer without choices")
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package scenarios
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// reqLoop is a background client sending chat completions to a
+// deployment, the way a router that honours leases would: before every
+// request it reads /v1/shards from a node and picks a replica whose lease
+// is valid. A connection-level failure is retried once on another replica;
+// an HTTP error, an answer without choices, or no routable replica at all
+// is an error.
+type reqLoop struct {
+	name, deployment string
+	stop, done       chan struct{}
+	once             sync.Once
+
+	mu                 sync.Mutex
+	ok, errs, retries  int
+	firstErrs          []string
+	noteAdded, stopped bool
+}
+
+func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", time.Time{}, err
+	}
+	name, err := d.nextPos("loop name")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	action, err := d.nextPos("start, stop or expect-no-errors")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	switch action {
+	case "start":
+		dep, err := d.need("deployment")
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if _, ok := r.loops[name]; ok {
+			return "", time.Time{}, usagef("request-loop %s: started already", name)
+		}
+		l := &reqLoop{name: name, deployment: dep, stop: make(chan struct{}), done: make(chan struct{})}
+		r.loops[name] = l
+		go r.runLoop(l)
+		return "started: chat completions to " + dep + " in a loop", time.Now(), nil
+	case "stop":
+		l, ok := r.loops[name]
+		if !ok {
+			return "", time.Time{}, usagef("request-loop %s: not started", name)
+		}
+		l.halt()
+		r.loopNote(l)
+		return "stopped", time.Now(), nil
+	case "expect-no-errors":
+		out, err := r.loopVerdict(name)
+		return out, time.Time{}, err
+	}
+	return "", time.Time{}, usagef("request-loop: want start, stop or expect-no-errors, got %q", action)
+}
+
+func (l *reqLoop) halt() {
+	l.once.Do(func() { close(l.stop) })
+	<-l.done
+}
+
+func (r *runner) loopNote(l *reqLoop) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.noteAdded {
+		return
+	}
+	l.noteAdded = true
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d answered, %d errors, %d retried", l.name, l.ok, l.errs, l.retries))
+}
+
+func (r *runner) loopVerdict(name string) (string, error) {
+	l, ok := r.loops[name]
+	if !ok {
+		return "", usagef("request-loop %s: not started", name)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.errs > 0:
+		return fmt.Sprintf("%d of %d requests failed; first: %v", l.errs, l.errs+l.ok, l.firstErrs), nil
+	case l.ok == 0:
+		return "no request was answered yet", nil
+	}
+	return "no errors", nil
+}
+
+func (r *runner) runLoop(l *reqLoop) {
+	defer close(l.done)
+	next := 0
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		obs := r.observers(nil)
+		if len(obs) == 0 {
+			continue
+		}
+		n := obs[next%len(obs)]
+		next++
+		var rows []shardRow
+		if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
+			continue // that node is going away: ask another next time
+		}
+		var urls []string
+		for _, row := range rows {
+			if row.Deployment == l.deployment && row.Lease == "valid" && row.URL != "" {
+				urls = append(urls, row.URL)
+			}
+		}
+		if len(urls) == 0 {
+			l.fail("no replica with a valid lease")
+			continue
+		}
+		first := urls[next%len(urls)]
+		err := r.chat(r.ctx, first)
+		var ae *apiError
+		if err != nil && !errors.As(err, &ae) && len(urls) > 1 {
+			l.mu.Lock()
+			l.retries++
+			l.mu.Unlock()
+			err = r.chat(r.ctx, urls[(next+1)%len(urls)])
+		}
+		if err != nil {
+			l.fail(err.Error())
+			continue
+		}
+		l.mu.Lock()
+		l.ok++
+		l.mu.Unlock()
+	}
+}
+
+func (l *reqLoop) fail(msg string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.errs++
+	if len(l.firstErrs) < 3 {
+		l.firstErrs = append(l.firstErrs, msg)
+	}
+}

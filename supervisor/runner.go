@@ -1,0 +1,570 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/profile"
+	"github.com/llmgw/llmgw/supervisor/runtime"
+	"github.com/llmgw/llmgw/supervisor/shardstate"
+)
+
+// RunnerConfig configures the engines of one node.
+type RunnerConfig struct {
+	Node    string
+	Runtime runtime.Runtime
+	// DataDir holds shards/ (state files) and logs/ (engine output).
+	DataDir string
+	// Host is the address other nodes use to reach this node's engines.
+	Host string
+	// Self is the llmgw binary, for the fake engine profile.
+	Self       string
+	WeightsDir string
+	// Ports is the range engine ports are taken from.
+	PortMin, PortMax int
+	// GPUs returns this node's GPUs (UUIDs for CDI, memory for the
+	// engine's memory fraction).
+	GPUs func() []placement.GPU
+	// SimulatedGPUs: the GPUs do not exist, so no CDI devices are asked for.
+	SimulatedGPUs bool
+	// Grace is how long a stopping engine gets between SIGTERM and SIGKILL.
+	Grace time.Duration
+	// Poll is how often each engine is checked.
+	Poll time.Duration
+	// BackoffMin and BackoffMax bound the restart delay of a crashing
+	// engine; it doubles with each crash in a row.
+	BackoffMin, BackoffMax time.Duration
+	// FailingAfter is the number of crashes in a row after which the shard
+	// is reported failing, so placement may move it.
+	FailingAfter int
+	Logger       *slog.Logger
+	Now          func() time.Time
+	HTTP         *http.Client
+}
+
+// Runner runs this node's shards as engines through a runtime: it starts
+// what the plan gives this node, reports an engine ready only when its
+// /health answers and its models list names the served model, restarts
+// crashed engines with exponential backoff, and stops what the plan no
+// longer gives it. It implements Engines.
+//
+// Each engine has its own goroutine, so a slow start (an image pull, a
+// model load) never holds up the others or the node's control loop.
+type Runner struct {
+	cfg      RunnerConfig
+	log      *slog.Logger
+	stateDir string
+	logDir   string
+
+	mu      sync.Mutex
+	engines map[string]*engine // by engine ID
+	ports   map[int]string
+	// settled is false until the node has heard the cluster: until then a
+	// plan comes from a partial view, and acting on it would start
+	// duplicates or stop healthy engines.
+	settled bool
+	changes chan struct{}
+	// quit detaches every watcher without stopping its engine.
+	quit chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+// engine is one shard's engine on this node. Fields under Runner.mu.
+type engine struct {
+	id      string
+	desired Desired
+	state   shardstate.State
+	status  string
+	ready   bool
+	failing bool
+	crashes int // crashes in a row since the engine was last ready
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// NewRunner reads the shard state files, finds the engines the runtime
+// still runs, and adopts them untouched. Engines the runtime runs for this
+// node without a state file are adopted from their labels; state files
+// whose engine is gone are removed; corrupt state files are reported and
+// set aside.
+func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HTTP == nil {
+		cfg.HTTP = &http.Client{Timeout: 2 * time.Second}
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = 500 * time.Millisecond
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if cfg.BackoffMin == 0 {
+		cfg.BackoffMin = time.Second
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = time.Minute
+	}
+	if cfg.FailingAfter == 0 {
+		cfg.FailingAfter = 5
+	}
+	if cfg.PortMin == 0 {
+		cfg.PortMin, cfg.PortMax = 8100, 8999
+	}
+	r := &Runner{
+		cfg: cfg, log: cfg.Logger.With("component", "runner"),
+		stateDir: filepath.Join(cfg.DataDir, "shards"), logDir: filepath.Join(cfg.DataDir, "logs"),
+		engines: map[string]*engine{}, ports: map[int]string{}, changes: make(chan struct{}, 1),
+		quit: make(chan struct{}),
+	}
+	for _, d := range []string{r.stateDir, r.logDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("runner: %w", err)
+		}
+	}
+	if err := r.adopt(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// EngineID names one (shard, spec version) engine on a node.
+func EngineID(shard, spec string) string { return shard + "-" + spec }
+
+func (r *Runner) adopt(ctx context.Context) error {
+	states, bad := shardstate.Load(r.stateDir)
+	for _, b := range bad {
+		r.log.Error("shard state file unusable; set aside", "err", b.Error())
+	}
+	running, err := r.cfg.Runtime.List(ctx, r.cfg.Node)
+	if err != nil {
+		return fmt.Errorf("runner: list %s engines: %w", r.cfg.Runtime.Name(), err)
+	}
+	live := map[string]runtime.Engine{}
+	for _, e := range running {
+		live[e.ID] = e
+	}
+	for _, st := range states {
+		id := st.Spec.EngineID
+		e, ok := live[id]
+		if !ok || e.State != runtime.StateRunning {
+			r.log.Info("engine of a shard state file is gone; removing the file", "shard", st.ShardID, "engine", id)
+			if ok {
+				_ = r.cfg.Runtime.Stop(ctx, id, 0)
+			}
+			_ = shardstate.Remove(r.stateDir, stateFileID(st.ShardID, st.Spec.SpecVersion))
+			continue
+		}
+		delete(live, id)
+		r.track(id, st, e.PID)
+		r.log.Info("adopted running engine", "shard", st.ShardID, "engine", id, "pid", e.PID)
+	}
+	for id, e := range live {
+		// Ours by label but without a state file: the agent died between
+		// starting it and writing the file, or the file was corrupt. It is
+		// stopped once the node settles unless the plan wants it.
+		st := shardstate.State{ShardID: e.Labels[runtime.LabelShard], PID: e.PID, StartedAt: e.StartedAt,
+			Spec: shardstate.Spec{EngineID: id, SpecVersion: e.Labels[runtime.LabelSpec], Runtime: r.cfg.Runtime.Name()}}
+		if e.State != runtime.StateRunning || st.ShardID == "" {
+			r.log.Info("removing an exited or unlabelled engine of ours", "engine", id)
+			_ = r.cfg.Runtime.Stop(ctx, id, 0)
+			continue
+		}
+		r.track(id, st, e.PID)
+		r.log.Warn("found a running engine without a state file; keeping it only if the plan wants it", "engine", id)
+	}
+	return nil
+}
+
+// track registers an adopted engine and starts watching it.
+func (r *Runner) track(id string, st shardstate.State, pid int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &engine{id: id, state: st, status: StatusStarting, stop: cancel, done: make(chan struct{}),
+		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment,
+			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices}}}
+	e.state.PID = pid
+	r.mu.Lock()
+	r.engines[id] = e
+	if st.Spec.HTTPPort > 0 {
+		r.ports[st.Spec.HTTPPort] = id
+	}
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go r.watch(ctx, e, true)
+}
+
+// Settle allows the runner to start and stop engines. Until then it only
+// watches what it adopted.
+func (r *Runner) Settle() {
+	r.mu.Lock()
+	r.settled = true
+	r.mu.Unlock()
+}
+
+// Reconcile implements Engines.
+func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.settled {
+		return
+	}
+	want := map[string]Desired{}
+	for _, d := range desired {
+		want[EngineID(d.ShardID, d.SpecVersion)] = d
+	}
+	for id, e := range r.engines {
+		if d, ok := want[id]; ok {
+			e.desired = d
+			if e.state.Spec.Deployment == "" {
+				e.state.Spec.Deployment = d.Deployment
+			}
+			continue
+		}
+		if e.status != StatusStopping {
+			e.status = StatusStopping
+			e.ready = false
+			r.log.Info("stopping engine: no longer planned here", "shard", e.state.ShardID, "engine", id)
+			e.stop()
+		}
+	}
+	for id, d := range want {
+		if _, ok := r.engines[id]; ok {
+			continue
+		}
+		port, err := r.allocPort(id)
+		if err != nil {
+			r.log.Error("cannot start shard", "shard", d.ShardID, "err", err)
+			continue
+		}
+		now := r.cfg.Now()
+		cctx, cancel := context.WithCancel(context.Background())
+		e := &engine{id: id, desired: d, status: StatusStarting, stop: cancel, done: make(chan struct{}),
+			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
+				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
+					GPUIndices: d.GPUs, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
+		r.engines[id] = e
+		r.wg.Add(1)
+		go r.watch(cctx, e, false)
+	}
+	r.notifyLocked()
+}
+
+func (r *Runner) notifyLocked() {
+	select {
+	case r.changes <- struct{}{}:
+	default:
+	}
+}
+
+// allocPort takes a port from the range that nothing on this host listens
+// on. Checking by binding matters when several nodes share one host (the
+// demo, the scenarios).
+func (r *Runner) allocPort(id string) (int, error) {
+	for p := r.cfg.PortMin; p <= r.cfg.PortMax; p++ {
+		if _, used := r.ports[p]; used {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		r.ports[p] = id
+		return p, nil
+	}
+	return 0, fmt.Errorf("no free engine port in %d-%d", r.cfg.PortMin, r.cfg.PortMax)
+}
+
+// watch drives one engine: start it (unless adopted), then check it every
+// poll: runtime state, then readiness. A crash is recorded and the engine
+// restarted after a backoff that doubles per crash in a row. When ctx ends
+// the engine is stopped and forgotten.
+func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
+	defer r.wg.Done()
+	defer close(e.done)
+	started := adopted
+	var retryAt time.Time
+	tick := time.NewTicker(r.cfg.Poll)
+	defer tick.Stop()
+	for {
+		if ctx.Err() != nil {
+			r.finish(e)
+			return
+		}
+		if !started && !r.cfg.Now().Before(retryAt) {
+			if err := r.start(ctx, e); err != nil {
+				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
+				retryAt = r.crashed(e, nil)
+			} else {
+				started = true
+			}
+		}
+		if started {
+			st, err := r.cfg.Runtime.Status(ctx, e.id)
+			switch {
+			case ctx.Err() != nil:
+			case err != nil && !errors.Is(err, runtime.ErrNotFound):
+				r.log.Warn("engine status", "shard", e.state.ShardID, "err", err)
+			case err != nil || st.State != runtime.StateRunning:
+				code := st.ExitCode
+				r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+				// Remove the dead engine so its GPUs are free while we wait.
+				_ = r.cfg.Runtime.Stop(context.Background(), e.id, 0)
+				retryAt = r.crashed(e, &code)
+				started = false
+			default:
+				r.setReady(e, r.probeReady(ctx, e), st.PID)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+func (r *Runner) start(ctx context.Context, e *engine) error {
+	r.mu.Lock()
+	d, st := e.desired, e.state
+	r.mu.Unlock()
+	prof, err := profile.Lookup(d.Spec.Engine)
+	if err != nil {
+		return err
+	}
+	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d)}
+	var uuids []string
+	if r.cfg.GPUs != nil {
+		gpus := r.cfg.GPUs()
+		for _, i := range d.GPUs {
+			for _, g := range gpus {
+				if g.Index == i {
+					in.GPUMemoryTotal = g.MemoryTotal
+					if !r.cfg.SimulatedGPUs {
+						uuids = append(uuids, g.UUID)
+					}
+				}
+			}
+		}
+	}
+	cmd, env, image, err := profile.Resolve(prof, d.Spec, in)
+	if err != nil {
+		return err
+	}
+	spec := runtime.EngineSpec{
+		ID: e.id, Node: r.cfg.Node, ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
+		Image: image, Command: cmd, Env: env, GPUIndices: d.GPUs, GPUUUIDs: uuids, HTTPPort: st.Spec.HTTPPort,
+		LogPath: filepath.Join(r.logDir, e.id+".log"), WeightsDir: r.cfg.WeightsDir,
+	}
+	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	// The state file goes first: an agent that dies right after Start
+	// still finds what it started.
+	if err := shardstate.Save(r.stateDir, stateFile(st)); err != nil {
+		return err
+	}
+	eng, err := r.cfg.Runtime.Start(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", e.id, err)
+	}
+	st.PID, st.StartedAt = eng.PID, r.cfg.Now()
+	if r.cfg.Runtime.Name() == "containerd" {
+		st.Spec.ContainerID = e.id
+	}
+	if err := shardstate.Save(r.stateDir, stateFile(st)); err != nil {
+		r.log.Error("save shard state", "err", err)
+	}
+	r.mu.Lock()
+	e.state = st
+	e.status = StatusStarting
+	r.notifyLocked()
+	r.mu.Unlock()
+	r.log.Info("engine started", "shard", d.ShardID, "engine", e.id, "pid", eng.PID, "port", st.Spec.HTTPPort)
+	return nil
+}
+
+// crashed records a crash and returns when to try again.
+func (r *Runner) crashed(e *engine, code *int) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e.crashes++
+	e.state.Restarts++
+	e.state.LastExitCode = code
+	e.state.LastExitAt = r.cfg.Now()
+	e.ready = false
+	e.status = StatusBackoff
+	e.failing = e.crashes >= r.cfg.FailingAfter
+	_ = shardstate.Save(r.stateDir, stateFile(e.state))
+	r.notifyLocked()
+	delay := r.cfg.BackoffMin << min(e.crashes-1, 16)
+	return r.cfg.Now().Add(min(delay, r.cfg.BackoffMax))
+}
+
+func (r *Runner) setReady(e *engine, ready bool, pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.status == StatusStopping {
+		return
+	}
+	status := StatusStarting
+	if ready {
+		status = StatusReady
+		e.crashes = 0
+		e.failing = false
+	}
+	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
+		e.ready, e.status = ready, status
+		if pid > 0 {
+			e.state.PID = pid
+		}
+		r.notifyLocked()
+	}
+}
+
+// probeReady is the readiness rule: /health answers 200 and the models
+// list names the served model.
+func (r *Runner) probeReady(ctx context.Context, e *engine) bool {
+	r.mu.Lock()
+	port, served, eng := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName, e.desired.Spec.Engine
+	r.mu.Unlock()
+	if eng == "" {
+		eng = e.state.Spec.Engine
+	}
+	prof, err := profile.Lookup(eng)
+	if err != nil || port == 0 {
+		return false
+	}
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	ok := func(path string, body *[]byte) bool {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+path, nil)
+		resp, err := r.cfg.HTTP.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		if body != nil {
+			*body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		}
+		return resp.StatusCode == http.StatusOK
+	}
+	if !ok(prof.HealthPath, nil) {
+		return false
+	}
+	var body []byte
+	if !ok(prof.ModelsPath, &body) {
+		return false
+	}
+	var models struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(body, &models) != nil {
+		return false
+	}
+	for _, m := range models.Data {
+		if m.ID == served || served == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// finish stops the engine and forgets it.
+func (r *Runner) finish(e *engine) {
+	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		r.log.Error("stop engine", "engine", e.id, "err", err)
+	}
+	_ = shardstate.Remove(r.stateDir, stateFileID(e.state.ShardID, e.state.Spec.SpecVersion))
+	r.mu.Lock()
+	delete(r.engines, e.id)
+	for p, id := range r.ports {
+		if id == e.id {
+			delete(r.ports, p)
+		}
+	}
+	r.notifyLocked()
+	r.mu.Unlock()
+	r.log.Info("engine stopped", "shard", e.state.ShardID, "engine", e.id)
+}
+
+// Shards implements Engines.
+func (r *Runner) Shards() []gossip.ShardRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]gossip.ShardRecord, 0, len(r.engines))
+	for _, e := range r.engines {
+		st := e.state
+		rec := gossip.ShardRecord{
+			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, SpecVersion: st.Spec.SpecVersion,
+			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
+			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
+			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt,
+		}
+		if rec.Deployment == "" {
+			rec.Deployment = st.Spec.Deployment
+		}
+		if st.Spec.HTTPPort > 0 {
+			rec.URL = "http://" + net.JoinHostPort(r.cfg.Host, strconv.Itoa(st.Spec.HTTPPort))
+		}
+		out = append(out, rec)
+	}
+	SortShards(out)
+	return out
+}
+
+// Changes implements Engines.
+func (r *Runner) Changes() <-chan struct{} { return r.changes }
+
+// OwnPIDs implements Engines.
+func (r *Runner) OwnPIDs() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var pids []int
+	for _, e := range r.engines {
+		if e.state.PID > 0 {
+			pids = append(pids, e.state.PID)
+		}
+	}
+	return pids
+}
+
+// Close stops watching engines without stopping them: they keep serving
+// for the next agent to adopt.
+func (r *Runner) Close() {
+	r.once.Do(func() { close(r.quit) })
+	r.wg.Wait()
+}
+
+func shardIndex(d Desired) int {
+	var j int
+	if _, err := fmt.Sscanf(d.ShardID[len(d.ReplicaID):], "-s%d", &j); err == nil {
+		return j
+	}
+	return 0
+}
+
+// stateFile keys the state file by engine rather than shard: during a
+// rolling update the old and the new spec of one shard can both run on
+// this node, and each needs its own file.
+func stateFile(st shardstate.State) shardstate.State { return st }
+
+func stateFileID(shard, spec string) string { return shard }
