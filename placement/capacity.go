@@ -87,18 +87,22 @@ func satAdd(a, b uint64) uint64 {
 	return s
 }
 
-// buildGPUs turns a node's advertised GPUs into accounting state, sorted by
-// index, with duplicate indices dropped (a node reporting one index twice is
-// broken; keeping the first in a total order keeps the plan independent of
-// the order they came in).
-func (p *planner) buildGPUs(in []GPU) []gpuState {
-	gs := slices.Clone(in)
-	slices.SortFunc(gs, compareGPU)
-	gs = slices.CompactFunc(gs, func(a, b GPU) bool { return a.Index == b.Index })
-	out := make([]gpuState, len(gs))
-	for i := range gs {
-		g := &gs[i]
-		out[i] = gpuState{
+// buildGPUs appends a node's advertised GPUs to dst as accounting state,
+// sorted by index, with duplicate indices dropped (a node reporting one
+// index twice is broken; keeping the first in a total order keeps the plan
+// independent of the order they came in).
+func (p *planner) buildGPUs(dst []gpuState, in []GPU) []gpuState {
+	src := in
+	if !sortedByIndex(in) { // the usual record is sorted already: skip the copy
+		src = slices.Clone(in)
+		slices.SortFunc(src, compareGPU)
+		src = slices.CompactFunc(src, func(a, b GPU) bool { return a.Index == b.Index })
+	}
+	base := len(dst)
+	dense := true // GPU index equals position, as NVML numbers them
+	for i := range src {
+		g := &src[i]
+		dst = append(dst, gpuState{
 			index:   g.Index,
 			name:    g.Name,
 			lname:   p.lower(g.Name),
@@ -106,14 +110,19 @@ func (p *planner) buildGPUs(in []GPU) []gpuState {
 			foreign: g.MemoryForeign,
 			mig:     g.MIG,
 			faulted: g.Faulted,
-		}
+		})
+		dense = dense && g.Index == i
 	}
-	for i := range gs {
+	out := dst[base:]
+	for i := range src {
 		if i >= maxNVLinkGPUs {
 			break
 		}
-		for _, peer := range gs[i].NVLinkPeers {
-			j, ok := gpuPos(out, peer)
+		for _, peer := range src[i].NVLinkPeers {
+			j, ok := peer, peer >= 0 && peer < len(out)
+			if !dense {
+				j, ok = gpuPos(out, peer)
+			}
 			if ok && j != i && j < maxNVLinkGPUs {
 				// A link is a link whichever end reports it.
 				out[i].nvlink |= 1 << j
@@ -121,7 +130,16 @@ func (p *planner) buildGPUs(in []GPU) []gpuState {
 			}
 		}
 	}
-	return out
+	return dst
+}
+
+func sortedByIndex(gs []GPU) bool {
+	for i := 1; i < len(gs); i++ {
+		if gs[i-1].Index >= gs[i].Index {
+			return false
+		}
+	}
+	return true
 }
 
 // compareGPU orders GPUs by index and, for the broken case of a repeated
@@ -182,6 +200,15 @@ func cmpBool(a, b bool) int {
 	return 1
 }
 
+func strictlySorted(xs []int) bool {
+	for i := 1; i < len(xs); i++ {
+		if xs[i-1] >= xs[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // sortedInts returns a sorted copy without duplicates.
 func sortedInts(in []int) []int {
 	out := slices.Clone(in)
@@ -202,7 +229,11 @@ func gpuPos(gs []gpuState, idx int) (int, bool) {
 func reserveHeld(gs []gpuState, held []HeldShard) {
 	for i := range held {
 		h := &held[i]
-		for _, idx := range sortedInts(h.GPUs) {
+		idxs := h.GPUs
+		if !strictlySorted(idxs) {
+			idxs = sortedInts(idxs) // a GPU listed twice is reserved once
+		}
+		for _, idx := range idxs {
 			if pos, ok := gpuPos(gs, idx); ok {
 				gs[pos].reserve(h.MemoryPerGPU)
 			}
@@ -264,14 +295,14 @@ type index struct {
 	buf  []byte
 }
 
-// classFor returns the class of the given state, creating it if new. gs is
-// copied when a class is created, so the caller may reuse it.
+// classFor returns the class of the given state, creating it if new. The
+// arguments are copied when a class is created, so callers may reuse them.
 func (ix *index) classFor(gs []gpuState, labels, cached []int32) *class {
 	ix.buf = appendClassKey(ix.buf[:0], gs, labels, cached)
 	if c, ok := ix.classes[string(ix.buf)]; ok {
 		return c
 	}
-	c := &class{key: string(ix.buf), gpus: slices.Clone(gs), labels: labels, cached: cached}
+	c := &class{key: string(ix.buf), gpus: slices.Clone(gs), labels: slices.Clone(labels), cached: slices.Clone(cached)}
 	ix.classes[c.key] = c
 	return c
 }

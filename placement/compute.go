@@ -44,19 +44,27 @@ type planner struct {
 	shapes    []shape            // by shape ID
 	shapeIDs  map[shape]int32    // shape → ID
 	lowered   map[string]string  // GPU name → lower case
-	idx       *index             // nil until something needs placing
-	gpuBuf    []gpuState         // scratch for commit
-	cands     []*class           // feasible classes of the current deployment, best first
-	gangSeq   int32              // stamp for nodeState.exclSeq
-	version   int                // bumped on every commit; dates funnels
+	lastName  string             // lower's one-entry cache
+	lastLower string
+	idx       *index     // nil until something needs placing
+	gpuBuf    []gpuState // scratch for commit
+	cands     []*class   // feasible classes of the current deployment, best first
+	gangSeq   int32      // stamp for nodeState.exclSeq
+	version   int        // bumped on every commit; dates funnels
 }
 
+// lower interns lower-cased GPU names; a node's GPUs are usually all one
+// model, so the last answer is tried first.
 func (p *planner) lower(s string) string {
-	if l, ok := p.lowered[s]; ok {
-		return l
+	if s == p.lastName {
+		return p.lastLower
 	}
-	l := strings.ToLower(s)
-	p.lowered[s] = l
+	l, ok := p.lowered[s]
+	if !ok {
+		l = strings.ToLower(s)
+		p.lowered[s] = l
+	}
+	p.lastName, p.lastLower = s, l
 	return l
 }
 
@@ -129,15 +137,18 @@ func (p *planner) ensureIndex() {
 	p.lowered = map[string]string{}
 	p.internConstraints()
 	p.idx = &index{classes: map[string]*class{}}
+	var labels, cached []int32
 	for _, n := range p.nodes {
 		if !n.alive {
 			continue // dead or leaving: takes nothing
 		}
-		n.labels = p.nodeLabels(n.node)
-		n.cached = p.nodeCached(n.node)
-		gs := p.buildGPUs(n.node.GPUs)
-		reserveHeld(gs, n.node.Shards)
-		p.idx.join(n, p.idx.classFor(gs, n.labels, n.cached))
+		// Scratch buffers: a node's state lives in its class, which copies
+		// it only when the class is new.
+		labels = p.nodeLabels(labels[:0], n.node)
+		cached = p.nodeCached(cached[:0], n.node)
+		p.gpuBuf = p.buildGPUs(p.gpuBuf[:0], n.node.GPUs)
+		reserveHeld(p.gpuBuf, n.node.Shards)
+		p.idx.join(n, p.idx.classFor(p.gpuBuf, labels, cached))
 	}
 }
 
@@ -186,24 +197,23 @@ func (p *planner) internConstraints() {
 	}
 }
 
-func (p *planner) nodeLabels(n *Node) []int32 {
-	if len(p.labelKeys) == 0 {
-		return nil
-	}
-	out := make([]int32, len(p.labelKeys))
+// nodeLabels appends the node's value ID for each label key deployments
+// ask about.
+func (p *planner) nodeLabels(out []int32, n *Node) []int32 {
 	for i, k := range p.labelKeys {
-		out[i] = -1 // absent, or a value no deployment asks for
+		id := int32(-1) // absent, or a value no deployment asks for
 		if v, ok := n.Labels[k]; ok {
-			if id, ok := p.labelVals[i][v]; ok {
-				out[i] = id
+			if vid, ok := p.labelVals[i][v]; ok {
+				id = vid
 			}
 		}
+		out = append(out, id)
 	}
 	return out
 }
 
-func (p *planner) nodeCached(n *Node) []int32 {
-	var out []int32
+// nodeCached appends the IDs of the deployed models the node has cached.
+func (p *planner) nodeCached(out []int32, n *Node) []int32 {
 	for _, m := range n.CachedModels {
 		if id, ok := p.models[m]; ok {
 			out = append(out, id)

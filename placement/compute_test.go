@@ -602,3 +602,18 @@ func countVersion(p Plan, v string) int {
 	}
 	return n
 }
+
+func TestLexOrder(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 9, 10, 11, 99, 100, 101, 1000, 1234} {
+		got := lexOrder(n)
+		if len(got) != n {
+			t.Fatalf("lexOrder(%d) has %d entries", n, len(got))
+		}
+		for i := 1; i < len(got); i++ {
+			a, b := ReplicaID("d", got[i-1]), ReplicaID("d", got[i])
+			if a >= b {
+				t.Fatalf("lexOrder(%d): %s before %s", n, a, b)
+			}
+		}
+	}
+}

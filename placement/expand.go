@@ -18,9 +18,8 @@ type nodeState struct {
 	alive bool
 	key   uint64 // rendezvous half
 
-	// Live nodes only.
-	labels   []int32 // value IDs of the labels deployments ask about
-	cached   []int32 // model IDs among the deployed models, sorted
+	// Live nodes only, once the capacity index exists. The class holds the
+	// node's state: GPUs, promises, relevant labels, cached models.
 	class    *class
 	classPos int
 

@@ -14,8 +14,11 @@ func (p *planner) plan() Plan {
 	if out.Unplaced == nil {
 		out.Unplaced = []Unplaced{}
 	}
+	// Walking replicas in the order of their IDs as strings ("d-0", "d-1",
+	// "d-10", "d-2") makes the final sort nearly a no-op.
 	for _, d := range p.deps {
-		for _, r := range d.replicas {
+		for _, i := range lexOrder(len(d.replicas)) {
+			r := d.replicas[i]
 			for _, h := range r.drains {
 				a := heldAssignment(r, h)
 				a.Draining = true
@@ -84,6 +87,25 @@ func (p Plan) ForNode(name string) []Assignment {
 		if a.Node == name {
 			out = append(out, a)
 		}
+	}
+	return out
+}
+
+// lexOrder lists 0..n-1 in the order of their decimal strings.
+func lexOrder(n int) []int {
+	out := make([]int, 0, n)
+	var walk func(x int)
+	walk = func(x int) {
+		out = append(out, x)
+		for c := x * 10; c < x*10+10 && c < n; c++ {
+			walk(c)
+		}
+	}
+	if n > 0 {
+		out = append(out, 0)
+	}
+	for first := 1; first <= 9 && first < n; first++ {
+		walk(first)
 	}
 	return out
 }

@@ -50,6 +50,10 @@ type RunnerConfig struct {
 	// FailingAfter is the number of crashes in a row after which the shard
 	// is reported failing, so placement may move it.
 	FailingAfter int
+	// StableAfter is how long an engine must run before its crash count
+	// starts over. Readiness alone does not reset it: an engine that loads,
+	// serves for a second and dies is crash-looping all the same.
+	StableAfter time.Duration
 	Logger       *slog.Logger
 	Now          func() time.Time
 	HTTP         *http.Client
@@ -125,6 +129,9 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	}
 	if cfg.FailingAfter == 0 {
 		cfg.FailingAfter = 5
+	}
+	if cfg.StableAfter == 0 {
+		cfg.StableAfter = time.Minute
 	}
 	if cfg.PortMin == 0 {
 		cfg.PortMin, cfg.PortMax = 8100, 8999
@@ -405,6 +412,9 @@ func (r *Runner) start(ctx context.Context, e *engine) error {
 func (r *Runner) crashed(e *engine, code *int) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !e.state.StartedAt.IsZero() && r.cfg.Now().Sub(e.state.StartedAt) >= r.cfg.StableAfter {
+		e.crashes = 0
+	}
 	e.crashes++
 	e.state.Restarts++
 	e.state.LastExitCode = code
@@ -427,8 +437,6 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 	status := StatusStarting
 	if ready {
 		status = StatusReady
-		e.crashes = 0
-		e.failing = false
 	}
 	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
 		e.ready, e.status = ready, status

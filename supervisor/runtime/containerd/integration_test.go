@@ -39,6 +39,7 @@ import (
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/containerd/ctrtest"
+	"github.com/llmgw/llmgw/supervisor/runtime/runtimetest"
 )
 
 const (
@@ -264,6 +265,24 @@ func procStartTicks(pid int) string {
 		return ""
 	}
 	return f[19]
+}
+
+func TestIntegrationConformance(t *testing.T) {
+	r := daemonRuntime(t)
+	cleanNamespace(t, r)
+	importFakeImage(t, r)
+	runtimetest.Run(t, runtimetest.Harness{
+		New: func(t *testing.T) runtime.Runtime { return daemonRuntime(t) },
+		Spec: func(t *testing.T, id string, exitCode int) runtime.EngineSpec {
+			var extra []string
+			if exitCode >= 0 {
+				extra = []string{"--crash-after=1ms", "--exit-code=" + strconv.Itoa(exitCode)}
+			}
+			spec := fakeSpec(t, "conf", freePort(t), extra...)
+			spec.ID = id
+			return spec
+		},
+	})
 }
 
 // procLimit is the soft limit named in /proc/<pid>/limits.

@@ -158,6 +158,24 @@ func checkID(id string) error {
 	return nil
 }
 
+// lockDir takes an exclusive flock on the record directory for a
+// read-modify-write of records. r.mu orders this process's goroutines; the
+// flock orders runtime values and processes sharing the directory (an old
+// agent's reaper finishing while a new agent stops the engine), so a removed
+// record is never written back.
+func (r *Runtime) lockDir() (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(r.dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("process runtime: lock %s: %w", r.dir, err)
+	}
+	// Closing the descriptor releases the lock.
+	return func() { f.Close() }, nil
+}
+
 func (r *Runtime) recordPath(id string) string { return filepath.Join(r.dir, id+".json") }
 
 func (r *Runtime) readRecord(id string) (record, error) {
@@ -259,6 +277,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	unlock, err := r.lockDir()
+	if err != nil {
+		return runtime.Engine{}, err
+	}
+	defer unlock()
 	if old, err := r.readRecord(spec.ID); err == nil {
 		if r.engine(old).State == runtime.StateRunning {
 			return runtime.Engine{}, fmt.Errorf("process runtime: engine %q already runs as pid %d", spec.ID, old.PID)
@@ -351,7 +374,13 @@ func (r *Runtime) reap(id string, cmd *exec.Cmd, c *child) {
 	c.exitCode, c.exitedAt = code, r.now()
 	close(c.done)
 	// Keep the code for a later agent, unless Stop removed the record or a
-	// new engine took the ID.
+	// new engine took the ID. Best effort: without it a later agent reports
+	// exit code -1.
+	unlock, err := r.lockDir()
+	if err != nil {
+		return
+	}
+	defer unlock()
 	if rec, err := r.readRecord(id); err == nil && rec.PID == c.pid {
 		rec.Exited, rec.ExitCode, rec.ExitedAt = true, code, c.exitedAt
 		_ = r.writeRecord(rec)
@@ -438,6 +467,11 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	unlock, err := r.lockDir()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	// Start may have replaced an exited engine meanwhile; remove only ours.
 	if cur, err := r.readRecord(id); err == nil && cur.PID == rec.PID && cur.StartTicks == rec.StartTicks {
 		if err := os.Remove(r.recordPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {

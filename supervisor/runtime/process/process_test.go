@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/supervisor/runtime"
+	"github.com/llmgw/llmgw/supervisor/runtime/runtimetest"
 )
 
 // The test binary doubles as the engine: with helperEnv set, TestMain runs
@@ -30,6 +31,10 @@ func TestMain(m *testing.M) {
 }
 
 func helper(mode string) {
+	if code, ok := strings.CutPrefix(mode, "exit:"); ok {
+		n, _ := strconv.Atoi(code)
+		os.Exit(n)
+	}
 	switch mode {
 	case "sleep":
 		fmt.Println("hello stdout")
@@ -387,4 +392,22 @@ func block() {
 	for {
 		time.Sleep(time.Hour)
 	}
+}
+
+func TestConformance(t *testing.T) {
+	dir := t.TempDir()
+	runtimetest.Run(t, runtimetest.Harness{
+		New: func(t *testing.T) runtime.Runtime {
+			r := newRuntime(t, dir)
+			stopAll(t, r)
+			return r
+		},
+		Spec: func(t *testing.T, id string, exitCode int) runtime.EngineSpec {
+			mode := "sleep"
+			if exitCode >= 0 {
+				mode = "exit:" + strconv.Itoa(exitCode)
+			}
+			return helperSpec(t, id, mode)
+		},
+	})
 }

@@ -1,0 +1,198 @@
+package supervisor
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/fakeengine"
+	"github.com/llmgw/llmgw/supervisor/runtime/process"
+)
+
+// TestMain lets the test binary serve as the fake engine: the fake
+// profile runs `<self> engine fake --model M --port P ...`, and the runner's
+// tests point Self at this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == "engine" && os.Args[2] == "fake" {
+		fs := flag.NewFlagSet("fake", flag.ExitOnError)
+		model := fs.String("model", "", "")
+		port := fs.Int("port", 0, "")
+		host := fs.String("host", "", "")
+		crash := fs.Duration("crash-after", 0, "")
+		code := fs.Int("exit-code", 1, "")
+		_ = fs.Parse(os.Args[3:])
+		err := fakeengine.Run(context.Background(), fakeengine.Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code})
+		os.Exit(fakeengine.ExitCode(err))
+	}
+	os.Exit(m.Run())
+}
+
+type runnerEnv struct {
+	t    *testing.T
+	dir  string
+	self string
+}
+
+func newRunnerEnv(t *testing.T) *runnerEnv {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &runnerEnv{t: t, dir: t.TempDir(), self: self}
+}
+
+// open builds a runner over the process runtime in the env's data dir, as
+// an agent (re)start would.
+func (e *runnerEnv) open() *Runner {
+	e.t.Helper()
+	rt, err := process.New(filepath.Join(e.dir, "runtime"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r, err := NewRunner(context.Background(), RunnerConfig{
+		Node: "n1", Runtime: rt, DataDir: e.dir, Host: "127.0.0.1", Self: e.self, SimulatedGPUs: true,
+		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
+		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r.Settle()
+	return r
+}
+
+func desired(name string, args ...string) Desired {
+	spec := placement.Deployment{Name: name, Model: "m/tiny", Engine: "fake", Replicas: 1, Args: args}.WithDefaults()
+	return Desired{Assignment: placement.Assignment{ShardID: name + "-0", ReplicaID: name + "-0", Deployment: name,
+		SpecVersion: spec.SpecVersion(), GPUs: []int{0}}, Spec: spec}
+}
+
+func waitShard(t *testing.T, r *Runner, what string, cond func(s []string) bool) {
+	t.Helper()
+	waitUntil(t, 15*time.Second, what, func() (bool, string) {
+		var desc []string
+		for _, s := range r.Shards() {
+			desc = append(desc, fmt.Sprintf("%s:%s:ready=%v:pid=%d:restarts=%d", s.ShardID, s.Status, s.Ready, s.PID, s.Restarts))
+		}
+		return cond(desc), fmt.Sprint(desc)
+	})
+}
+
+func readyPID(r *Runner, shard string) int {
+	for _, s := range r.Shards() {
+		if s.ShardID == shard && s.Ready {
+			return s.PID
+		}
+	}
+	return 0
+}
+
+func TestAgentRestartAdoptsTheSameEngine(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	d := desired("chat")
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	url := r.Shards()[0].URL
+	// The agent dies (its watchers stop, the engine does not).
+	r.Close()
+	r2 := env.open()
+	t.Cleanup(func() { r2.Reconcile(context.Background(), nil); waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 }) })
+	r2.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r2, "chat adopted and ready", func([]string) bool { return readyPID(r2, "chat-0") == pid })
+	if s := r2.Shards()[0]; s.Restarts != 0 || s.URL != url {
+		t.Fatalf("after restart: %+v; want 0 restarts at %s", s, url)
+	}
+	if resp, err := http.Get(url + "/health"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("engine stopped serving across the agent restart: %v", err)
+	}
+}
+
+func TestKilledEngineComesBackWithBackoff(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitShard(t, r, "restarted with a new pid", func([]string) bool {
+		p := readyPID(r, "chat-0")
+		return p > 0 && p != pid && r.Shards()[0].Restarts == 1
+	})
+	s := r.Shards()[0]
+	if s.LastExit == nil || *s.LastExit == 0 {
+		t.Fatalf("last exit not reported: %+v", s)
+	}
+	r.Reconcile(context.Background(), nil)
+	waitShard(t, r, "stopped when no longer desired", func(s []string) bool { return len(s) == 0 })
+	if syscall.Kill(readyPID(r, "chat-0"), 0) == nil && readyPID(r, "chat-0") != 0 {
+		t.Fatal("engine still runs")
+	}
+}
+
+func TestCrashLoopBacksOffAndIsReportedFailing(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	defer func() {
+		r.Reconcile(context.Background(), nil)
+		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		r.Close()
+	}()
+	r.Reconcile(context.Background(), []Desired{desired("loop", "--crash-after", "300ms", "--exit-code", "3")})
+	waitShard(t, r, "reported failing after 3 crashes", func([]string) bool {
+		s := r.Shards()
+		return len(s) == 1 && s[0].Failing && s[0].Restarts >= 3 && s[0].LastExit != nil && *s[0].LastExit == 3
+	})
+	// Between tries the engine is removed, so it holds no GPU.
+	waitShard(t, r, "in backoff with no engine running", func([]string) bool {
+		s := r.Shards()
+		return len(s) == 1 && s[0].Status == StatusBackoff && !s[0].Ready
+	})
+}
+
+func TestTruncatedStateFileDoesNotStopTheAgent(t *testing.T) {
+	env := newRunnerEnv(t)
+	if err := os.MkdirAll(filepath.Join(env.dir, "shards"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(env.dir, "shards", "shard-chat-0.json"), []byte(`{"format_version":1,"shard_id":"ch`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := env.open()
+	defer r.Close()
+	if len(r.Shards()) != 0 {
+		t.Fatalf("a corrupt file became a shard: %+v", r.Shards())
+	}
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "a fresh engine for the shard", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	r.Reconcile(context.Background(), nil)
+	waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+}
+
+func TestUnsettledRunnerStartsNothing(t *testing.T) {
+	env := newRunnerEnv(t)
+	rt, _ := process.New(filepath.Join(env.dir, "runtime"))
+	r, err := NewRunner(context.Background(), RunnerConfig{Node: "n1", Runtime: rt, DataDir: env.dir, Self: env.self, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	if len(r.Shards()) != 0 {
+		t.Fatal("an unsettled runner acted on a plan from a partial view")
+	}
+}
