@@ -125,3 +125,49 @@ func BenchmarkReplanNodeLost(b *testing.B) {
 	b.ReportMetric(float64(len(v.Nodes[lost].Shards)), "lost")
 	b.ReportMetric(float64(moved), "moved")
 }
+
+// BenchmarkComputeHard covers shapes of cluster the sized benchmarks do
+// not: every node in a state of its own, demand beyond capacity (thousands
+// of reasons to build), and many small deployments.
+func BenchmarkComputeHard(b *testing.B) {
+	const nodes, shards = 12500, 10000
+	noisy := benchCluster(nodes)  // probe noise: under 1GiB, rounded away
+	unique := benchCluster(nodes) // 0-2GiB foreign per GPU: few nodes alike
+	for i := range noisy {
+		digits := i
+		for j := range noisy[i].GPUs {
+			noisy[i].GPUs[j].MemoryForeign = uint64((i*8+j)%977+1) << 20
+			unique[i].GPUs[j].MemoryForeign = uint64(digits%3) * gib
+			digits /= 3
+		}
+	}
+	over := benchDeployments(shards)
+	for i := range over {
+		over[i].Replicas *= 4
+	}
+	var many []Deployment
+	for i := range 5000 {
+		many = append(many, Deployment{
+			Name: fmt.Sprintf("small-%05d", i), Model: fmt.Sprintf("org/model-%d", i%300), Replicas: 2,
+			TensorParallel: 1 << (i % 3), GPUMemory: Bytes(uint64(10+i%7*5) * gib),
+		})
+	}
+	for _, c := range []struct {
+		name string
+		v    View
+	}{
+		{"noisy-foreign", View{Nodes: noisy, Deployments: benchDeployments(shards)}},
+		{"unique-nodes", View{Nodes: unique, Deployments: benchDeployments(shards)}},
+		{"oversubscribed", View{Nodes: benchCluster(nodes), Deployments: over}},
+		{"5000-deployments", View{Nodes: benchCluster(nodes), Deployments: many}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var p Plan
+			for b.Loop() {
+				p = Compute(c.v)
+			}
+			b.ReportMetric(float64(len(p.Assignments)), "placed")
+			b.ReportMetric(float64(len(p.Unplaced)), "unplaced")
+		})
+	}
+}

@@ -12,6 +12,21 @@ import (
 // server or monitoring agent, not another workload.
 const wholeGPUForeignSlack = 1 << 30
 
+// foreignQuantum: foreign memory is rounded up to whole GiB before fitting.
+// The probe derives it as used minus what our engines account for, which
+// wobbles by a few MiB from one reading to the next. Rounding up is
+// conservative (placement may leave under 1GiB per GPU unused, never
+// over-commit), keeps such noise from changing the plan, and lets nodes
+// that differ only by noise share a class.
+const foreignQuantum = 1 << 30
+
+func roundForeign(b uint64) uint64 {
+	if r := b % foreignQuantum; r != 0 {
+		return satAdd(b-r, foreignQuantum)
+	}
+	return b
+}
+
 // maxNVLinkGPUs is how many GPUs of a node NVLink masks cover; GPUs past it
 // are placed as if they had no NVLink (no node sold today has more than 16).
 const maxNVLinkGPUs = 64
@@ -52,7 +67,7 @@ func (g *gpuState) free() uint64 {
 // wholeFree: a whole-GPU shard needs nothing of ours on the GPU and almost
 // nothing of anyone else's.
 func (g *gpuState) wholeFree() bool {
-	return g.usable() && !g.whole && g.promised == 0 && g.foreign < wholeGPUForeignSlack
+	return g.usable() && !g.whole && g.promised == 0 && g.foreign <= wholeGPUForeignSlack
 }
 
 // reserve records a shard of ours on the GPU (mem 0: the whole GPU).
@@ -107,7 +122,7 @@ func (p *planner) buildGPUs(dst []gpuState, in []GPU) []gpuState {
 			name:    g.Name,
 			lname:   p.lower(g.Name),
 			total:   g.MemoryTotal,
-			foreign: g.MemoryForeign,
+			foreign: roundForeign(g.MemoryForeign),
 			mig:     g.MIG,
 			faulted: g.Faulted,
 		})
@@ -254,8 +269,11 @@ type class struct {
 	labels  []int32
 	cached  []int32
 	members []*nodeState
-	memo    []memoEntry
-	live    bool // listed in index.live
+	// Memoised fits: memoFits[i] answers shape memoShapes[i]. Shape IDs
+	// sit apart from the fits so the lookup scans a few packed int32s.
+	memoShapes []int32
+	memoFits   []fit
+	live       bool // listed in index.live
 
 	// Scratch for the deployment being placed (valid while the matching
 	// seq field equals that deployment's seq).
@@ -265,11 +283,6 @@ type class struct {
 	inCands  bool
 	penalSeq int32
 	penal    int32 // members already holding a shard of the deployment
-}
-
-type memoEntry struct {
-	shape int32
-	fit   fit
 }
 
 func (c *class) penalized(seq int32) int32 {

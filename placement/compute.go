@@ -31,11 +31,10 @@ func Compute(v View) Plan {
 
 // planner holds one Compute call's working state.
 type planner struct {
-	nodes    []*nodeState // every node of the view, by name
-	deps     []*depState  // valid deployments, by name
-	invalid  []Unplaced
-	shards   map[string]*shardState
-	replicas map[string]*replicaState
+	nodes   []*nodeState // every node of the view, by name
+	deps    []*depState  // valid deployments, by name
+	invalid []Unplaced
+	shards  map[string]*shardState
 
 	// Interned inputs of the capacity index.
 	labelKeys []string           // label keys deployments ask about, sorted
@@ -49,6 +48,7 @@ type planner struct {
 	idx       *index     // nil until something needs placing
 	gpuBuf    []gpuState // scratch for commit
 	cands     []*class   // feasible classes of the current deployment, best first
+	rankCount []int      // scratch for sortByRank
 	gangSeq   int32      // stamp for nodeState.exclSeq
 	version   int        // bumped on every commit; dates funnels
 }
@@ -83,8 +83,8 @@ func (p *planner) placeAll() {
 	var wholeWeight uint64 // a whole GPU weighs as much as the largest GPU
 	for _, n := range p.nodes {
 		if n.alive {
-			for _, g := range n.node.GPUs {
-				wholeWeight = max(wholeWeight, g.MemoryTotal)
+			for i := range n.node.GPUs {
+				wholeWeight = max(wholeWeight, n.node.GPUs[i].MemoryTotal)
 			}
 		}
 	}
@@ -109,7 +109,7 @@ func (p *planner) placeAll() {
 		for _, r := range d.replicas {
 			var missing []*shardState
 			for _, s := range r.shards {
-				if s.kept == nil {
+				if !s.kept.ok() {
 					missing = append(missing, s)
 				}
 			}
@@ -264,7 +264,7 @@ func (p *planner) beginDeployment(d *depState) {
 	d.penalized = d.penalized[:0]
 	for _, r := range d.replicas {
 		for _, s := range r.shards {
-			if s.kept != nil {
+			if s.kept.ok() {
 				p.addSpread(d, s.kept.node)
 			}
 		}
@@ -285,7 +285,39 @@ func (p *planner) beginDeployment(d *depState) {
 	}
 	clear(p.idx.live[len(live):])
 	p.idx.live = live
-	slices.SortStableFunc(p.cands, func(a, b *class) int { return cmp.Compare(b.candRank, a.candRank) })
+	p.cands = sortByRank(p.cands, &p.rankCount)
+}
+
+// maxRank bounds a class's rank for a deployment: pack and NVLink scores
+// plus the cache bonus.
+const maxRank = 2*scoreMax + cacheBonus
+
+// sortByRank orders classes best rank first. Ranks are small integers, so a
+// counting sort does it in linear time; thousands of classes are sorted for
+// every deployment in a large, varied cluster. Order within a rank does not
+// matter: pick compares all classes of a rank.
+func sortByRank(cs []*class, count *[]int) []*class {
+	if len(cs) < 2 {
+		return cs
+	}
+	if *count == nil {
+		*count = make([]int, maxRank+2)
+	}
+	n := *count
+	clear(n)
+	for _, c := range cs {
+		n[maxRank-c.candRank+1]++
+	}
+	for i := 1; i < len(n); i++ {
+		n[i] += n[i-1]
+	}
+	out := make([]*class, len(cs))
+	for _, c := range cs {
+		at := &n[maxRank-c.candRank]
+		out[*at] = c
+		*at++
+	}
+	return out
 }
 
 // addSpread counts one more shard of d on n.
@@ -307,7 +339,7 @@ func (p *planner) addSpread(d *depState, n *nodeState) {
 func (p *planner) placeGang(d *depState, g gang) {
 	p.gangSeq++
 	for _, s := range g.rep.shards {
-		if s.kept != nil {
+		if s.kept.ok() {
 			s.kept.node.exclSeq = p.gangSeq
 		}
 	}
@@ -317,7 +349,7 @@ func (p *planner) placeGang(d *depState, g gang) {
 		if n == nil {
 			reason := p.explain(d, g, len(picks))
 			for _, s := range g.missing {
-				if s.failing != nil {
+				if s.failing.ok() {
 					s.kept = s.failing // could not move it: better failing than nothing
 					continue
 				}

@@ -294,7 +294,7 @@ func TestComputeReasons(t *testing.T) {
 			{Index: 1, Name: h100, MemoryTotal: 80 * gib, MIG: true},
 		})}, mkDep("a", tp(2)), "2 MIG-enabled GPUs take nothing new"},
 		{"whole GPU busy", []Node{mkNode("n1", []GPU{{Index: 0, Name: h100, MemoryTotal: 80 * gib, MemoryForeign: 3 * gib}})},
-			mkDep("a"), "needs 1 whole GPU; best node n1 has 0 (1 node checked); a whole GPU must hold no shard of ours and under 1GiB of other processes' memory"},
+			mkDep("a"), "needs 1 whole GPU; best node n1 has 0 (1 node checked); a whole GPU must hold no shard of ours and at most 1GiB of other processes' memory"},
 		{"invalid", three, mkDep("Bad_Name"), "invalid deployment: name: invalid value"},
 	}
 	for _, tt := range tests {

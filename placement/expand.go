@@ -73,10 +73,10 @@ type shardState struct {
 	rep  *replicaState
 	id   string
 	hash uint64
-	kept *holder
+	kept holder // zero when not kept
 	// failing is a live claim whose engine keeps crashing. The shard moves
 	// if it can; if not, the claim is kept after all.
-	failing *holder
+	failing holder
 	exclude []*nodeState // never place here: it keeps failing here
 	avoid   []*nodeState // place here only if nothing else fits
 
@@ -85,11 +85,13 @@ type shardState struct {
 	reason string
 }
 
-// holder is one node's claim on a shard.
+// holder is one node's claim on a shard; the zero holder is no claim.
 type holder struct {
 	node *nodeState
 	held *HeldShard
 }
+
+func (h holder) ok() bool { return h.node != nil }
 
 // before orders duplicate claims: earliest claim stamp, then lower node
 // name; the winner keeps the shard and the others stop.
@@ -139,8 +141,10 @@ func (p *planner) readNodes(in []Node) {
 	})
 	ptrs = slices.CompactFunc(ptrs, func(a, b *Node) bool { return a.Name == b.Name })
 	p.nodes = make([]*nodeState, len(ptrs))
+	states := make([]nodeState, len(ptrs)) // one allocation, not one per node
 	for i, n := range ptrs {
-		p.nodes[i] = &nodeState{name: n.Name, node: n, alive: n.Alive, key: nodeKey(n.Name)}
+		states[i] = nodeState{name: n.Name, node: n, alive: n.Alive, key: nodeKey(n.Name)}
+		p.nodes[i] = &states[i]
 	}
 }
 
@@ -167,7 +171,6 @@ func (p *planner) readDeployments(in []Deployment) {
 	ds = slices.CompactFunc(ds, func(a, b Deployment) bool { return a.Name == b.Name })
 
 	p.shards = map[string]*shardState{}
-	p.replicas = map[string]*replicaState{}
 	for _, d := range ds {
 		if err := d.Validate(); err != nil {
 			// There is no sound expansion of an invalid spec, so the whole
@@ -179,34 +182,48 @@ func (p *planner) readDeployments(in []Deployment) {
 			continue
 		}
 		dst := &depState{d: d, version: d.SpecVersion(), seq: int32(len(p.deps) + 1)}
-		for i := range d.Replicas {
-			r := &replicaState{dep: dst, id: ReplicaID(d.Name, i), index: i}
-			for j := range d.PipelineParallel {
-				s := &shardState{rep: r, id: ShardID(r.id, j, d.PipelineParallel)}
+		pp := d.PipelineParallel
+		// One allocation per kind per deployment, not one per shard.
+		reps := make([]replicaState, d.Replicas)
+		shards := make([]shardState, d.Replicas*pp)
+		ptrs := make([]*shardState, d.Replicas*pp)
+		dst.replicas = make([]*replicaState, d.Replicas)
+		for i := range reps {
+			r := &reps[i]
+			*r = replicaState{dep: dst, id: ReplicaID(d.Name, i), index: i, shards: ptrs[i*pp : (i+1)*pp : (i+1)*pp]}
+			for j := range pp {
+				s := &shards[i*pp+j]
+				*s = shardState{rep: r, id: ShardID(r.id, j, pp)}
 				s.hash = fnv1a(s.id)
-				r.shards = append(r.shards, s)
+				r.shards[j] = s
 				p.shards[s.id] = s
 			}
-			dst.replicas = append(dst.replicas, r)
-			p.replicas[r.id] = r
+			dst.replicas[i] = r
 		}
 		p.deps = append(p.deps, dst)
 	}
 }
 
 // replicaOf finds the replica a held shard ID belongs to under any
-// pipeline_parallel: "<replica>" or "<replica>-s<j>". Replica IDs end in
-// "-<digits>" and shard suffixes in "-s<digits>", so the two cannot be
-// confused.
+// pipeline_parallel, old or current: the ID is "<replica>" or
+// "<replica>-s<j>", and the replica's shards today are "<replica>" or
+// "<replica>-s0"... Replica IDs end in "-<digits>" and shard suffixes in
+// "-s<digits>", so the two cannot be confused.
 func (p *planner) replicaOf(shardID string) *replicaState {
-	if r := p.replicas[shardID]; r != nil {
-		return r
+	if s := p.shards[shardID]; s != nil {
+		return s.rep
 	}
-	i := strings.LastIndex(shardID, "-s")
-	if i < 0 || !allDigits(shardID[i+2:]) {
-		return nil
+	replica := shardID
+	if i := strings.LastIndex(shardID, "-s"); i >= 0 && allDigits(shardID[i+2:]) {
+		replica = shardID[:i]
 	}
-	return p.replicas[shardID[:i]]
+	if s := p.shards[replica]; s != nil && s.rep.id == replica {
+		return s.rep
+	}
+	if s := p.shards[replica+"-s0"]; s != nil {
+		return s.rep
+	}
+	return nil
 }
 
 func allDigits(s string) bool {
@@ -244,7 +261,7 @@ func (p *planner) judgeHeld() {
 		for _, r := range d.replicas {
 			ready := true
 			for _, s := range r.shards {
-				if s.kept == nil || s.kept.held.Lease != LeaseValid {
+				if !s.kept.ok() || s.kept.held.Lease != LeaseValid {
 					ready = false
 				}
 			}
@@ -265,15 +282,15 @@ func (p *planner) judgeOne(h holder) {
 		case live && hs.Failing:
 			// Restarting it elsewhere may help; if nothing else fits,
 			// placeGang keeps it here after all.
-			if s.failing == nil || h.before(*s.failing) {
-				s.failing = &h
+			if !s.failing.ok() || h.before(s.failing) {
+				s.failing = h
 			}
 			s.exclude = appendUnique(s.exclude, h.node)
 		case hs.Failing:
 			s.avoid = appendUnique(s.avoid, h.node)
 		case live:
-			if s.kept == nil || h.before(*s.kept) {
-				s.kept = &h
+			if !s.kept.ok() || h.before(s.kept) {
+				s.kept = h
 			}
 		}
 		return

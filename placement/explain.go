@@ -123,7 +123,7 @@ func wholeNote(d Deployment) string {
 	if d.GPUMemory != 0 {
 		return ""
 	}
-	return fmt.Sprintf("; a whole GPU must hold no shard of ours and under %s of other processes' memory", Bytes(wholeGPUForeignSlack))
+	return fmt.Sprintf("; a whole GPU must hold no shard of ours and at most %s of other processes' memory", Bytes(wholeGPUForeignSlack))
 }
 
 func unusableNote(f *funnel) string {
@@ -193,7 +193,7 @@ func (p *planner) gpuNamesSeen(d *depState) string {
 func keptNodes(r *replicaState) string {
 	var names []string
 	for _, s := range r.shards {
-		if s.kept != nil {
+		if s.kept.ok() {
 			names = append(names, s.kept.node.name)
 		}
 	}

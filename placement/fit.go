@@ -44,13 +44,14 @@ type fit struct {
 // fitFor memoises evaluate per class and shape. A class's state never
 // changes, so the memo never goes stale.
 func (p *planner) fitFor(c *class, shapeID int32) *fit {
-	for i := range c.memo {
-		if c.memo[i].shape == shapeID {
-			return &c.memo[i].fit
+	for i, s := range c.memoShapes {
+		if s == shapeID {
+			return &c.memoFits[i]
 		}
 	}
-	c.memo = append(c.memo, memoEntry{shape: shapeID, fit: evaluate(c.gpus, p.shapes[shapeID])})
-	return &c.memo[len(c.memo)-1].fit
+	c.memoShapes = append(c.memoShapes, shapeID)
+	c.memoFits = append(c.memoFits, evaluate(c.gpus, p.shapes[shapeID]))
+	return &c.memoFits[len(c.memoFits)-1]
 }
 
 // evaluate is the GPU part of feasibility (type, MIG, faults, free memory)

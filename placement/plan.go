@@ -10,7 +10,7 @@ import (
 // placed shard, one unplaced entry per shard without a current-version
 // assignment, both sorted so that equal views marshal to equal bytes.
 func (p *planner) plan() Plan {
-	out := Plan{Assignments: []Assignment{}, Unplaced: slices.Clone(p.invalid)}
+	out := Plan{Assignments: make([]Assignment, 0, len(p.shards)), Unplaced: slices.Clone(p.invalid)}
 	if out.Unplaced == nil {
 		out.Unplaced = []Unplaced{}
 	}
@@ -26,8 +26,8 @@ func (p *planner) plan() Plan {
 			}
 			for _, s := range r.shards {
 				switch {
-				case s.kept != nil:
-					out.Assignments = append(out.Assignments, heldAssignment(r, *s.kept))
+				case s.kept.ok():
+					out.Assignments = append(out.Assignments, heldAssignment(r, s.kept))
 				case s.placed != nil:
 					out.Assignments = append(out.Assignments, Assignment{
 						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name,

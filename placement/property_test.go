@@ -207,7 +207,7 @@ func checkCapacity(t tb, v View, p Plan) {
 		if g.MIG || g.Faulted {
 			t.Errorf("GPU %s: new shard on a MIG or faulted GPU", k)
 		}
-		if u.whole > 0 && (u.ours > 1 || g.MemoryForeign >= wholeGPUForeignSlack) {
+		if u.whole > 0 && (u.ours > 1 || g.MemoryForeign > wholeGPUForeignSlack) {
 			t.Errorf("GPU %s: whole GPU shared (%d shards of ours, %d foreign bytes)", k, u.ours, g.MemoryForeign)
 		}
 		if u.whole == 0 && u.mem+g.MemoryForeign > g.MemoryTotal {

@@ -42,7 +42,8 @@ type GPU struct {
 	// Used, which excludes driver-reserved memory).
 	MemoryUsed uint64 `json:"memory_used_bytes"`
 	// MemoryForeign is the part of MemoryUsed held by processes llmgw does
-	// not own. Placement fits against total minus foreign minus what llmgw's
+	// not own. Placement fits against total minus foreign (rounded up to
+	// whole GiB, so probe noise does not change plans) minus what llmgw's
 	// own shards were promised: a GPU that someone else filled is not free
 	// just because no shard of ours sits on it.
 	MemoryForeign uint64 `json:"memory_foreign_bytes"`

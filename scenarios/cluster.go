@@ -41,6 +41,8 @@ type node struct {
 	exited chan struct{}
 	state  *os.ProcessState
 	frozen bool
+	// everStarted: others may list it in --join.
+	everStarted bool
 	// drop is the partition rule last installed on this node, re-installed
 	// after a restart.
 	drop []string
@@ -154,7 +156,7 @@ func (r *runner) start(n *node) error {
 	}
 	var join []string
 	for _, o := range r.nodes {
-		if o != n {
+		if o != n && o.everStarted {
 			join = append(join, o.gossip())
 		}
 	}
@@ -168,7 +170,7 @@ func (r *runner) start(n *node) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "=== scenario runner: starting %s at %s\n", n.name, time.Now().Format(time.RFC3339Nano))
+	fmt.Fprintf(logf, "%s%s at %s\n", startMarker, n.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(r.opts.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
@@ -183,7 +185,7 @@ func (r *runner) start(n *node) error {
 	logf.Close()
 	exited := make(chan struct{})
 	n.mu.Lock()
-	n.cmd, n.exited, n.state, n.frozen = cmd, exited, nil, false
+	n.cmd, n.exited, n.state, n.frozen, n.everStarted = cmd, exited, nil, false, true
 	n.mu.Unlock()
 	go func() {
 		_ = cmd.Wait()
@@ -231,11 +233,16 @@ func (n *node) exitStatus() string {
 	return "exit " + strconv.Itoa(n.state.ExitCode())
 }
 
-// lastLogError is the last line of the node's log that says why it failed
-// (the CLI prints "llmgw: <error>" on exit), without time stamps.
+// lastLogError says why a node's last run failed, from its log: a panic or
+// fatal runtime error, else the CLI's "llmgw: <error>" line, else the last
+// line. Only the part after the runner's last start marker is read.
 func lastLogError(path string) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	lines := lastRun(path)
+	for _, l := range lines {
+		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+			return l
+		}
+	}
 	for i := len(lines) - 1; i >= 0; i-- {
 		if strings.HasPrefix(lines[i], "llmgw: ") {
 			return lines[i]
@@ -245,6 +252,18 @@ func lastLogError(path string) string {
 		return lines[len(lines)-1]
 	}
 	return "(empty log)"
+}
+
+const startMarker = "=== scenario runner: starting "
+
+// lastRun is the log of the node's latest start.
+func lastRun(path string) []string {
+	b, _ := os.ReadFile(path)
+	s := string(b)
+	if i := strings.LastIndex(s, startMarker); i >= 0 {
+		s = s[i:]
+	}
+	return strings.Split(strings.TrimSpace(s), "\n")
 }
 
 // signal sends sig to the agent (not to its engines).

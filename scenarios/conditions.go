@@ -178,13 +178,27 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return nil, usagef("wait-until shard: say what to wait for: status=, lease= or engine=")
 		}
 		return func(obs []*node) (bool, string) { return r.condShard(obs[0], args[0], want) }, nil
+	case "engines":
+		if !d.has("running") {
+			return nil, usagef("wait-until engines: want running=N")
+		}
+		n, err := d.integer("running", 0)
+		if err != nil {
+			return nil, err
+		}
+		return func([]*node) (bool, string) {
+			if got := len(engineProcs(r.opts.Binary)); got != n {
+				return false, fmt.Sprintf("%d engine processes run, want %d", got, n)
+			}
+			return true, ""
+		}, wantArgs(0, "only running=N")
 	case "no-orphans":
 		return func([]*node) (bool, string) {
 			ok, detail, _ := r.noOrphans()
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, no-orphans)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, engines, no-orphans)", name)
 }
 
 func (r *runner) condAllPlaced(obs []*node) (bool, string) {

@@ -90,7 +90,7 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		if err != nil {
 			return "", time.Time{}, err
 		}
-		out, err := r.loopVerdict(name)
+		out, err := r.loopVerdict(d, name)
 		return out, time.Time{}, err
 	}
 	return "", time.Time{}, usagef("expect: unknown %q (have models, shards, members, plan-agrees, single-holder, no-orphans, pids-unchanged, plan-diff, request-loop)", what)

@@ -20,6 +20,7 @@ type reqLoop struct {
 
 	mu                 sync.Mutex
 	ok, errs, retries  int
+	minRoutable        int // fewest routable replicas seen; -1 before any
 	firstErrs          []string
 	noteAdded, stopped bool
 }
@@ -45,7 +46,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 		if _, ok := r.loops[name]; ok {
 			return "", time.Time{}, usagef("request-loop %s: started already", name)
 		}
-		l := &reqLoop{name: name, deployment: dep, stop: make(chan struct{}), done: make(chan struct{})}
+		l := &reqLoop{name: name, deployment: dep, stop: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
 		r.loops[name] = l
 		go r.runLoop(l)
 		return "started: chat completions to " + dep + " in a loop", time.Now(), nil
@@ -58,7 +59,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 		r.loopNote(l)
 		return "stopped", time.Now(), nil
 	case "expect-no-errors":
-		out, err := r.loopVerdict(name)
+		out, err := r.loopVerdict(d, name)
 		return out, time.Time{}, err
 	}
 	return "", time.Time{}, usagef("request-loop: want start, stop or expect-no-errors, got %q", action)
@@ -76,10 +77,14 @@ func (r *runner) loopNote(l *reqLoop) {
 		return
 	}
 	l.noteAdded = true
-	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d answered, %d errors, %d retried", l.name, l.ok, l.errs, l.retries))
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d answered, %d errors, %d retried, min %d routable", l.name, l.ok, l.errs, l.retries, l.minRoutable))
 }
 
-func (r *runner) loopVerdict(name string) (string, error) {
+func (r *runner) loopVerdict(d *directive, name string) (string, error) {
+	minWant, err := d.integer("min-routable", 0)
+	if err != nil {
+		return "", err
+	}
 	l, ok := r.loops[name]
 	if !ok {
 		return "", usagef("request-loop %s: not started", name)
@@ -91,6 +96,10 @@ func (r *runner) loopVerdict(name string) (string, error) {
 		return fmt.Sprintf("%d of %d requests failed; first: %v", l.errs, l.errs+l.ok, l.firstErrs), nil
 	case l.ok == 0:
 		return "no request was answered yet", nil
+	case minWant > 0 && l.minRoutable < minWant:
+		return fmt.Sprintf("no errors, but once only %d routable replicas (want at least %d)", l.minRoutable, minWant), nil
+	case minWant > 0:
+		return fmt.Sprintf("no errors; never fewer than %d routable replicas", minWant), nil
 	}
 	return "no errors", nil
 }
@@ -120,6 +129,11 @@ func (r *runner) runLoop(l *reqLoop) {
 				urls = append(urls, row.URL)
 			}
 		}
+		l.mu.Lock()
+		if l.minRoutable < 0 || len(urls) < l.minRoutable {
+			l.minRoutable = len(urls)
+		}
+		l.mu.Unlock()
 		if len(urls) == 0 {
 			l.fail("no replica with a valid lease")
 			continue

@@ -74,10 +74,12 @@
 //	measure NAME from=EVENT to=EVENT [max=DURATION]
 //	    Record the time between two events in the summary; with max= the
 //	    output says whether it stayed within the budget.
-//	request-loop NAME start deployment=D | stop | expect-no-errors
+//	request-loop NAME start deployment=D | stop | expect-no-errors [min-routable=N]
 //	    A background client: chat completions in a loop, each to a replica
 //	    whose lease is valid in a fresh /v1/shards; a connection error is
-//	    retried once on another replica, as a router would.
+//	    retried once on another replica, as a router would. min-routable=N
+//	    also checks that no /v1/shards it read offered fewer than N
+//	    routable replicas (surge before drain in a rolling update).
 //
 // Every command records an event under its own name (the last one wins) and,
 // with mark=EVENT, under that name too: a command's event is when it acted
@@ -98,6 +100,7 @@
 //	serving NAME                a chat completion to every ready replica answers
 //	restarts SHARD>=N           /v1/shards reports at least N restarts
 //	shard SHARD [status=S] [lease=L] [engine=running|gone]
+//	engines running=N           N engine processes of this run exist (any node, orphans too)
 //	no-orphans                  every engine process runs a shard some node holds
 //
 // # Snapshots (expect)
@@ -110,7 +113,7 @@
 //	expect pids-unchanged since=SNAPSHOT         engines kept their pids
 //	expect plan-diff since=SNAPSHOT              assignments added, removed or moved
 //	expect no-orphans
-//	expect request-loop NAME                     same as request-loop NAME expect-no-errors
+//	expect request-loop NAME [min-routable=N]    same as request-loop NAME expect-no-errors
 //
 // When the outputs of several observers differ, each is printed under its
 // node's name.
@@ -218,11 +221,11 @@ func init() {
 		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env via", (*runner).cmdPlace},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
-		"wait-until":   {"within on alive suspect dead left ready status lease engine", (*runner).cmdWaitUntil},
-		"expect":       {"on columns since", (*runner).cmdExpect},
+		"wait-until":   {"within on alive suspect dead left ready status lease engine running", (*runner).cmdWaitUntil},
+		"expect":       {"on columns since min-routable", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
-		"request-loop": {"deployment", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment min-routable", (*runner).cmdRequestLoop},
 	}
 }
 
@@ -272,8 +275,8 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	}
 	r := &runner{
 		ctx: ctx, opts: opts, work: work, res: &res,
-		http:    &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
-		byName:  map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
+		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
+		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
 		snaps: map[string]*snap{}, loops: map[string]*reqLoop{}, t0: start, pollEvery: 50 * time.Millisecond,
 	}
 	r.tokenFile = filepath.Join(work, "token")
@@ -342,6 +345,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	res.Nodes = len(r.nodes)
 	for _, l := range r.loops {
 		l.halt()
+		r.loopNote(l)
 	}
 	if runErr == nil && !failed {
 		res.Passed = true
@@ -426,12 +430,23 @@ func mustRead(p string) string {
 	return string(b)
 }
 
+// tail is the end of a node's log, or from the first panic on when there
+// is one (a goroutine dump's end says little).
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+			lines = lines[i:]
+			if len(lines) > 3*n {
+				lines = lines[:3*n]
+			}
+			return strings.Join(lines, "\n")
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
@@ -472,6 +487,7 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 		return "", time.Time{}, err
 	}
 	r.started = true
+	at := time.Now()
 	if count >= 10 {
 		r.pollEvery = 100 * time.Millisecond
 	}
@@ -507,7 +523,7 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	if count > 1 {
 		names += ".." + nodes[count-1].name
 	}
-	return fmt.Sprintf("%d nodes up (%s), %s each, profile %s, lease-ttl %v, runtime %s", count, names, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), time.Now(), nil
+	return fmt.Sprintf("%d nodes up (%s), %s each, profile %s, lease-ttl %v, runtime %s", count, names, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), at, nil
 }
 
 // condMembersAlive: every one of nodes sees want alive members with GPUs.
@@ -558,6 +574,7 @@ func (r *runner) cmdAddNode(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	at := time.Now()
 	if err := r.start(n); err != nil {
 		return "", time.Time{}, err
 	}
@@ -588,7 +605,7 @@ func (r *runner) cmdAddNode(d *directive) (string, time.Time, error) {
 	if len(labels) > 0 {
 		desc += ", labels " + strings.Join(labels, ",")
 	}
-	return desc + ")", time.Now(), nil
+	return desc + ")", at, nil
 }
 
 // targets resolves the positional node references of d.

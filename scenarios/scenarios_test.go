@@ -16,6 +16,7 @@ var (
 	binaryFlag  = flag.String("binary", "", "use this llmgw binary instead of building one (also: LLMGW_BINARY)")
 	keepDir     = flag.String("keep", "", "keep each scenario's data dirs and node logs under this directory")
 	summaryFile = flag.String("summary", "", "also write the summary table to this file (also: LLMGW_SCENARIO_SUMMARY)")
+	filesFlag   = flag.String("files", "", "run these scenario files (comma-separated paths) instead of testdata/*.txt, whatever their labels")
 )
 
 // TestScenarios runs testdata/*.txt against real nodes: by default the
@@ -27,6 +28,9 @@ func TestScenarios(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := *runAll || os.Getenv("LLMGW_SCENARIOS") == "all"
+	if *filesFlag != "" {
+		files, all = strings.Split(*filesFlag, ","), true
+	}
 	var selected []string
 	for _, f := range files {
 		s, err := parseFile(f)

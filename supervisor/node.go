@@ -27,6 +27,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/atomicfile"
 )
 
@@ -55,9 +56,16 @@ type Config struct {
 	GPUs          gpu.Probe
 	GPUsSimulated bool
 	GPUInterval   time.Duration
-	LeaseTTL      time.Duration
+	// DriverFaults, when set, reads the kernel's NVIDIA driver messages on
+	// every GPU tick: GPUs with a recent Xid are marked faulted (placement
+	// puts nothing new there, vllm#36960: /health can say 200 while the GPU
+	// faults), and the counts travel in the node's record.
+	DriverFaults func(ctx context.Context) (host.DriverFaults, error)
+	LeaseTTL     time.Duration
 	// Engines runs shards; nil claims shards without running anything.
 	Engines Engines
+	// RuntimeName is advertised in the node's record ("none" when nil).
+	RuntimeName string
 	// AllowFrom, when non-empty, limits every HTTP request to these
 	// networks.
 	AllowFrom []*net.IPNet
@@ -171,6 +179,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		StartedAt:    n.started,
 		Probes:       gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated},
 		Shards:       n.engines.Shards(),
+		Runtime:      cfg.RuntimeName,
+	}
+	if initial.Runtime == "" {
+		initial.Runtime = "none"
 	}
 	n.cluster, err = gossip.New(gcfg, initial)
 	if err != nil {
@@ -409,11 +421,22 @@ func (n *Node) gpuLoop(ctx context.Context) {
 			continue
 		}
 		gpus := n.foreignAdjusted(snap)
+		probes := n.cluster.Local().Probes
+		if n.cfg.DriverFaults != nil && !n.cfg.GPUsSimulated {
+			if f, err := n.cfg.DriverFaults(ctx); err == nil {
+				gpus = host.MarkFaulted(gpus, f, n.cfg.Now())
+				probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
+				probes.LastDriverFault = ""
+				if f.Newest != nil {
+					probes.LastDriverFault = f.Newest.Message
+				}
+			}
+		}
 		n.mu.Lock()
 		n.gpuSnap = snap
 		n.mu.Unlock()
-		if gpuChanged(n.cluster.Local().GPUs, gpus) {
-			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs = gpus })
+		if gpuChanged(n.cluster.Local().GPUs, gpus) || probes != n.cluster.Local().Probes {
+			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs, r.Probes = gpus, probes })
 		}
 	}
 }

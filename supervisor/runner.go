@@ -13,10 +13,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -54,6 +56,8 @@ type RunnerConfig struct {
 	// starts over. Readiness alone does not reset it: an engine that loads,
 	// serves for a second and dies is crash-looping all the same.
 	StableAfter time.Duration
+	// LoadInterval is how often a ready engine's /metrics is scraped.
+	LoadInterval time.Duration
 	Logger       *slog.Logger
 	Now          func() time.Time
 	HTTP         *http.Client
@@ -81,6 +85,10 @@ type Runner struct {
 	// duplicates or stop healthy engines.
 	settled bool
 	changes chan struct{}
+	scraper *load.Scraper
+	tracker *load.Tracker
+	// scrapeErrors counts failed /metrics scrapes, for our own metrics.
+	scrapeErrors atomic.Uint64
 	// quit detaches every watcher without stopping its engine.
 	quit chan struct{}
 	once sync.Once
@@ -96,8 +104,11 @@ type engine struct {
 	ready   bool
 	failing bool
 	crashes int // crashes in a row since the engine was last ready
-	stop    context.CancelFunc
-	done    chan struct{}
+	load    gossip.ShardLoad
+	// scrapedAt is when load was last read.
+	scrapedAt time.Time
+	stop      context.CancelFunc
+	done      chan struct{}
 }
 
 // NewRunner reads the shard state files, finds the engines the runtime
@@ -130,6 +141,9 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	if cfg.FailingAfter == 0 {
 		cfg.FailingAfter = 5
 	}
+	if cfg.LoadInterval == 0 {
+		cfg.LoadInterval = 5 * time.Second
+	}
 	if cfg.StableAfter == 0 {
 		cfg.StableAfter = time.Minute
 	}
@@ -140,8 +154,9 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "runner"),
 		stateDir: filepath.Join(cfg.DataDir, "shards"), logDir: filepath.Join(cfg.DataDir, "logs"),
 		engines: map[string]*engine{}, ports: map[int]string{}, changes: make(chan struct{}, 1),
-		quit: make(chan struct{}),
+		quit: make(chan struct{}), tracker: load.NewTracker(),
 	}
+	r.scraper = load.NewScraper(cfg.HTTP, clockFunc(cfg.Now))
 	for _, d := range []string{r.stateDir, r.logDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("runner: %w", err)
@@ -338,7 +353,11 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 				retryAt = r.crashed(e, &code)
 				started = false
 			default:
-				r.setReady(e, r.probeReady(ctx, e), st.PID)
+				ready := r.probeReady(ctx, e)
+				r.setReady(e, ready, st.PID)
+				if ready {
+					r.scrapeLoad(ctx, e)
+				}
 			}
 		}
 		select {
@@ -496,12 +515,50 @@ func (r *Runner) probeReady(ctx context.Context, e *engine) bool {
 	return false
 }
 
+// scrapeLoad reads the engine's /metrics every LoadInterval. Rates come
+// from counter deltas; the tracker re-baselines when the engine restarted.
+func (r *Runner) scrapeLoad(ctx context.Context, e *engine) {
+	r.mu.Lock()
+	due := r.cfg.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
+	port, eng := e.state.Spec.HTTPPort, e.desired.Spec.Engine
+	r.mu.Unlock()
+	if !due {
+		return
+	}
+	prof, err := profile.Lookup(eng)
+	if err != nil || prof.MetricsPath == "" {
+		return
+	}
+	sample, err := r.scraper.Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
+	var l load.Load
+	if err != nil {
+		r.scrapeErrors.Add(1)
+		l = r.tracker.Failed(e.id, r.cfg.Now(), err)
+	} else {
+		l = r.tracker.Observe(e.id, sample)
+	}
+	r.mu.Lock()
+	e.scrapedAt = r.cfg.Now()
+	e.load = gossip.ShardLoad{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVCacheUsage, PromptTPS: l.PromptTPS,
+		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, ScrapedAt: l.ScrapedAt, Error: l.Error}
+	r.notifyLocked()
+	r.mu.Unlock()
+}
+
+// ScrapeErrors counts failed engine /metrics scrapes.
+func (r *Runner) ScrapeErrors() uint64 { return r.scrapeErrors.Load() }
+
+type clockFunc func() time.Time
+
+func (c clockFunc) Now() time.Time { return c() }
+
 // finish stops the engine and forgets it.
 func (r *Runner) finish(e *engine) {
 	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		r.log.Error("stop engine", "engine", e.id, "err", err)
 	}
 	_ = shardstate.Remove(r.stateDir, stateFileID(e.state.ShardID, e.state.Spec.SpecVersion))
+	r.tracker.Forget(e.id)
 	r.mu.Lock()
 	delete(r.engines, e.id)
 	for p, id := range r.ports {
@@ -525,7 +582,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, SpecVersion: st.Spec.SpecVersion,
 			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
 			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
-			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt,
+			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load,
 		}
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment
@@ -538,6 +595,9 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 	SortShards(out)
 	return out
 }
+
+// RuntimeName names the runtime engines run in.
+func (r *Runner) RuntimeName() string { return r.cfg.Runtime.Name() }
 
 // Changes implements Engines.
 func (r *Runner) Changes() <-chan struct{} { return r.changes }

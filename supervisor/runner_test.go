@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func (e *runnerEnv) open() *Runner {
 	r, err := NewRunner(context.Background(), RunnerConfig{
 		Node: "n1", Runtime: rt, DataDir: e.dir, Host: "127.0.0.1", Self: e.self, SimulatedGPUs: true,
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
-		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3,
+		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3, LoadInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -108,7 +109,10 @@ func TestAgentRestartAdoptsTheSameEngine(t *testing.T) {
 	// The agent dies (its watchers stop, the engine does not).
 	r.Close()
 	r2 := env.open()
-	t.Cleanup(func() { r2.Reconcile(context.Background(), nil); waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 }) })
+	t.Cleanup(func() {
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+	})
 	r2.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r2, "chat adopted and ready", func([]string) bool { return readyPID(r2, "chat-0") == pid })
 	if s := r2.Shards()[0]; s.Restarts != 0 || s.URL != url {
@@ -195,4 +199,26 @@ func TestUnsettledRunnerStartsNothing(t *testing.T) {
 	if len(r.Shards()) != 0 {
 		t.Fatal("an unsettled runner acted on a plan from a partial view")
 	}
+}
+
+func TestEngineLoadReachesTheShardRecord(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	defer func() {
+		r.Reconcile(context.Background(), nil)
+		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		r.Close()
+	}()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	url := r.Shards()[0].URL
+	body := `{"model":"chat","messages":[{"role":"user","content":"one two three"}]}`
+	waitUntil(t, 10*time.Second, "generation rate seen", func() (bool, string) {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err == nil {
+			resp.Body.Close()
+		}
+		l := r.Shards()[0].Load
+		return l.RatesValid && l.GenerationTPS > 0 && !l.ScrapedAt.IsZero(), fmt.Sprintf("%+v", l)
+	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
 )
 
@@ -164,6 +165,10 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	}
 	if runner != nil {
 		cfg.Engines = runner
+		cfg.RuntimeName = runner.RuntimeName()
+	}
+	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
+		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
 	}
 	node, err := supervisor.Start(ctx, cfg)
 	if err != nil {

@@ -503,3 +503,35 @@ func TestNormalizePCI(t *testing.T) {
 		}
 	}
 }
+
+// TestSystemNVML reads this host's real NVML through go-nvml. Without the
+// NVIDIA library (this project's build machines) it checks that a missing
+// library is a quiet "no GPUs" and not a crash; on a GPU host it checks the
+// figures are sane.
+func TestSystemNVML(t *testing.T) {
+	p := System()
+	defer func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for range 2 { // the second call must not touch the library again
+		snap, err := p.Discover(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(snap)
+		t.Logf("%s", b)
+		if !snap.Available {
+			if len(snap.GPUs) != 0 {
+				t.Errorf("GPUs without NVML: %+v", snap.GPUs)
+			}
+			continue
+		}
+		for _, g := range snap.GPUs {
+			if g.UUID == "" || g.MemoryTotal == 0 || g.MemoryUsed > g.MemoryTotal {
+				t.Errorf("GPU %+v", g)
+			}
+		}
+	}
+}

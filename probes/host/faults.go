@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 )
 
@@ -68,6 +69,22 @@ func (d DriverFaults) RecentXidPCI(now time.Time) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// MarkFaulted returns a copy of gpus with Faulted set on every GPU that had
+// an Xid inside the window. GPUs without a PCI address (simulated ones)
+// are never marked.
+func MarkFaulted(gpus []placement.GPU, d DriverFaults, now time.Time) []placement.GPU {
+	bad := d.RecentXidPCI(now)
+	out := slices.Clone(gpus)
+	for i := range out {
+		for _, p := range bad {
+			if SamePCIDevice(p, out[i].PCIBusID) {
+				out[i].Faulted = true
+			}
+		}
+	}
+	return out
 }
 
 // SamePCIDevice reports whether a kernel-printed PCI address and a GPU's bus

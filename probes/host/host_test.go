@@ -382,7 +382,9 @@ func TestContainers(t *testing.T) {
 	if out := call(t, cfg, "containers", Args{}); !strings.Contains(out, "no container runtime is configured on n1") {
 		t.Errorf("nil callback: %q", out)
 	}
-	cfg.Containers = func(context.Context) (string, error) { return "llmgw-shard-a  running  vllm/vllm-openai:v0.11.0\n", nil }
+	cfg.Containers = func(context.Context) (string, error) {
+		return "llmgw-shard-a  running  vllm/vllm-openai:v0.11.0\n", nil
+	}
 	if out := call(t, cfg, "containers", Args{}); out != "[n1 2026-11-29T22:53:56Z] container runtime\nllmgw-shard-a  running  vllm/vllm-openai:v0.11.0\n" {
 		t.Errorf("out = %q", out)
 	}

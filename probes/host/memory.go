@@ -245,7 +245,7 @@ func writeGPUs(b *strings.Builder, snap gpu.Snapshot, procs []procMem) {
 		for _, p := range snap.Processes {
 			if p.GPUIndex == g.Index {
 				charged += p.UsedBytes
-				lines = append(lines, fmt.Sprintf("      %s  pid %d %s", gib(p.UsedBytes), p.PID, names[p.PID]))
+				lines = append(lines, fmt.Sprintf("    %s  pid %d %s", gib(p.UsedBytes), p.PID, names[p.PID]))
 			}
 		}
 		fmt.Fprintf(b, "  GPU %d %s (%s)\n", g.Index, g.Name, g.UUID)

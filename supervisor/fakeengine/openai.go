@@ -170,12 +170,11 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	s.m.prompt.Add(float64(ex.promptTokens))
 	tokens, finish := s.reply(ex.prompt, ex.maxTokens)
 	u := usage{PromptTokens: ex.promptTokens, CompletionTokens: len(tokens), TotalTokens: ex.promptTokens + len(tokens)}
-	id := s.id("cmpl")
-	object := "text_completion"
+	prefix, object := "cmpl", "text_completion"
 	if ex.chat {
-		id = s.id("chatcmpl")
-		object = "chat.completion"
+		prefix, object = "chatcmpl", "chat.completion"
 	}
+	id := s.id(prefix)
 	created := s.now().Unix()
 
 	if !ex.stream {

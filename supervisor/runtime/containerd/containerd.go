@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
@@ -159,6 +160,11 @@ func (r *Runtime) Client() *client.Client { return r.c }
 // Ping asks the daemon for its version. Without a deadline on ctx it waits
 // at most 5 seconds: gRPC would otherwise keep trying to connect.
 func (r *Runtime) Ping(ctx context.Context) error {
+	// A missing socket is the common case (no daemon installed); say so at
+	// once instead of letting gRPC retry until the deadline.
+	if _, err := os.Stat(r.socket); err != nil {
+		return fmt.Errorf("containerd runtime: no daemon at %s: %w", r.socket, err)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)

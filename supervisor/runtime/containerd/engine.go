@@ -95,9 +95,15 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	if err := r.replaceExited(ctx, cid); err != nil {
 		return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: %w", spec.ID, err)
 	}
-	// The shim opens the log file; its directory has to exist.
-	if err := os.MkdirAll(filepath.Dir(spec.LogPath), 0o755); err != nil {
-		return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: %w", spec.ID, err)
+	// The shim opens the log file; its directory has to exist. So does a
+	// bind mount's source (an empty weights cache is filled by the engine).
+	for _, dir := range []string{filepath.Dir(spec.LogPath), spec.WeightsDir} {
+		if dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: %w", spec.ID, err)
+		}
 	}
 
 	specOpts := []oci.SpecOpts{

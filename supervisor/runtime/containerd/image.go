@@ -12,8 +12,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
-	"github.com/llmgw/llmgw/placement"
 )
 
 // normalizeRef turns "vllm/vllm-openai" into
@@ -70,8 +68,22 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string) error {
 		return fmt.Errorf("containerd runtime: pull %s: %w", name, err)
 	}
 	total, _, _, _ := p.snapshot()
-	r.log.Info("pulled image", "ref", name, "size", placement.Bytes(total).String(), "took", time.Since(start).Round(time.Second).String())
+	r.log.Info("pulled image", "ref", name, "size", humanBytes(total), "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
+}
+
+// humanBytes is a size for people: "12.3 GiB".
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // pullProgress counts the blobs a pull dispatches and finishes. Bytes in
@@ -122,14 +134,16 @@ func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgre
 		}
 		total, doneBytes, blobs, finished := p.snapshot()
 		var inflight int64
+		// Active ingests: the client writes to the daemon in 1 MiB pieces,
+		// so a multi-gigabyte layer shows steady progress here.
 		if sts, err := r.c.ContentStore().ListStatuses(ctx); err == nil {
 			for _, s := range sts {
 				inflight += s.Offset
 			}
 		}
 		r.log.Info("pulling image", "ref", name,
-			"have", placement.Bytes(doneBytes+inflight).String(),
-			"of_known", placement.Bytes(total).String(),
+			"have", humanBytes(doneBytes+inflight),
+			"of_known", humanBytes(total),
 			"blobs", fmt.Sprintf("%d/%d", finished, blobs))
 	}
 }

@@ -16,8 +16,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -285,6 +288,81 @@ func TestIntegrationConformance(t *testing.T) {
 	})
 }
 
+// lockedBuffer collects log output from the pull's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestIntegrationEnsureImagePulls pulls from a registry served by the test
+// (no registry is reachable from CI), slowed down so progress is logged.
+func TestIntegrationEnsureImagePulls(t *testing.T) {
+	daemonRuntime(t) // skips without a daemon
+	logs := &lockedBuffer{}
+	r, err := New(WithSocket(testSocket()), WithNamespace(testNamespace),
+		WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithProgressInterval(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// Unique per run: a layer already in the content store is not fetched.
+	payload := make([]byte, 3<<20)
+	seed := time.Now().UnixNano()
+	for i := range payload {
+		payload[i] = byte(int64(i*7+i>>8) ^ seed>>(i%56))
+	}
+	reg, err := ctrtest.NewRegistry("llmgw/pulltest", "1", ctrtest.Image{
+		Entrypoint: []string{"/bin/none"},
+		Files:      []ctrtest.File{{Path: "/data/blob", Data: payload}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.ChunkDelay = 5 * time.Millisecond
+	srv := httptest.NewServer(reg)
+	defer srv.Close()
+	ref := reg.Ref(strings.TrimPrefix(srv.URL, "http://"))
+	ctx := r.nsCtx(context.Background())
+	t.Cleanup(func() { _ = r.c.ImageService().Delete(ctx, ref, images.SynchronousDelete()) })
+
+	if err := r.EnsureImage(context.Background(), ref); err != nil {
+		t.Fatal(err)
+	}
+	img, err := r.c.GetImage(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := img.IsUnpacked(ctx, r.snapshotter); err != nil || !ok {
+		t.Fatalf("pulled image not unpacked: %v %v", ok, err)
+	}
+	// Present now: no second pull.
+	if err := r.EnsureImage(context.Background(), ref); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if n := strings.Count(out, `msg="pulled image"`); n != 1 {
+		t.Errorf("%d completed pulls logged, want 1:\n%s", n, out)
+	}
+	// The client hands the daemon 1 MiB at a time: progress must show bytes
+	// of the layer in flight, not only finished blobs.
+	if !strings.Contains(out, `have="1.0 MiB"`) && !strings.Contains(out, `have="2.0 MiB"`) {
+		t.Errorf("no progress line with the layer in flight:\n%s", out)
+	}
+	t.Logf("pull log:\n%s", out)
+}
+
 // procLimit is the soft limit named in /proc/<pid>/limits.
 func procLimit(pid int, name string) uint64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
@@ -317,6 +395,8 @@ func TestIntegrationLifecycleAndReattach(t *testing.T) {
 
 	port := freePort(t)
 	spec := fakeSpec(t, "itest", port)
+	// Not there yet: Start makes it (an empty cache the engine fills).
+	spec.WeightsDir = filepath.Join(t.TempDir(), "weights")
 	e, err := r.Start(ctx, spec)
 	if err != nil {
 		t.Fatal(err)

@@ -224,7 +224,7 @@ func (r *Runtime) alive(rec record) bool {
 // engine reports rec as runtime.Engine. Caller holds r.mu.
 func (r *Runtime) engine(rec record) runtime.Engine {
 	e := runtime.Engine{
-		ID: rec.ID, Labels: maps(rec.Labels), StartedAt: rec.StartedAt,
+		ID: rec.ID, Labels: cloneLabels(rec.Labels), StartedAt: rec.StartedAt,
 	}
 	if c, ok := r.children[rec.ID]; ok && c.pid == rec.PID {
 		select {
@@ -247,7 +247,8 @@ func (r *Runtime) engine(rec record) runtime.Engine {
 	return e
 }
 
-func maps(m map[string]string) map[string]string {
+// cloneLabels copies m so callers cannot change a record through an Engine.
+func cloneLabels(m map[string]string) map[string]string {
 	out := make(map[string]string, len(m))
 	for k, v := range m {
 		out[k] = v
