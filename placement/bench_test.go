@@ -86,9 +86,11 @@ func BenchmarkCompute(b *testing.B) {
 		v := View{Nodes: benchCluster(size.gpus / 8), Deployments: benchDeployments(size.shards)}
 		b.Run(fmt.Sprintf("gpus=%d/shards=%d", size.gpus, size.shards), func(b *testing.B) {
 			var p Plan
+			cpu := cpuTime()
 			for b.Loop() {
 				p = Compute(v)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(len(p.Assignments)), "placed")
 			b.ReportMetric(float64(len(p.Unplaced)), "unplaced")
 		})
@@ -113,9 +115,11 @@ func BenchmarkReplanNodeLost(b *testing.B) {
 		v.Nodes[lost].Shards[i].Lease = LeaseLapsed
 	}
 	var p Plan
+	cpu := cpuTime()
 	for b.Loop() {
 		p = Compute(v)
 	}
+	reportCPU(b, cpu)
 	moved := 0
 	for _, a := range p.Assignments {
 		if !a.Kept {
@@ -163,11 +167,21 @@ func BenchmarkComputeHard(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var p Plan
+			cpu := cpuTime()
 			for b.Loop() {
 				p = Compute(c.v)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(len(p.Assignments)), "placed")
 			b.ReportMetric(float64(len(p.Unplaced)), "unplaced")
 		})
+	}
+}
+
+// reportCPU adds CPU milliseconds per operation (all threads, the garbage
+// collector's included) since start.
+func reportCPU(b *testing.B, start int64) {
+	if used := cpuTime() - start; used > 0 && b.N > 0 {
+		b.ReportMetric(float64(used)/1e6/float64(b.N), "cpu-ms/op")
 	}
 }

@@ -264,25 +264,31 @@ func reserveHeld(gs []gpuState, held []HeldShard) {
 // nodes share a handful of classes. Only the spread count and the rendezvous
 // tie break are per node.
 type class struct {
-	key     string
-	gpus    []gpuState // the state; never modified once the class exists
-	labels  []int32
-	cached  []int32
-	members []*nodeState
-	// Memoised fits: memoFits[i] answers shape memoShapes[i]. Shape IDs
-	// sit apart from the fits so the lookup scans a few packed int32s.
-	memoShapes []int32
-	memoFits   []fit
-	live       bool // listed in index.live
+	// Fields read for every class and deployment come first, so that the
+	// per-deployment pass touches as few cache lines as possible.
 
 	// Scratch for the deployment being placed (valid while the matching
 	// seq field equals that deployment's seq).
 	candSeq  int32
-	candOK   bool  // feasible for the deployment
-	candRank int64 // its rank for the deployment, cache bonus included
+	candOK   bool // feasible for the deployment
 	inCands  bool
 	penalSeq int32
 	penal    int32 // members already holding a shard of the deployment
+	candRank int64 // its rank for the deployment, cache bonus included
+
+	members []*nodeState
+	labels  []int32
+	cached  []int32
+	// Memoised fits: memoFits[i] answers shape memoShapes[i], and
+	// memoRanks[i] is its rank or -1 when it does not fit; the packed
+	// copies keep the common lookup off the larger fit structs.
+	memoShapes []int32
+	memoRanks  []int32
+	memoFits   []fit
+	live       bool // listed in index.live
+
+	key  string
+	gpus []gpuState // the state; never modified once the class exists
 }
 
 func (c *class) penalized(seq int32) int32 {

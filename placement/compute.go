@@ -244,16 +244,16 @@ func (p *planner) candidate(c *class, d *depState) {
 		return
 	}
 	c.candSeq, c.candOK, c.inCands = d.seq, false, false
-	if !c.matches(d.labels) {
+	if len(d.labels) > 0 && !c.matches(d.labels) {
 		return
 	}
-	f := p.fitFor(c, d.shapeID)
-	if !f.ok {
+	rank := p.rankFor(c, d.shapeID)
+	if rank < 0 {
 		return
 	}
 	c.candOK = true
-	c.candRank = f.rank
-	if c.caches(d.model) {
+	c.candRank = int64(rank)
+	if len(c.cached) > 0 && c.caches(d.model) {
 		c.candRank += cacheBonus
 	}
 }

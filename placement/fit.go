@@ -49,9 +49,26 @@ func (p *planner) fitFor(c *class, shapeID int32) *fit {
 			return &c.memoFits[i]
 		}
 	}
+	f := evaluate(c.gpus, p.shapes[shapeID])
+	rank := int32(-1)
+	if f.ok {
+		rank = int32(f.rank)
+	}
 	c.memoShapes = append(c.memoShapes, shapeID)
-	c.memoFits = append(c.memoFits, evaluate(c.gpus, p.shapes[shapeID]))
+	c.memoRanks = append(c.memoRanks, rank)
+	c.memoFits = append(c.memoFits, f)
 	return &c.memoFits[len(c.memoFits)-1]
+}
+
+// rankFor is fitFor's rank alone: -1 when the shape does not fit.
+func (p *planner) rankFor(c *class, shapeID int32) int32 {
+	for i, s := range c.memoShapes {
+		if s == shapeID {
+			return c.memoRanks[i]
+		}
+	}
+	p.fitFor(c, shapeID)
+	return c.memoRanks[len(c.memoRanks)-1]
 }
 
 // evaluate is the GPU part of feasibility (type, MIG, faults, free memory)

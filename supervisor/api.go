@@ -44,6 +44,7 @@ func (n *Node) routes(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/deployments/{name}", n.authorized(n.handleUnplace))
 	mux.HandleFunc("GET /v1/plan", n.handlePlan)
 	mux.HandleFunc("GET /v1/shards", n.handleShards)
+	mux.HandleFunc("GET /v1/shards/{shard}/logs", n.handleLogs)
 	if n.cfg.TestHooks {
 		mux.HandleFunc("POST /v1/test/partition", n.authorized(n.handlePartition))
 	}

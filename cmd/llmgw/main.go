@@ -60,6 +60,7 @@ func newApp() *cli.Command {
 			nodesCommand(),
 			modelsCommand(),
 			shardsCommand(),
+			logsCommand(),
 			versionCommand(),
 			demoCommand(),
 			engineCommand(),

@@ -75,10 +75,22 @@ func daemonRuntime(tb testing.TB) *Runtime {
 	return r
 }
 
+// fakeImageDir holds the image build of this test process; TestMain
+// removes it.
+func fakeImageDir() string {
+	return filepath.Join(os.TempDir(), "llmgw-fakeimg-"+strconv.Itoa(os.Getpid()))
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	_ = os.RemoveAll(fakeImageDir())
+	os.Exit(code)
+}
+
 // The image tar is built once per test binary; building it is the slow part.
 var fakeImageTar = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "llmgw-fakeimg-")
-	if err != nil {
+	dir := fakeImageDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	root, err := moduleRoot()

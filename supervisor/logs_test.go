@@ -1,0 +1,109 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+)
+
+func TestTailOffset(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "log")
+	var b strings.Builder
+	for i := 1; i <= 50000; i++ {
+		fmt.Fprintf(&b, "line %d\n", i)
+	}
+	os.WriteFile(p, []byte(b.String()), 0o600)
+	f, _ := os.Open(p)
+	defer f.Close()
+	for _, n := range []int{0, 1, 3, 50000, 60000} {
+		off, err := tailOffset(f, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Split(strings.TrimSuffix(b.String()[off:], "\n"), "\n")
+		want := min(n, 50000)
+		if n == 0 {
+			if off != int64(b.Len()) {
+				t.Fatalf("tail 0: offset %d, want end", off)
+			}
+			continue
+		}
+		if len(got) != want || got[len(got)-1] != "line 50000" {
+			t.Fatalf("tail %d: %d lines, last %q", n, len(got), got[len(got)-1])
+		}
+	}
+}
+
+// logEngines holds one shard with a log file, for the logs API.
+type logEngines struct {
+	*ClaimEngines
+	path string
+}
+
+func (l *logEngines) LogPath(shard string) (string, bool) { return l.path, shard == "x-0" }
+
+func (l *logEngines) Shards() []gossip.ShardRecord {
+	return []gossip.ShardRecord{{ShardID: "x-0", ReplicaID: "x-0", Deployment: "x", Status: StatusReady}}
+}
+
+func TestLogsAreServedByAnyNode(t *testing.T) {
+	h := newHarness(t)
+	logPath := filepath.Join(t.TempDir(), "x.log")
+	os.WriteFile(logPath, []byte("one\ntwo\nthree\n"), 0o600)
+	cfg := h.config("a")
+	cfg.Engines = &logEngines{ClaimEngines: NewClaimEngines(time.Now), path: logPath}
+	h.cfgs["a"] = cfg
+	a := h.start("a")
+	b := h.start("b", h.gossipAddr("a"))
+	waitUntil(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
+		node, _ := b.holderOf("x-0")
+		return node == "a", node
+	})
+	get := func(n *Node, q string) (int, string) {
+		resp, err := http.Get(api(n, "/v1/shards/x-0/logs"+q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(b, "?tail=2"); code != 200 || body != "two\nthree\n" {
+		t.Fatalf("via b: %d %q", code, body)
+	}
+	if code, body := get(a, "?tail=1"); code != 200 || body != "three\n" {
+		t.Fatalf("on a: %d %q", code, body)
+	}
+	if code, _ := get(b, "?tail=-3"); code != 400 {
+		t.Fatalf("bad tail: %d", code)
+	}
+	resp, _ := http.Get(api(b, "/v1/shards/nope-0/logs"))
+	if resp.StatusCode != 404 {
+		t.Fatalf("unknown shard: %d", resp.StatusCode)
+	}
+	resp.Body.Close()
+	// Follow streams what is appended later.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", api(b, "/v1/shards/x-0/logs?tail=0&follow=1"), nil)
+	fresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresp.Body.Close()
+	f, _ := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("four\n")
+	f.Close()
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(fresp.Body, buf); err != nil || string(buf) != "four\n" {
+		t.Fatalf("follow: %q %v", buf, err)
+	}
+}
