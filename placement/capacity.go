@@ -2,10 +2,11 @@ package placement
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"slices"
 	"strings"
 )
+
+// Capacity accounting and the index of live nodes by state (classes).
 
 // wholeGPUForeignSlack is how much memory of processes llmgw does not own a
 // GPU may carry and still count as free for a whole-GPU shard: a display
@@ -77,29 +78,6 @@ func (g *gpuState) reserve(mem uint64) {
 		return
 	}
 	g.promised = satAdd(g.promised, mem)
-}
-
-func satSub(a, b uint64) uint64 {
-	if b >= a {
-		return 0
-	}
-	return a - b
-}
-
-func satMul(a, b uint64) uint64 {
-	hi, lo := bits.Mul64(a, b)
-	if hi != 0 {
-		return ^uint64(0)
-	}
-	return lo
-}
-
-func satAdd(a, b uint64) uint64 {
-	s, carry := bits.Add64(a, b, 0)
-	if carry != 0 {
-		return ^uint64(0)
-	}
-	return s
 }
 
 // buildGPUs appends a node's advertised GPUs to dst as accounting state,
@@ -185,52 +163,6 @@ func compareGPU(a, b GPU) int {
 	return slices.Compare(sortedInts(a.NVLinkPeers), sortedInts(b.NVLinkPeers))
 }
 
-func sign(c int) int {
-	switch {
-	case c < 0:
-		return -1
-	case c > 0:
-		return 1
-	}
-	return 0
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpBool(a, b bool) int {
-	if a == b {
-		return 0
-	}
-	if !a {
-		return -1
-	}
-	return 1
-}
-
-func strictlySorted(xs []int) bool {
-	for i := 1; i < len(xs); i++ {
-		if xs[i-1] >= xs[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// sortedInts returns a sorted copy without duplicates.
-func sortedInts(in []int) []int {
-	out := slices.Clone(in)
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 // gpuPos finds GPU index idx among gs (sorted by index).
 func gpuPos(gs []gpuState, idx int) (int, bool) {
 	return slices.BinarySearchFunc(gs, idx, func(g gpuState, t int) int { return sign(g.index - t) })
@@ -305,6 +237,20 @@ func (c *class) addPenal(seq int32, delta int32) {
 	c.penal += delta
 }
 
+func (c *class) matches(labels []labelReq) bool {
+	for _, l := range labels {
+		if c.labels[l.key] != l.val {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *class) caches(model int32) bool {
+	_, ok := slices.BinarySearch(c.cached, model)
+	return ok
+}
+
 // index groups live nodes into classes.
 type index struct {
 	classes map[string]*class
@@ -312,6 +258,116 @@ type index struct {
 	// order; empty ones are dropped when a deployment starts.
 	live []*class
 	buf  []byte
+}
+
+// ensureIndex builds the capacity index on first need: a view where every
+// shard is kept never pays for it.
+func (p *planner) ensureIndex() {
+	if p.idx != nil {
+		return
+	}
+	p.lowered = map[string]string{}
+	p.internConstraints()
+	p.idx = &index{classes: map[string]*class{}}
+	var labels, cached []int32
+	for _, n := range p.nodes {
+		if !n.alive {
+			continue // dead or leaving: takes nothing
+		}
+		// Scratch buffers: a node's state lives in its class, which copies
+		// it only when the class is new.
+		labels = p.nodeLabels(labels[:0], n.node)
+		cached = p.nodeCached(cached[:0], n.node)
+		p.gpuBuf = p.buildGPUs(p.gpuBuf[:0], n.node.GPUs)
+		reserveHeld(p.gpuBuf, n.node.Shards)
+		p.idx.join(n, p.idx.classFor(p.gpuBuf, labels, cached))
+	}
+}
+
+// internConstraints gives IDs to the label values, models and shapes that
+// deployments ask for. Node classes only distinguish what some deployment
+// can tell apart: a "rack" label nobody constrains does not split classes.
+func (p *planner) internConstraints() {
+	vals := map[string]map[string]bool{}
+	p.models = map[string]int32{}
+	p.shapeIDs = map[shape]int32{}
+	for _, d := range p.deps {
+		for k, v := range d.d.Labels {
+			if vals[k] == nil {
+				vals[k] = map[string]bool{}
+			}
+			vals[k][v] = true
+		}
+	}
+	p.labelKeys = sortedKeys(vals)
+	p.labelVals = make([]map[string]int32, len(p.labelKeys))
+	for i, k := range p.labelKeys {
+		p.labelVals[i] = map[string]int32{}
+		for j, v := range sortedKeys(vals[k]) {
+			p.labelVals[i][v] = int32(j)
+		}
+	}
+	for _, d := range p.deps {
+		if _, ok := p.models[d.d.Model]; !ok {
+			p.models[d.d.Model] = int32(len(p.models))
+		}
+		d.model = p.models[d.d.Model]
+		sh := shape{tp: d.d.TensorParallel, mem: uint64(d.d.GPUMemory), gpuType: strings.ToLower(d.d.GPUType)}
+		id, ok := p.shapeIDs[sh]
+		if !ok {
+			id = int32(len(p.shapes))
+			p.shapes = append(p.shapes, sh)
+			p.shapeIDs[sh] = id
+		}
+		d.shapeID = id
+		d.labels = d.labels[:0]
+		for i, k := range p.labelKeys {
+			if v, ok := d.d.Labels[k]; ok {
+				d.labels = append(d.labels, labelReq{key: i, val: p.labelVals[i][v]})
+			}
+		}
+	}
+}
+
+// lower interns lower-cased GPU names; a node's GPUs are usually all one
+// model, so the last answer is tried first.
+func (p *planner) lower(s string) string {
+	if s == p.lastName {
+		return p.lastLower
+	}
+	l, ok := p.lowered[s]
+	if !ok {
+		l = strings.ToLower(s)
+		p.lowered[s] = l
+	}
+	p.lastName, p.lastLower = s, l
+	return l
+}
+
+// nodeLabels appends the node's value ID for each label key deployments
+// ask about.
+func (p *planner) nodeLabels(out []int32, n *Node) []int32 {
+	for i, k := range p.labelKeys {
+		id := int32(-1) // absent, or a value no deployment asks for
+		if v, ok := n.Labels[k]; ok {
+			if vid, ok := p.labelVals[i][v]; ok {
+				id = vid
+			}
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// nodeCached appends the IDs of the deployed models the node has cached.
+func (p *planner) nodeCached(out []int32, n *Node) []int32 {
+	for _, m := range n.CachedModels {
+		if id, ok := p.models[m]; ok {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // classFor returns the class of the given state, creating it if new. The

@@ -617,3 +617,56 @@ func TestLexOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeClusterConverges runs the benchmark cluster at a tenth of its
+// size through the invariants, then loses a node: only that node's shards
+// move, and they go elsewhere.
+func TestLargeClusterConverges(t *testing.T) {
+	v := View{Nodes: benchCluster(1250), Deployments: benchDeployments(1000)}
+	p := Compute(v)
+	checkInvariants(t, v, p)
+	if len(p.Unplaced) != 0 {
+		t.Fatalf("%d shards unplaced in a cluster with room: first %+v", len(p.Unplaced), p.Unplaced[0])
+	}
+	held := heldFromPlan(v, p, LeaseValid)
+	again := Compute(held)
+	if mustJSON(t, again.Assignments) == mustJSON(t, p.Assignments) {
+		t.Fatal("converged plan should mark everything kept")
+	}
+	for _, a := range again.Assignments {
+		if !a.Kept {
+			t.Fatalf("%s not kept in a converged cluster", a.ShardID)
+		}
+	}
+
+	busiest := 0
+	for i, n := range held.Nodes {
+		if len(n.Shards) > len(held.Nodes[busiest].Shards) {
+			busiest = i
+		}
+	}
+	lost := held.Nodes[busiest].Name
+	held.Nodes[busiest].Alive = false
+	replan := Compute(held)
+	checkInvariants(t, held, replan)
+	before := map[string]Assignment{}
+	for _, a := range p.Assignments {
+		before[a.ShardID] = a
+	}
+	moved := 0
+	for _, a := range replan.Assignments {
+		b := before[a.ShardID]
+		switch {
+		case b.Node == lost:
+			moved++
+			if a.Node == lost || a.Kept {
+				t.Errorf("%s still on the lost node", a.ShardID)
+			}
+		case a.Node != b.Node || !slices.Equal(a.GPUs, b.GPUs) || !a.Kept:
+			t.Errorf("%s moved from %s to %s although its node lives", a.ShardID, b.Node, a.Node)
+		}
+	}
+	if moved == 0 || len(replan.Unplaced) != 0 {
+		t.Fatalf("moved %d, unplaced %d", moved, len(replan.Unplaced))
+	}
+}

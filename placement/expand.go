@@ -50,8 +50,13 @@ type depState struct {
 	weightHi, weightLo uint64
 
 	penalized []*nodeState // nodes holding a shard of it (spread > 0)
-	funnelAt  int          // planner.stateVersion+1 when funnel is current
+	funnelAt  int          // planner.version+1 when funnel is current
 	funnel    funnel
+	// The last plain gang that failed: when (planner.version+1), its size
+	// and why.
+	failAt   int
+	failNeed int
+	failWhy  string
 }
 
 type labelReq struct {

@@ -99,10 +99,6 @@ func (p *planner) explain(d *depState, g gang, picked int) string {
 			why += " besides " + kept + ", where its other shards stay"
 		}
 	}
-	if len(g.rep.drains) > 0 {
-		why = fmt.Sprintf("new version %s: %s; version %s keeps serving meanwhile",
-			d.version, why, g.rep.drains[0].held.SpecVersion)
-	}
 	return why
 }
 

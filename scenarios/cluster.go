@@ -35,6 +35,11 @@ type node struct {
 	logPath    string
 	gpus       string
 	labels     []string
+	// index is the node's number in creation order, from 1.
+	index int
+	// host is where gossip binds, apiHost where the API does: 127.0.0.1,
+	// or the node's addresses in its namespace (net=netns).
+	host, apiHost, netns string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -48,8 +53,8 @@ type node struct {
 	drop []string
 }
 
-func (n *node) api() string    { return fmt.Sprintf("http://127.0.0.1:%d", n.apiPort) }
-func (n *node) gossip() string { return fmt.Sprintf("127.0.0.1:%d", n.gossipPort) }
+func (n *node) api() string    { return fmt.Sprintf("http://%s:%d", n.apiHost, n.apiPort) }
+func (n *node) gossip() string { return fmt.Sprintf("%s:%d", n.host, n.gossipPort) }
 
 // running: the agent process exists and has not exited (it may be frozen).
 func (n *node) running() bool {
@@ -126,8 +131,14 @@ func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 		return nil, err
 	}
 	n := &node{
-		name: name, gossipPort: gp, apiPort: ap, gpus: gpus, labels: labels,
+		name: name, gossipPort: gp, apiPort: ap, gpus: gpus, labels: labels, index: len(r.nodes) + 1,
 		dataDir: filepath.Join(r.work, name), logPath: filepath.Join(r.work, name+".log"),
+		host: "127.0.0.1", apiHost: "127.0.0.1",
+	}
+	if r.nn != nil {
+		if err := r.nn.addNode(n); err != nil {
+			return nil, err
+		}
 	}
 	r.nodes = append(r.nodes, n)
 	r.byName[name] = n
@@ -145,7 +156,7 @@ func (r *runner) start(n *node) error {
 		"--name", n.name,
 		"--data-dir", n.dataDir,
 		"--bind", n.gossip(),
-		"--api", fmt.Sprintf("127.0.0.1:%d", n.apiPort),
+		"--api", fmt.Sprintf("%s:%d", n.apiHost, n.apiPort),
 		"--profile", r.cfg.profile,
 		"--simulate-gpus", n.gpus,
 		"--token-file", r.tokenFile,
@@ -172,6 +183,10 @@ func (r *runner) start(n *node) error {
 	}
 	fmt.Fprintf(logf, "%s%s at %s\n", startMarker, n.name, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(r.opts.Binary, args...)
+	if n.netns != "" {
+		// ip netns exec execs the binary: the pid is the agent's.
+		cmd = exec.Command("ip", append([]string{"netns", "exec", n.netns, r.opts.Binary}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
 	// Its own process group, so a terminal's ^C reaches the runner only;
@@ -354,6 +369,13 @@ func (r *runner) teardown() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// teardownNet removes the namespaces and bridges of net=netns.
+func (r *runner) teardownNet() {
+	if r.nn != nil {
+		r.nn.teardown(r.nodes)
 	}
 }
 

@@ -73,17 +73,44 @@ func (r *runner) cmdWaitUntil(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	hold, err := d.duration("for", 0)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if hold >= within {
+		return "", time.Time{}, usagef("wait-until: for=%v must be shorter than within %v", hold, within)
+	}
+	var since, first time.Time
 	ok, last := r.poll(within, func() (bool, string) {
 		obs := r.observers(only)
 		if len(obs) == 0 {
 			return false, "no node is up to ask"
 		}
-		return c(obs)
+		start := time.Now()
+		ok, detail := c(obs)
+		switch {
+		case !ok && !since.IsZero():
+			detail = fmt.Sprintf("held for %.1fs, then: %s", time.Since(since).Seconds(), detail)
+			since = time.Time{}
+			return false, detail
+		case !ok:
+			return false, detail
+		case since.IsZero():
+			since, first = start, time.Now()
+		}
+		if time.Since(since) < hold {
+			return false, ""
+		}
+		return true, ""
 	})
 	if !ok {
+		if hold > 0 && !since.IsZero() {
+			last = fmt.Sprintf("held only %.1fs of %v", time.Since(since).Seconds(), hold)
+		}
 		return fmt.Sprintf("timed out after %v: %s", within, last), time.Time{}, nil
 	}
-	return "ok", time.Now(), nil
+	// The event is when it came true, not when it had held long enough.
+	return "ok", first, nil
 }
 
 // onNodes reads on=(...): nil means every observer.

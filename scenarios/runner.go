@@ -14,6 +14,7 @@
 //
 //	# labels: short            short runs in `make test`; slow, pending, ... only with -all
 //	# requires: process-runtime   skipped while the binary cannot run engines
+//	# requires: netns             skipped where network namespaces cannot be made
 //
 // A command is `NAME positional... key=value key=(a,b,c)`. Values with
 // spaces are double-quoted. Every argument must be used: an unknown
@@ -42,10 +43,13 @@
 //
 // # Commands
 //
-//	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)] [log-level=info] [within=30s]
-//	    Start N nodes on 127.0.0.1 with free ports, their own data dirs, one
-//	    shared token file, --test-hooks and simulated GPUs; wait until every
-//	    node sees all N alive with their GPUs.
+//	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)]
+//	        [net=loopback|netns] [log-level=info] [within=30s]
+//	    Start N nodes with free ports, their own data dirs, one shared token
+//	    file, --test-hooks and simulated GPUs; wait until every node sees all
+//	    N alive with their GPUs. net=loopback (default): every node on
+//	    127.0.0.1. net=netns: every node in a network namespace of its own
+//	    (root and iproute2 needed; see netns.go), so partitions are real.
 //	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s]
 //	    Start one more node joining the others; wait until every observer
 //	    sees it alive.
@@ -56,19 +60,24 @@
 //	                           it runs); waits for its API. A partition rule it
 //	                           had is installed again.
 //	freeze NODE [as=ALIAS]     SIGSTOP the agent.   thaw NODE: SIGCONT.
-//	partition A,B | C,D ...    Split the cluster through the gossip-drop test
-//	                           hook (POST /v1/test/partition on every node: it
-//	                           drops gossip to and from the other sides). No
-//	                           network namespaces: the HTTP API stays reachable.
-//	heal                       Remove every drop rule.
+//	partition A,B | C,D ...    Split the cluster. With net=netns each side's
+//	                           cluster links move to a bridge of their own: a
+//	                           real partition. With net=loopback it is the
+//	                           gossip-drop test hook (POST /v1/test/partition
+//	                           on every node: it drops gossip to and from the
+//	                           other sides). Either way the HTTP APIs stay
+//	                           reachable. The output says which was used.
+//	heal                       Undo the partition.
 //	place NAME model=M [engine=fake] [replicas=1] [tp=1] [pp=1] [gpu-memory=70GiB] [gpu-type=H100]
 //	      [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
 //	    POST the deployment to one node (default: the first observer).
 //	unplace NAME [via=NODE]
 //	crash-engine SHARD         SIGKILL the engine process of SHARD (pid from /v1/shards).
-//	wait-until CONDITION... within DURATION   (or within=DURATION)
+//	wait-until CONDITION... [for=DURATION] within DURATION   (or within=DURATION)
 //	    Poll every observer (or on=(...)) until CONDITION holds everywhere;
-//	    prints "ok", or what was last seen when the time ran out.
+//	    prints "ok", or what was last seen when the time ran out. With for=
+//	    it must hold at every poll for that long (a stability check; the
+//	    event is still when it first held).
 //	expect WHAT ...            Print a deterministic snapshot (below).
 //	snapshot NAME              Remember the plan and the engines' pids.
 //	measure NAME from=EVENT to=EVENT [max=DURATION]
@@ -196,6 +205,7 @@ type runner struct {
 	snaps     map[string]*snap
 	loops     map[string]*reqLoop
 	res       *Result
+	nn        *netnsNet
 	t0        time.Time
 	pollEvery time.Duration
 }
@@ -209,7 +219,7 @@ var commands map[string]cmdSpec
 
 func init() {
 	commands = map[string]cmdSpec{
-		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within", (*runner).cmdCluster},
+		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net", (*runner).cmdCluster},
 		"add-node":     {"gpus labels within", (*runner).cmdAddNode},
 		"kill":         {"as", (*runner).cmdKill},
 		"stop":         {"as", (*runner).cmdStop},
@@ -221,7 +231,7 @@ func init() {
 		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env via", (*runner).cmdPlace},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
-		"wait-until":   {"within on alive suspect dead left ready status lease engine running", (*runner).cmdWaitUntil},
+		"wait-until":   {"within for on alive suspect dead left ready status lease engine running", (*runner).cmdWaitUntil},
 		"expect":       {"on columns since min-routable", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
@@ -286,6 +296,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	if err := os.WriteFile(r.tokenFile, []byte(r.token+"\n"), 0o600); err != nil {
 		return res, err
 	}
+	defer r.teardownNet()
 	defer r.teardown()
 
 	failed := false
@@ -406,6 +417,10 @@ func (d *directive) kvRaw(key string) (string, bool) {
 func unmet(binary string, requires []string) string {
 	for _, req := range requires {
 		switch req {
+		case "netns":
+			if why := netnsWorks(); why != "" {
+				return why
+			}
 		case "process-runtime":
 			out, _ := execOutput(binary, "node", "up", "--help")
 			if !strings.Contains(out, "process") {
@@ -486,6 +501,19 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	network, err := d.str("net", "loopback")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	switch network {
+	case "loopback":
+	case "netns":
+		if r.nn, err = newNetns(); err != nil {
+			return "", time.Time{}, err
+		}
+	default:
+		return "", time.Time{}, usagef("cluster: net=%s: want loopback or netns", network)
+	}
 	r.started = true
 	at := time.Now()
 	if count >= 10 {
@@ -523,7 +551,11 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	if count > 1 {
 		names += ".." + nodes[count-1].name
 	}
-	return fmt.Sprintf("%d nodes up (%s), %s each, profile %s, lease-ttl %v, runtime %s", count, names, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), at, nil
+	where := "on 127.0.0.1"
+	if r.nn != nil {
+		where = "each in its own network namespace"
+	}
+	return fmt.Sprintf("%d nodes up (%s) %s, %s each, profile %s, lease-ttl %v, runtime %s", count, names, where, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), at, nil
 }
 
 // condMembersAlive: every one of nodes sees want alive members with GPUs.
@@ -808,6 +840,19 @@ func (r *runner) cmdPartition(d *directive) (string, time.Time, error) {
 	at := time.Now()
 	var errs []string
 	var desc []string
+	if r.nn != nil {
+		for _, side := range sides {
+			var names []string
+			for _, n := range side {
+				names = append(names, n.name)
+			}
+			desc = append(desc, strings.Join(names, ","))
+		}
+		if err := r.nn.split(sides); err != nil {
+			return "", at, err
+		}
+		return "partitioned " + strings.Join(desc, " | ") + " (network namespaces: each side on a bridge of its own; the API stays reachable)", at, nil
+	}
 	for i, side := range sides {
 		var names []string
 		for _, n := range side {
@@ -841,6 +886,12 @@ func (r *runner) cmdHeal(d *directive) (string, time.Time, error) {
 		return "", time.Time{}, err
 	}
 	at := time.Now()
+	if r.nn != nil {
+		if err := r.nn.heal(r.nodes); err != nil {
+			return "", at, err
+		}
+		return "healed: every node back on one bridge", at, nil
+	}
 	out := []string{"healed: every node accepts gossip from every node again"}
 	for _, n := range r.nodes {
 		n.drop = nil

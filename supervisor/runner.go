@@ -192,7 +192,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			if ok {
 				_ = r.cfg.Runtime.Stop(ctx, id, 0)
 			}
-			_ = shardstate.Remove(r.stateDir, stateFileID(st.ShardID, st.Spec.SpecVersion))
+			_ = shardstate.Remove(r.stateDir, shardstate.FileID(st))
 			continue
 		}
 		delete(live, id)
@@ -402,9 +402,19 @@ func (r *Runner) start(ctx context.Context, e *engine) error {
 		LogPath: filepath.Join(r.logDir, e.id+".log"), WeightsDir: r.cfg.WeightsDir,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	// Container images are pulled before the engine starts (vLLM's are
+	// 12-28 GB; the runtime logs progress). The engine stays "starting"
+	// meanwhile, holding its claim.
+	if p, ok := r.cfg.Runtime.(interface {
+		EnsureImage(ctx context.Context, ref string) error
+	}); ok && image != "" {
+		if err := p.EnsureImage(ctx, image); err != nil {
+			return err
+		}
+	}
 	// The state file goes first: an agent that dies right after Start
 	// still finds what it started.
-	if err := shardstate.Save(r.stateDir, stateFile(st)); err != nil {
+	if err := shardstate.Save(r.stateDir, st); err != nil {
 		return err
 	}
 	eng, err := r.cfg.Runtime.Start(ctx, spec)
@@ -415,7 +425,7 @@ func (r *Runner) start(ctx context.Context, e *engine) error {
 	if r.cfg.Runtime.Name() == "containerd" {
 		st.Spec.ContainerID = e.id
 	}
-	if err := shardstate.Save(r.stateDir, stateFile(st)); err != nil {
+	if err := shardstate.Save(r.stateDir, st); err != nil {
 		r.log.Error("save shard state", "err", err)
 	}
 	r.mu.Lock()
@@ -441,7 +451,7 @@ func (r *Runner) crashed(e *engine, code *int) time.Time {
 	e.ready = false
 	e.status = StatusBackoff
 	e.failing = e.crashes >= r.cfg.FailingAfter
-	_ = shardstate.Save(r.stateDir, stateFile(e.state))
+	_ = shardstate.Save(r.stateDir, e.state)
 	r.notifyLocked()
 	delay := r.cfg.BackoffMin << min(e.crashes-1, 16)
 	return r.cfg.Now().Add(min(delay, r.cfg.BackoffMax))
@@ -557,7 +567,7 @@ func (r *Runner) finish(e *engine) {
 	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		r.log.Error("stop engine", "engine", e.id, "err", err)
 	}
-	_ = shardstate.Remove(r.stateDir, stateFileID(e.state.ShardID, e.state.Spec.SpecVersion))
+	_ = shardstate.Remove(r.stateDir, shardstate.FileID(e.state))
 	r.tracker.Forget(e.id)
 	r.mu.Lock()
 	delete(r.engines, e.id)
@@ -629,10 +639,3 @@ func shardIndex(d Desired) int {
 	}
 	return 0
 }
-
-// stateFile keys the state file by engine rather than shard: during a
-// rolling update the old and the new spec of one shard can both run on
-// this node, and each needs its own file.
-func stateFile(st shardstate.State) shardstate.State { return st }
-
-func stateFileID(shard, spec string) string { return shard }

@@ -80,6 +80,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort+i),
 			"--api", fmt.Sprintf("127.0.0.1:%d", apiPort+i),
 			"--profile", "local",
+			"--runtime", "process",
 			"--simulate-gpus", c.String("gpus"),
 			"--token-file", tokenFile,
 			"--label", "zone=demo-" + strconv.Itoa(i%2),

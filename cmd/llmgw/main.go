@@ -64,6 +64,7 @@ func newApp() *cli.Command {
 			versionCommand(),
 			demoCommand(),
 			engineCommand(),
+			imageCommand(),
 		},
 	}
 }

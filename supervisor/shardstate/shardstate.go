@@ -127,8 +127,12 @@ func Path(dir, id string) (string, error) {
 // Save writes s atomically as the state file of s.ShardID, stamping the
 // current FormatVersion. dir must exist. After an error the previous file,
 // if any, is intact.
+//
+// The file is named after the engine (Spec.EngineID, "<shard>-<spec
+// version>") when it is set: during a rolling update the old and the new
+// spec of one shard may both run on this node, and each needs its own file.
 func Save(dir string, s State) error {
-	p, err := Path(dir, s.ShardID)
+	p, err := Path(dir, FileID(s))
 	if err != nil {
 		return err
 	}
@@ -154,6 +158,15 @@ func syncDir(dir string) error {
 		return fmt.Errorf("shard state: fsync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// FileID is the ID a state's file is named by: the engine ID when known,
+// else the shard ID.
+func FileID(s State) string {
+	if s.Spec.EngineID != "" {
+		return s.Spec.EngineID
+	}
+	return s.ShardID
 }
 
 // Load reads every state file in dir, sorted by shard ID. A missing dir

@@ -6,16 +6,9 @@ import (
 	"strings"
 )
 
-// Feasibility and per-node ranking for one request shape.
-
-// Scores are integers in [0, scoreMax] per criterion, added up (Nomad
-// normalises and averages; integers keep every architecture in agreement).
-const (
-	scoreMax = 1000
-	// cacheBonus is worth half a criterion: weights on local disk save a
-	// download, but should not outweigh packing or NVLink.
-	cacheBonus = scoreMax / 2
-)
+// Feasibility: can a node take a shard, and on which GPUs. The filters, in
+// order: live node (only live nodes are indexed), labels, GPU type, MIG and
+// faults, free memory or free whole GPUs, enough such GPUs on one node.
 
 // shape is what one shard asks of one node. Every shard of a deployment has
 // the same shape, and deployments with equal shapes share memoised fits.
@@ -71,8 +64,31 @@ func (p *planner) rankFor(c *class, shapeID int32) int32 {
 	return c.memoRanks[len(c.memoRanks)-1]
 }
 
+// candidate evaluates a class for the current deployment once: labels
+// (feasibility), then the memoised GPU fit, plus the cache bonus (ranking).
+func (p *planner) candidate(c *class, d *depState) {
+	if c.candSeq == d.seq {
+		return
+	}
+	c.candSeq, c.candOK, c.inCands = d.seq, false, false
+	if len(d.labels) > 0 && !c.matches(d.labels) {
+		return
+	}
+	rank := p.rankFor(c, d.shapeID)
+	if rank < 0 {
+		return
+	}
+	c.candOK = true
+	c.candRank = int64(rank)
+	if len(c.cached) > 0 && c.caches(d.model) {
+		c.candRank += cacheBonus
+	}
+}
+
 // evaluate is the GPU part of feasibility (type, MIG, faults, free memory)
-// and the node part of ranking (pack, NVLink) for one node state.
+// for one node state, and, when the shard fits, the node's pack and NVLink
+// scores: both come out of the same walk over the GPUs and are memoised
+// together.
 func evaluate(gs []gpuState, sh shape) fit {
 	var (
 		f         fit
@@ -122,37 +138,6 @@ func evaluate(gs []gpuState, sh shape) fit {
 	}
 	f.rank += nvlinkScore(gs, f.pos)
 	return f
-}
-
-// packScore is best fit: the less a node has left after the placement, the
-// higher it scores, so small shards fill gaps and whole nodes stay whole
-// for large gangs.
-func packScore(left, capacity uint64) int64 {
-	if capacity == 0 {
-		return 0
-	}
-	left = min(left, capacity)
-	hi, lo := bits.Mul64(left, scoreMax)
-	q, _ := bits.Div64(hi, lo, capacity) // hi < capacity since left ≤ capacity
-	return scoreMax - int64(q)
-}
-
-// nvlinkScore is the share of GPU pairs in the set joined by NVLink, for
-// tensor parallelism whose all-reduce otherwise crosses PCIe.
-func nvlinkScore(gs []gpuState, pos []int) int64 {
-	if len(pos) < 2 {
-		return 0
-	}
-	links := 0
-	for i, a := range pos {
-		for _, b := range pos[i+1:] {
-			if b < maxNVLinkGPUs && gs[a].nvlink&(1<<b) != 0 {
-				links++
-			}
-		}
-	}
-	pairs := len(pos) * (len(pos) - 1) / 2
-	return int64(links * scoreMax / pairs)
 }
 
 // chooseGPUs picks sh.tp of the eligible positions: the set with the most
