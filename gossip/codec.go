@@ -37,7 +37,7 @@ func encode(m message) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	buf.WriteByte(formatDeflateJSON)
-	w, err := flate.NewWriter(&buf, flate.BestCompression)
+	w, err := flate.NewWriter(&buf, flate.DefaultCompression)
 	if err != nil {
 		return nil, fmt.Errorf("encode gossip message: %w", err)
 	}

@@ -96,7 +96,9 @@ func supersedes(d, old DeploymentRecord) bool {
 		return d.Deleted
 	}
 	if d.Spec == nil || old.Spec == nil {
-		return false
+		// Only malformed records (decode drops them) get here; a spec
+		// still beats none, so the order stays total.
+		return old.Spec == nil && d.Spec != nil
 	}
 	a, _ := json.Marshal(d.Spec)
 	b, _ := json.Marshal(old.Spec)

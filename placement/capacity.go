@@ -165,6 +165,9 @@ func compareGPU(a, b GPU) int {
 
 // gpuPos finds GPU index idx among gs (sorted by index).
 func gpuPos(gs []gpuState, idx int) (int, bool) {
+	if idx >= 0 && idx < len(gs) && gs[idx].index == idx {
+		return idx, true // the usual dense numbering
+	}
 	return slices.BinarySearchFunc(gs, idx, func(g gpuState, t int) int { return sign(g.index - t) })
 }
 
@@ -258,6 +261,9 @@ type index struct {
 	// order; empty ones are dropped when a deployment starts.
 	live []*class
 	buf  []byte
+	// largestGPU is the largest memory of a live GPU: a whole GPU weighs
+	// that much when gangs are ordered by size.
+	largestGPU uint64
 }
 
 // ensureIndex builds the capacity index on first need: a view where every
@@ -279,6 +285,9 @@ func (p *planner) ensureIndex() {
 		labels = p.nodeLabels(labels[:0], n.node)
 		cached = p.nodeCached(cached[:0], n.node)
 		p.gpuBuf = p.buildGPUs(p.gpuBuf[:0], n.node.GPUs)
+		for i := range p.gpuBuf {
+			p.idx.largestGPU = max(p.idx.largestGPU, p.gpuBuf[i].total)
+		}
 		reserveHeld(p.gpuBuf, n.node.Shards)
 		p.idx.join(n, p.idx.classFor(p.gpuBuf, labels, cached))
 	}
@@ -301,6 +310,7 @@ func (p *planner) internConstraints() {
 	}
 	p.labelKeys = sortedKeys(vals)
 	p.labelVals = make([]map[string]int32, len(p.labelKeys))
+	p.labelLast = make([]labelMemo, len(p.labelKeys))
 	for i, k := range p.labelKeys {
 		p.labelVals[i] = map[string]int32{}
 		for j, v := range sortedKeys(vals[k]) {
@@ -350,13 +360,32 @@ func (p *planner) nodeLabels(out []int32, n *Node) []int32 {
 	for i, k := range p.labelKeys {
 		id := int32(-1) // absent, or a value no deployment asks for
 		if v, ok := n.Labels[k]; ok {
-			if vid, ok := p.labelVals[i][v]; ok {
-				id = vid
-			}
+			id = p.labelID(i, v)
 		}
 		out = append(out, id)
 	}
 	return out
+}
+
+// labelID looks up a value of label key i, remembering the last answer per
+// key: neighbouring nodes mostly share their values.
+func (p *planner) labelID(i int, v string) int32 {
+	last := &p.labelLast[i]
+	if last.ok && last.val == v {
+		return last.id
+	}
+	id, ok := p.labelVals[i][v]
+	if !ok {
+		id = -1
+	}
+	*last = labelMemo{val: v, id: id, ok: true}
+	return id
+}
+
+type labelMemo struct {
+	val string
+	id  int32
+	ok  bool
 }
 
 // nodeCached appends the IDs of the deployed models the node has cached.

@@ -40,16 +40,20 @@ type planner struct {
 	// Interned inputs of the capacity index.
 	labelKeys []string           // label keys deployments ask about, sorted
 	labelVals []map[string]int32 // per key: asked-for value → ID
+	labelLast []labelMemo        // per key: labelID's one-entry cache
 	models    map[string]int32   // deployed model → ID
 	shapes    []shape            // by shape ID
 	shapeIDs  map[shape]int32    // shape → ID
 	lowered   map[string]string  // GPU name → lower case
 	lastName  string             // lower's one-entry cache
 	lastLower string
+
+	// Placement state and scratch.
 	idx       *index     // nil until something needs placing
 	gpuBuf    []gpuState // scratch for commit
 	cands     []*class   // feasible classes of the current deployment, best first
 	rankCount []int      // scratch for sortByRank
+	slab      []int      // backing store for the plan's GPU lists
 	gangSeq   int32      // stamp for nodeState.exclSeq
 	version   int        // bumped on every commit; dates funnels
 }
@@ -65,19 +69,32 @@ type gang struct {
 // deployment are therefore placed one after the other, which lets the
 // per-deployment scratch (spread counts, candidate list) be set up once.
 func (p *planner) placeAll() {
-	order := slices.Clone(p.deps)
-	var wholeWeight uint64 // a whole GPU weighs as much as the largest GPU
-	for _, n := range p.nodes {
-		if n.alive {
-			for i := range n.node.GPUs {
-				wholeWeight = max(wholeWeight, n.node.GPUs[i].MemoryTotal)
+	var order []*depState
+	gangs := map[*depState][]gang{}
+	for _, d := range p.deps {
+		for _, r := range d.replicas {
+			var missing []*shardState
+			for _, s := range r.shards {
+				if !s.kept.ok() {
+					missing = append(missing, s)
+				}
+			}
+			if len(missing) > 0 {
+				gangs[d] = append(gangs[d], gang{rep: r, missing: missing})
 			}
 		}
+		if len(gangs[d]) > 0 {
+			order = append(order, d)
+		}
 	}
+	if len(order) == 0 {
+		return // everything is kept: no index needed
+	}
+	p.ensureIndex()
 	for _, d := range order {
 		mem := uint64(d.d.GPUMemory)
 		if mem == 0 {
-			mem = max(wholeWeight, 1)
+			mem = max(p.idx.largestGPU, 1) // a whole GPU weighs as much as the largest
 		}
 		d.weightHi, d.weightLo = bits.Mul64(uint64(d.d.PipelineParallel*d.d.TensorParallel), mem)
 	}
@@ -91,24 +108,8 @@ func (p *planner) placeAll() {
 		return strings.Compare(a.d.Name, b.d.Name)
 	})
 	for _, d := range order {
-		var gangs []gang
-		for _, r := range d.replicas {
-			var missing []*shardState
-			for _, s := range r.shards {
-				if !s.kept.ok() {
-					missing = append(missing, s)
-				}
-			}
-			if len(missing) > 0 {
-				gangs = append(gangs, gang{rep: r, missing: missing})
-			}
-		}
-		if len(gangs) == 0 {
-			continue
-		}
-		p.ensureIndex()
 		p.beginDeployment(d)
-		for _, g := range gangs {
+		for _, g := range gangs[d] {
 			p.placeGang(d, g)
 		}
 	}
@@ -188,12 +189,14 @@ func (p *planner) commit(d *depState, s *shardState, n *nodeState) {
 	old := n.class
 	f := p.fitFor(old, d.shapeID)
 	s.placed = n
-	s.gpus = make([]int, len(f.pos))
+	var idx [8]int // GPU indices; most shards have at most 8
+	gpus := idx[:0]
 	p.gpuBuf = append(p.gpuBuf[:0], old.gpus...)
-	for i, pos := range f.pos {
-		s.gpus[i] = p.gpuBuf[pos].index
+	for _, pos := range f.pos {
+		gpus = append(gpus, p.gpuBuf[pos].index)
 		p.gpuBuf[pos].reserve(uint64(d.d.GPUMemory))
 	}
+	s.gpus = p.gpuList(gpus)
 	if n.spreadOf(d.seq) > 0 {
 		old.addPenal(d.seq, -1)
 	}

@@ -296,6 +296,8 @@ func TestComputeReasons(t *testing.T) {
 		{"whole GPU busy", []Node{mkNode("n1", []GPU{{Index: 0, Name: h100, MemoryTotal: 80 * gib, MemoryForeign: 3 * gib}})},
 			mkDep("a"), "needs 1 whole GPU; best node n1 has 0 (1 node checked); a whole GPU must hold no shard of ours and at most 1GiB of other processes' memory"},
 		{"invalid", three, mkDep("Bad_Name"), "invalid deployment: name: invalid value"},
+		{"every replica that does not fit says why", []Node{mkNode("n1", hgpus(1, h100, 80, false))},
+			mkDep("a", replicas(3)), "needs 1 whole GPU; best node n1 has 0 (1 node checked)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -668,5 +670,29 @@ func TestLargeClusterConverges(t *testing.T) {
 	}
 	if moved == 0 || len(replan.Unplaced) != 0 {
 		t.Fatalf("moved %d, unplaced %d", moved, len(replan.Unplaced))
+	}
+}
+
+// Among equal nodes the rendezvous hash of shard and node decides, so a
+// node joining changes the choice only if it wins the hash itself.
+func TestTieBreakIsRendezvous(t *testing.T) {
+	var v View
+	best, bestH := "", uint64(0)
+	for i := range 6 {
+		name := ReplicaID("node", i)
+		v.Nodes = append(v.Nodes, mkNode(name, hgpus(1, "NVIDIA H100 80GB HBM3", 80, false)))
+		if h := rendezvous(fnv1a("a-0"), nodeKey(name)); h > bestH {
+			best, bestH = name, h
+		}
+	}
+	v.Deployments = []Deployment{mkDep("a")}
+	wantAssigned(t, Compute(v), "a-0", best, 0)
+	for i := 6; i < 20; i++ {
+		name := ReplicaID("node", i)
+		v.Nodes = append(v.Nodes, mkNode(name, hgpus(1, "NVIDIA H100 80GB HBM3", 80, false)))
+		if h := rendezvous(fnv1a("a-0"), nodeKey(name)); h > bestH {
+			best, bestH = name, h
+		}
+		wantAssigned(t, Compute(v), "a-0", best, 0)
 	}
 }

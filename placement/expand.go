@@ -175,7 +175,8 @@ func (p *planner) readDeployments(in []Deployment) {
 	})
 	ds = slices.CompactFunc(ds, func(a, b Deployment) bool { return a.Name == b.Name })
 
-	p.shards = map[string]*shardState{}
+	valid := ds[:0]
+	total := 0
 	for _, d := range ds {
 		if err := d.Validate(); err != nil {
 			// There is no sound expansion of an invalid spec, so the whole
@@ -186,6 +187,11 @@ func (p *planner) readDeployments(in []Deployment) {
 			})
 			continue
 		}
+		valid = append(valid, d)
+		total += d.Replicas * d.PipelineParallel
+	}
+	p.shards = make(map[string]*shardState, total)
+	for _, d := range valid {
 		dst := &depState{d: d, version: d.SpecVersion(), seq: int32(len(p.deps) + 1)}
 		pp := d.PipelineParallel
 		// One allocation per kind per deployment, not one per shard.

@@ -20,14 +20,14 @@ func (p *planner) plan() Plan {
 		for _, i := range lexOrder(len(d.replicas)) {
 			r := d.replicas[i]
 			for _, h := range r.drains {
-				a := heldAssignment(r, h)
+				a := p.heldAssignment(r, h)
 				a.Draining = true
 				out.Assignments = append(out.Assignments, a)
 			}
 			for _, s := range r.shards {
 				switch {
 				case s.kept.ok():
-					out.Assignments = append(out.Assignments, heldAssignment(r, s.kept))
+					out.Assignments = append(out.Assignments, p.heldAssignment(r, s.kept))
 				case s.placed != nil:
 					out.Assignments = append(out.Assignments, Assignment{
 						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name,
@@ -67,17 +67,36 @@ func (p *planner) plan() Plan {
 
 // heldAssignment keeps a held shard where it is, with what it was placed
 // with.
-func heldAssignment(r *replicaState, h holder) Assignment {
-	gpus := sortedInts(h.held.GPUs)
-	if gpus == nil {
-		gpus = []int{} // marshal the same whether the record had nil or []
-	}
+func (p *planner) heldAssignment(r *replicaState, h holder) Assignment {
 	return Assignment{
 		ShardID: h.held.ShardID, ReplicaID: r.id, Deployment: r.dep.d.Name,
 		SpecVersion: h.held.SpecVersion, Node: h.node.name,
-		GPUs: gpus, MemoryPerGPU: h.held.MemoryPerGPU,
+		GPUs: p.gpuList(h.held.GPUs), MemoryPerGPU: h.held.MemoryPerGPU,
 		Kept: true,
 	}
+}
+
+// gpuList copies GPU indices, sorted and without repeats, into the plan.
+// Lists are carved from shared chunks (one allocation per few thousand
+// shards instead of one each), each capped so an append cannot run into
+// its neighbour. The input is never aliased: the plan outlives the view.
+func (p *planner) gpuList(in []int) []int {
+	if len(in) == 0 {
+		return []int{} // marshal the same whether the record had nil or []
+	}
+	if len(in) > cap(p.slab)-len(p.slab) {
+		p.slab = make([]int, 0, max(4096, len(in)))
+	}
+	start := len(p.slab)
+	p.slab = append(p.slab, in...)
+	out := p.slab[start:len(p.slab):len(p.slab)]
+	if !strictlySorted(out) {
+		slices.Sort(out)
+		out = slices.Compact(out)
+		p.slab = p.slab[:start+len(out)]
+		out = out[:len(out):len(out)]
+	}
+	return out
 }
 
 // ForNode returns the assignments of one node, in plan order.

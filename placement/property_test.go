@@ -342,7 +342,12 @@ func genView(t *rapid.T) View {
 func TestPropertyInvariants(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		v := genView(t)
-		checkInvariants(t, v, Compute(v))
+		before := mustJSON(t, v)
+		p := Compute(v)
+		if mustJSON(t, v) != before {
+			t.Fatalf("Compute modified its input")
+		}
+		checkInvariants(t, v, p)
 	})
 }
 

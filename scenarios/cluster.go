@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -97,22 +98,51 @@ func (n *node) pid() int {
 }
 
 // freePort finds a port free for both TCP and UDP on loopback (memberlist
-// uses both on the same number).
+// uses both on the same number). It picks below the kernel's ephemeral
+// range: a port the kernel handed out and took back (":0") is soon handed to
+// some outgoing connection of the nodes themselves, which then holds it
+// when the node binds.
 func freePort() (int, error) {
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
+	lo := ephemeralLow()
+	for range 200 {
+		port := 10000 + mrand.IntN(max(lo-10000, 1000))
+		if portsInUse[port] {
+			continue
 		}
-		port := l.Addr().(*net.TCPAddr).Port
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
 		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
 		l.Close()
 		if err == nil {
 			u.Close()
+			portsInUse[port] = true
 			return port, nil
 		}
 	}
 	return 0, errors.New("no free port on 127.0.0.1")
+}
+
+// portsInUse are ports this process handed out already (runs in one
+// process are sequential; nodes of an earlier run may linger in TIME_WAIT).
+var portsInUse = map[int]bool{}
+
+// ephemeralLow is the bottom of the kernel's ephemeral port range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	v, err := strconv.Atoi(f[0])
+	if err != nil || v < 11000 {
+		return 32768
+	}
+	return v
 }
 
 func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {

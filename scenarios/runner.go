@@ -516,7 +516,11 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	}
 	r.started = true
 	at := time.Now()
-	if count >= 10 {
+	// Polling every node costs CPU the nodes need: slower for big clusters.
+	switch {
+	case count >= 20:
+		r.pollEvery = 250 * time.Millisecond
+	case count >= 10:
 		r.pollEvery = 100 * time.Millisecond
 	}
 	var nodes []*node
