@@ -236,8 +236,8 @@ func readState(path, id string) (State, error) {
 		return State{}, &newerFormatError{version: s.FormatVersion}
 	case s.FormatVersion < 1:
 		return State{}, fmt.Errorf("corrupt: format_version %d", s.FormatVersion)
-	case s.ShardID != id:
-		return State{}, fmt.Errorf("corrupt: shard_id %q in the file of shard %q", s.ShardID, id)
+	case FileID(s) != id:
+		return State{}, fmt.Errorf("corrupt: engine %q (shard %q) in the file named for %q", FileID(s), s.ShardID, id)
 	}
 	return s, nil
 }

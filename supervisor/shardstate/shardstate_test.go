@@ -69,10 +69,12 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 // TestFileFields pins the JSON names other tools (and older agents) read.
 func TestFileFields(t *testing.T) {
 	dir := t.TempDir()
-	if err := Save(dir, sample("a-0")); err != nil {
+	st := sample("a-0")
+	if err := Save(dir, st); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "shard-a-0.json"))
+	// Named after the engine: shard and spec version.
+	b, err := os.ReadFile(filepath.Join(dir, "shard-"+st.Spec.EngineID+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,13 +219,14 @@ func TestCrashMidWrite(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	dir := t.TempDir()
-	if err := Save(dir, sample("x-0")); err != nil {
+	st := sample("x-0")
+	if err := Save(dir, st); err != nil {
 		t.Fatal(err)
 	}
-	if err := Remove(dir, "x-0"); err != nil {
+	if err := Remove(dir, FileID(st)); err != nil {
 		t.Fatal(err)
 	}
-	if err := Remove(dir, "x-0"); err != nil {
+	if err := Remove(dir, FileID(st)); err != nil {
 		t.Fatalf("second Remove = %v, want nil", err)
 	}
 	if states, bad := Load(dir); len(states) != 0 || len(bad) != 0 {
@@ -242,5 +245,29 @@ func TestSaveLeavesNoTempOnError(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "missing")
 	if err := Save(dir, sample("a-0")); err == nil {
 		t.Fatal("Save into a missing dir succeeded")
+	}
+}
+
+// During a rolling update the old and new spec of one shard can run on the
+// same node: each keeps its own file.
+func TestTwoSpecsOfOneShardKeepSeparateFiles(t *testing.T) {
+	dir := t.TempDir()
+	old, cur := sample("x-0"), sample("x-0")
+	old.Spec.SpecVersion, old.Spec.EngineID = "old", "x-0-old"
+	cur.Spec.SpecVersion, cur.Spec.EngineID = "new", "x-0-new"
+	for _, s := range []State{old, cur} {
+		if err := Save(dir, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	states, bad := Load(dir)
+	if len(states) != 2 || len(bad) != 0 {
+		t.Fatalf("got %d states, %v bad; want both specs", len(states), bad)
+	}
+	if err := Remove(dir, FileID(old)); err != nil {
+		t.Fatal(err)
+	}
+	if states, _ := Load(dir); len(states) != 1 || states[0].Spec.SpecVersion != "new" {
+		t.Fatalf("removing the old spec touched the new one: %+v", states)
 	}
 }
