@@ -80,6 +80,9 @@
 //	    event is still when it first held).
 //	expect WHAT ...            Print a deterministic snapshot (below).
 //	snapshot NAME              Remember the plan and the engines' pids.
+//	dump NAME                  Save every observer's /v1/cluster, /v1/plan,
+//	                           /v1/shards and /status.json under the work dir
+//	                           (see -keep), for debugging a scenario.
 //	measure NAME from=EVENT to=EVENT [max=DURATION]
 //	    Record the time between two events in the summary; with max= the
 //	    output says whether it stayed within the budget.
@@ -132,6 +135,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -235,6 +239,7 @@ func init() {
 		"expect":       {"on columns since min-routable", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
+		"dump":         {"", (*runner).cmdDump},
 		"request-loop": {"deployment min-routable", (*runner).cmdRequestLoop},
 	}
 }
@@ -1073,6 +1078,30 @@ func (r *runner) cmdMeasure(d *directive) (string, time.Time, error) {
 		return fmt.Sprintf("%s: within %v", name, maxD), time.Time{}, nil
 	}
 	return fmt.Sprintf("%s: %.2fs, over the %v budget", name, el.Seconds(), maxD), time.Time{}, nil
+}
+
+func (r *runner) cmdDump(d *directive) (string, time.Time, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", time.Time{}, err
+	}
+	name, err := d.nextPos("dump name")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	obs := r.observers(nil)
+	for _, n := range obs {
+		for _, path := range []string{"/v1/cluster", "/v1/plan", "/v1/shards", "/status.json"} {
+			var raw json.RawMessage
+			if err := r.get(r.ctx, n, path, &raw); err != nil {
+				raw, _ = json.Marshal(map[string]string{"error": err.Error()})
+			}
+			file := fmt.Sprintf("dump-%s-%s-%s.json", name, n.name, strings.Trim(strings.ReplaceAll(path, "/", "-"), "-"))
+			if err := os.WriteFile(filepath.Join(r.work, file), raw, 0o644); err != nil {
+				return "", time.Time{}, err
+			}
+		}
+	}
+	return fmt.Sprintf("dumped %d nodes", len(obs)), time.Time{}, nil
 }
 
 func execOutput(bin string, args ...string) (string, error) {

@@ -165,14 +165,14 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
-		Now: cfg.Now, DataDir: cfg.DataDir, APIAddr: n.APIAddr(),
+		Now: cfg.Now, DataDir: cfg.DataDir, APIAddr: n.AdvertisedAPI(),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped
 	}
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
-		API:          n.APIAddr(),
+		API:          n.AdvertisedAPI(),
 		Labels:       cfg.Labels,
 		GPUs:         n.foreignAdjusted(snap),
 		AgentVersion: cfg.Version,
@@ -218,6 +218,24 @@ func (n *Node) Name() string { return n.cfg.Name }
 
 // APIAddr is the address the HTTP API listens on.
 func (n *Node) APIAddr() string { return n.apiLn.Addr().String() }
+
+// AdvertisedAPI is the API address other nodes and clients dial: the
+// listen address, with a wildcard host replaced by the advertised one.
+func (n *Node) AdvertisedAPI() string {
+	host, port, err := net.SplitHostPort(n.APIAddr())
+	if err != nil {
+		return n.APIAddr()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		switch {
+		case n.cfg.AdvertiseAddr != "":
+			host = n.cfg.AdvertiseAddr
+		case net.ParseIP(n.cfg.BindAddr) != nil && !net.ParseIP(n.cfg.BindAddr).IsUnspecified():
+			host = n.cfg.BindAddr
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
 
 // GossipAddr is the address peers dial for gossip.
 func (n *Node) GossipAddr() string { return n.cluster.Address() }

@@ -5,19 +5,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
@@ -299,20 +303,52 @@ func (r *Runner) notifyLocked() {
 // allocPort takes a port from the range that nothing on this host listens
 // on. Checking by binding matters when several nodes share one host (the
 // demo, the scenarios).
+//
+// The scan starts at an offset derived from the node name, so agents that
+// share a host rarely race for the same port; when they do, the loser finds
+// the port taken at its next start and moves (see start).
 func (r *Runner) allocPort(id string) (int, error) {
-	for p := r.cfg.PortMin; p <= r.cfg.PortMax; p++ {
-		if _, used := r.ports[p]; used {
+	span := r.cfg.PortMax - r.cfg.PortMin + 1
+	h := fnv.New32a()
+	h.Write([]byte(r.cfg.Node))
+	off := int(h.Sum32() % uint32(span))
+	for i := 0; i < span; i++ {
+		p := r.cfg.PortMin + (off+i)%span
+		if _, used := r.ports[p]; used || !portFree(p) {
 			continue
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(p)))
-		if err != nil {
-			continue
-		}
-		l.Close()
 		r.ports[p] = id
 		return p, nil
 	}
 	return 0, fmt.Errorf("no free engine port in %d-%d", r.cfg.PortMin, r.cfg.PortMax)
+}
+
+func portFree(p int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("0.0.0.0", strconv.Itoa(p)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// ensurePort moves an engine that is about to (re)start to a free port when
+// something else took its port meanwhile.
+func (r *Runner) ensurePort(e *engine) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := e.state.Spec.HTTPPort
+	if old > 0 && portFree(old) {
+		return
+	}
+	delete(r.ports, old)
+	p, err := r.allocPort(e.id)
+	if err != nil {
+		r.log.Error("no free port for engine", "engine", e.id, "err", err)
+		return
+	}
+	e.state.Spec.HTTPPort = p
+	r.log.Warn("engine port taken by another process; moving", "engine", e.id, "from", old, "to", p)
 }
 
 // watch drives one engine: start it (unless adopted), then check it every
@@ -370,6 +406,7 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 }
 
 func (r *Runner) start(ctx context.Context, e *engine) error {
+	r.ensurePort(e)
 	r.mu.Lock()
 	d, st := e.desired, e.state
 	r.mu.Unlock()
@@ -638,4 +675,38 @@ func shardIndex(d Desired) int {
 		return j
 	}
 	return 0
+}
+
+// DescribeEngines lists what the runtime runs for this node, one line per
+// engine, for the `containers` host tool.
+func (r *Runner) DescribeEngines(ctx context.Context) (string, error) {
+	engines, err := r.cfg.Runtime.List(ctx, r.cfg.Node)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s runtime, node %s: %d engine(s)\n", r.cfg.Runtime.Name(), r.cfg.Node, len(engines))
+	for _, e := range engines {
+		fmt.Fprintf(&b, "%s\tstate=%s\tpid=%d\tshard=%s\tspec=%s\tstarted=%s", e.ID, e.State, e.PID,
+			e.Labels[runtime.LabelShard], e.Labels[runtime.LabelSpec], e.StartedAt.UTC().Format(time.RFC3339))
+		if e.State == runtime.StateExited {
+			fmt.Fprintf(&b, "\texit=%d", e.ExitCode)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}
+
+// HostEngines lists engine processes for the `engine_stacks` host tool.
+func (r *Runner) HostEngines(ctx context.Context) ([]host.Engine, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []host.Engine
+	for _, e := range r.engines {
+		if e.state.PID > 0 {
+			out = append(out, host.Engine{Name: e.state.ShardID, PID: e.state.PID})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }

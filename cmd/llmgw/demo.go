@@ -107,12 +107,58 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	if err := waitAlive(ctx, addr, n, 30*time.Second); err != nil {
 		return fmt.Errorf("%w; see the logs in %s", err, dir)
 	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return err
+	}
+	cl := &client{base: addr, token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 5 * time.Second}}
+	spec := []byte(`{"name":"chat","model":"demo/tiny-chat","engine":"fake","replicas":2}`)
+	if err := cl.do(ctx, "POST", "/v1/deployments", spec, "application/json", nil); err != nil {
+		return fmt.Errorf("place the demo deployment: %w", err)
+	}
+	url, err := waitServing(ctx, cl, "chat", 2, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("%w; see the logs in %s", err, dir)
+	}
 	w := c.Root().Writer
-	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each.\n\n", n, apiPort, apiPort+n-1, c.String("gpus"))
-	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  curl -s %s/v1/cluster\n\n", addr)
-	fmt.Fprintf(w, "Place a model (mutations need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 2\n\n", tokenFile)
+	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("gpus"))
+	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving.\n\n")
+	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  open %s/ in a browser\n\n", addr)
+	fmt.Fprintf(w, "Ask a replica:\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\n", url)
+	fmt.Fprintf(w, "Change it (mutations need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
 	fmt.Fprintf(w, "Logs: %s/node-*.log   Stop: make stop\n", dir)
 	return nil
+}
+
+// waitServing waits until deployment name has want ready replicas and
+// returns the URL of one.
+func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	last := "no answer"
+	for time.Now().Before(deadline) {
+		var shards []supervisor.ShardInfo
+		if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err == nil {
+			ready, url := 0, ""
+			for _, s := range shards {
+				if s.Deployment == name && s.Lease == "valid" {
+					ready++
+					url = s.URL
+				}
+			}
+			if ready >= want {
+				return url, nil
+			}
+			last = fmt.Sprintf("%d of %d replicas ready", ready, want)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return "", fmt.Errorf("deployment %s did not become ready within %v (%s)", name, within, last)
 }
 
 func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {

@@ -65,6 +65,7 @@ func newApp() *cli.Command {
 			demoCommand(),
 			engineCommand(),
 			imageCommand(),
+			mcpCommand(),
 		},
 	}
 }

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -19,6 +21,9 @@ import (
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/mcpserver"
+	"github.com/llmgw/llmgw/supervisor/nodemetrics"
+	"github.com/llmgw/llmgw/supervisor/page"
 )
 
 func nodeCommand() *cli.Command {
@@ -169,6 +174,20 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	}
 	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
 		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
+	}
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
+		hc := host.Config{Host: cfg.Name, LogDir: filepath.Join(cfg.DataDir, "logs")}
+		if runner != nil {
+			hc.Containers = runner.DescribeEngines
+			hc.Engines = runner.HostEngines
+		}
+		m := mcpserver.Register(n, mux, mcpserver.Options{Host: hc, Logger: log, Version: version})
+		var scrapeErrors func() uint64
+		if runner != nil {
+			scrapeErrors = runner.ScrapeErrors
+		}
+		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: []prometheus.Collector{m}})
+		page.Register(n, mux)
 	}
 	node, err := supervisor.Start(ctx, cfg)
 	if err != nil {

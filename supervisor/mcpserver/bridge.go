@@ -71,7 +71,14 @@ func (b *bridge) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
-			return b.listTools(ctx, r.Params)
+			res, err := b.listTools(ctx, r.Params)
+			if err != nil {
+				return nil, err
+			}
+			// A fresh result: the node's answer carries fields of the
+			// protocol version it spoke with the bridge (_meta, cache
+			// hints), not the one the assistant negotiated here.
+			return &mcp.ListToolsResult{Tools: res.Tools, NextCursor: res.NextCursor}, nil
 		case *mcp.CallToolRequest:
 			params := &mcp.CallToolParams{Name: r.Params.Name, Arguments: r.Params.Arguments, Meta: r.Params.Meta}
 			res, err := b.callTool(ctx, params)
@@ -81,7 +88,10 @@ func (b *bridge) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{
 					Text: fmt.Sprintf("llmgw bridge: %s at %s: %v", params.Name, b.cfg.Endpoint, err)}}}, nil
 			}
-			return res, err
+			if err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: res.Content, StructuredContent: res.StructuredContent, IsError: res.IsError}, nil
 		}
 		return next(ctx, method, req)
 	}

@@ -77,7 +77,6 @@ type Server struct {
 	handler http.Handler
 	client  *mcp.Client
 	hc      *http.Client
-	hostCfg host.Config
 	names   []string // every tool name, in registration order
 	calls   *prometheus.HistogramVec
 }
@@ -117,7 +116,7 @@ func New(n *supervisor.Node, opts Options) *Server {
 		hc.GPU = func(context.Context) (gpu.Snapshot, error) { return n.GPUSnapshot(), nil }
 	}
 	s := &Server{
-		node: n, opts: opts, log: opts.Logger.With("component", "mcp"), hostCfg: hc,
+		node: n, opts: opts, log: opts.Logger.With("component", "mcp"),
 		hc: opts.HTTPClient, calls: newCallHistogram(),
 	}
 	s.srv = mcp.NewServer(&mcp.Implementation{Name: "llmgw", Title: "llmgw node " + n.Name(), Version: opts.Version}, &mcp.ServerOptions{
@@ -130,7 +129,8 @@ func New(n *supervisor.Node, opts Options) *Server {
 	s.addHostTools(host.Tools(hc))
 	s.addClusterTools()
 	s.handler = n.RequireToken(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
-		Stateless: true,
+		Stateless:    true,
+		JSONResponse: true,
 		// Every request carries the cluster token, which a DNS-rebinding
 		// page cannot attach; the SDK's Host check would only refuse
 		// legitimate callers that reach a node through a tunnel or by a

@@ -216,7 +216,11 @@ func TestClusterTools(t *testing.T) {
 		if why.Placed != 2 {
 			return false
 		}
-		decode(t, callTool(t, bcs, "why_not", map[string]any{"deployment": "huge"}), &why)
+		res = callTool(t, bcs, "why_not", map[string]any{"deployment": "huge"})
+		if res.IsError {
+			return false
+		}
+		decode(t, res, &why)
 		return len(why.Shards) == 1 && !why.Shards[0].Placed
 	})
 	if !strings.Contains(why.Shards[0].Why, "placed nowhere") || why.Summary == "" {

@@ -1,0 +1,234 @@
+// Package nodemetrics serves a node's Prometheus metrics at /metrics.
+//
+// Every value is read from the node when Prometheus scrapes: there are no
+// counters to keep in step with the node's state, and a scrape shows the
+// state as it is. The metrics live in a registry of their own, so nothing
+// here depends on (or adds to) client_golang's global one, and two nodes in
+// one process (tests, the demo) do not collide.
+//
+// Cluster-wide gauges (members, deployments, shards) are this node's view of
+// the cluster, which every node shares once gossip converged: aggregate them
+// across nodes with max, not sum. Per-node values (GPUs, this node's
+// engines, gossip traffic, reconcile time) carry no node label; Prometheus
+// adds the instance.
+package nodemetrics
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+// Options add what the node itself does not expose.
+type Options struct {
+	// ScrapeErrors counts failed engine /metrics scrapes on this node
+	// (supervisor.Runner.ScrapeErrors). Nil: the metric is left out.
+	ScrapeErrors func() uint64
+	// Collectors are registered too, e.g. the MCP server's tool-call
+	// durations (*mcpserver.Server).
+	Collectors []prometheus.Collector
+	// NoProcessMetrics leaves out the Go runtime and process collectors.
+	NoProcessMetrics bool
+}
+
+// Register adds GET /metrics to mux and returns the registry behind it.
+func Register(n *supervisor.Node, mux *http.ServeMux, opts Options) *prometheus.Registry {
+	reg := NewRegistry(n, opts)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 4,
+		Registry:            reg,
+	}))
+	return reg
+}
+
+// NewRegistry builds the node's registry without serving it.
+func NewRegistry(n *supervisor.Node, opts Options) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&nodeCollector{n: n, scrapeErrors: opts.ScrapeErrors})
+	if !opts.NoProcessMetrics {
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	for _, c := range opts.Collectors {
+		reg.MustRegister(c)
+	}
+	return reg
+}
+
+var (
+	descMembers = prometheus.NewDesc("llmgw_members",
+		"Nodes this node knows, by memberlist state (alive, suspect, dead, left, unknown).", []string{"state"}, nil)
+	descDeployments = prometheus.NewDesc("llmgw_deployments",
+		"Deployments the cluster is asked to run (tombstones excluded).", nil, nil)
+	descReplicas = prometheus.NewDesc("llmgw_deployment_replicas",
+		"Replicas of each deployment: wanted (the spec), placed (in the plan), ready (every shard holds a valid lease).",
+		[]string{"deployment", "kind"}, nil)
+	descShards = prometheus.NewDesc("llmgw_shards",
+		"Shards in this node's view by engine status (pending, starting, ready, crashed, backoff, stopping, unplaced) and lease (starting, valid, lapsed, none).",
+		[]string{"status", "lease"}, nil)
+	descReconcile = prometheus.NewDesc("llmgw_reconcile_duration_seconds",
+		"How long this node's last reconcile pass took (plan, then engines).", nil, nil)
+	descGossip = prometheus.NewDesc("llmgw_gossip_messages_total",
+		"Gossip messages of this node: sent, received, and dropped (undecodable or refused).", []string{"direction"}, nil)
+	descGossipMembers = prometheus.NewDesc("llmgw_gossip_memberlist_members",
+		"Members memberlist counts as alive or suspect, this node included.", nil, nil)
+	descGPUTotal = prometheus.NewDesc("llmgw_gpu_memory_total_bytes",
+		"This node's GPU memory, per GPU.", []string{"gpu", "uuid", "model"}, nil)
+	descGPUUsed = prometheus.NewDesc("llmgw_gpu_memory_used_bytes",
+		"GPU memory in use as the driver reports it, per GPU.", []string{"gpu", "uuid"}, nil)
+	descGPUForeign = prometheus.NewDesc("llmgw_gpu_memory_foreign_bytes",
+		"GPU memory held by processes llmgw does not own, per GPU; placement fits around it.", []string{"gpu", "uuid"}, nil)
+	descGPUFaulted = prometheus.NewDesc("llmgw_gpu_faulted",
+		"1 when this node saw recent driver faults (Xid) on the GPU; placement puts nothing new on it.", []string{"gpu", "uuid"}, nil)
+	descDriverFaults = prometheus.NewDesc("llmgw_driver_faults",
+		"NVIDIA driver (NVRM/Xid) lines in this node's kernel log: recent (the probe's window) and boot (since boot).",
+		[]string{"window"}, nil)
+	descEngineRunning = prometheus.NewDesc("llmgw_engine_requests_running",
+		"Requests an engine on this node is running, as last scraped.", []string{"shard", "deployment"}, nil)
+	descEngineWaiting = prometheus.NewDesc("llmgw_engine_requests_waiting",
+		"Requests waiting in an engine on this node, as last scraped.", []string{"shard", "deployment"}, nil)
+	descEngineKV = prometheus.NewDesc("llmgw_engine_kv_cache_usage_ratio",
+		"KV-cache usage (0-1) of an engine on this node, as last scraped.", []string{"shard", "deployment"}, nil)
+	descEngineTPS = prometheus.NewDesc("llmgw_engine_tokens_per_second",
+		"Token rate of an engine on this node between its last two scrapes (only while the rates are valid).",
+		[]string{"shard", "deployment", "kind"}, nil)
+	descEngineRestarts = prometheus.NewDesc("llmgw_engine_restarts",
+		"Times the engine of a shard on this node was restarted after it exited.", []string{"shard", "deployment"}, nil)
+	descEngineScrapeFailing = prometheus.NewDesc("llmgw_engine_scrape_failing",
+		"1 when the last /metrics scrape of an engine on this node failed.", []string{"shard", "deployment"}, nil)
+	descScrapeErrors = prometheus.NewDesc("llmgw_engine_scrape_errors_total",
+		"Failed engine /metrics scrapes on this node.", nil, nil)
+)
+
+// nodeCollector reads everything from the node at scrape time.
+type nodeCollector struct {
+	n            *supervisor.Node
+	scrapeErrors func() uint64
+}
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
+		descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
+		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
+		ch <- d
+	}
+	if c.scrapeErrors != nil {
+		ch <- descScrapeErrors
+	}
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	// Every state appears, at 0 when empty, so a vanished series is never
+	// mistaken for a count that went to zero.
+	members := map[gossip.MemberState]int{gossip.StateAlive: 0, gossip.StateSuspect: 0, gossip.StateDead: 0, gossip.StateLeft: 0, gossip.StateUnknown: 0}
+	var self *supervisor.MemberInfo
+	all := n.Members()
+	for i, m := range all {
+		members[m.State]++
+		if m.Name == n.Name() {
+			self = &all[i]
+		}
+	}
+	for s, v := range members {
+		gauge(ch, descMembers, float64(v), string(s))
+	}
+
+	deps := n.Deployments()
+	gauge(ch, descDeployments, float64(len(deps)))
+	for _, d := range deps {
+		gauge(ch, descReplicas, float64(d.Replicas), d.Name, "wanted")
+		gauge(ch, descReplicas, float64(d.Placed), d.Name, "placed")
+		gauge(ch, descReplicas, float64(d.Ready), d.Name, "ready")
+	}
+
+	type sl struct{ status, lease string }
+	shards := map[sl]int{}
+	for _, s := range n.Shards() {
+		lease := string(s.Lease)
+		if lease == "" {
+			lease = "none"
+		}
+		shards[sl{s.Status, lease}]++
+	}
+	for k, v := range shards {
+		gauge(ch, descShards, float64(v), k.status, k.lease)
+	}
+
+	gauge(ch, descReconcile, n.ReconcileDuration().Seconds())
+	st := n.Cluster().Stats()
+	counter(ch, descGossip, float64(st.Sent), "sent")
+	counter(ch, descGossip, float64(st.Received), "received")
+	counter(ch, descGossip, float64(st.Dropped), "dropped")
+	gauge(ch, descGossipMembers, float64(st.Members))
+
+	if self != nil {
+		c.collectSelf(ch, *self)
+	}
+	if c.scrapeErrors != nil {
+		counter(ch, descScrapeErrors, float64(c.scrapeErrors()))
+	}
+}
+
+// collectSelf reports this node's GPUs and engines from its own record,
+// which is what it gossips to everyone else.
+func (c *nodeCollector) collectSelf(ch chan<- prometheus.Metric, self supervisor.MemberInfo) {
+	gpus := slices.Clone(self.GPUs)
+	slices.SortFunc(gpus, func(a, b placement.GPU) int { return a.Index - b.Index })
+	for _, g := range gpus {
+		idx := strconv.Itoa(g.Index)
+		gauge(ch, descGPUTotal, float64(g.MemoryTotal), idx, g.UUID, g.Name)
+		gauge(ch, descGPUUsed, float64(g.MemoryUsed), idx, g.UUID)
+		gauge(ch, descGPUForeign, float64(g.MemoryForeign), idx, g.UUID)
+		gauge(ch, descGPUFaulted, b2f(g.Faulted), idx, g.UUID)
+	}
+	gauge(ch, descDriverFaults, float64(self.Probes.DriverFaultsRecent), "recent")
+	gauge(ch, descDriverFaults, float64(self.Probes.DriverFaultsBoot), "boot")
+	// A shard can appear twice during a rolling change (old and new spec
+	// version); the labels would collide, so the newest-started wins.
+	seen := map[string]bool{}
+	held := slices.Clone(self.Shards)
+	slices.SortStableFunc(held, func(a, b gossip.ShardRecord) int { return b.StartedAt.Compare(a.StartedAt) })
+	for _, s := range held {
+		if seen[s.ShardID] {
+			continue
+		}
+		seen[s.ShardID] = true
+		l := s.Load
+		gauge(ch, descEngineRestarts, float64(s.Restarts), s.ShardID, s.Deployment)
+		if l.ScrapedAt.IsZero() && l.Error == "" {
+			continue // never scraped: no load to report
+		}
+		gauge(ch, descEngineScrapeFailing, b2f(l.Error != ""), s.ShardID, s.Deployment)
+		gauge(ch, descEngineRunning, l.Running, s.ShardID, s.Deployment)
+		gauge(ch, descEngineWaiting, l.Waiting, s.ShardID, s.Deployment)
+		gauge(ch, descEngineKV, l.KVCacheUsage, s.ShardID, s.Deployment)
+		if l.RatesValid {
+			gauge(ch, descEngineTPS, l.PromptTPS, s.ShardID, s.Deployment, "prompt")
+			gauge(ch, descEngineTPS, l.GenerationTPS, s.ShardID, s.Deployment, "generation")
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

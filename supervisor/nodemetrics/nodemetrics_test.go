@@ -1,0 +1,190 @@
+package nodemetrics
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/mcpserver"
+)
+
+const token = "metrics-test-token-0123456789"
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// startNode starts a real node on loopback with /metrics (and /mcp, whose
+// tool-call histogram /metrics includes) registered as node up does.
+func startNode(t *testing.T, name string, join ...int) (*supervisor.Node, int) {
+	t.Helper()
+	sim, _ := gpu.NewSimulated("4xH100-80GB", name)
+	prof, _ := gossip.ProfileByName("local")
+	port := freePort(t)
+	var joins []string
+	for _, p := range join {
+		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	n, err := supervisor.Start(context.Background(), supervisor.Config{
+		Name: name, DataDir: t.TempDir(), BindAddr: "127.0.0.1", BindPort: port, APIAddr: "127.0.0.1:0", Join: joins,
+		Token: token, Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second, Version: "test",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Extra: func(n *supervisor.Node, mux *http.ServeMux) {
+			m := mcpserver.Register(n, mux, mcpserver.Options{})
+			Register(n, mux, Options{ScrapeErrors: func() uint64 { return 3 }, Collectors: []prometheus.Collector{m}})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Kill() })
+	return n, port
+}
+
+func scrape(t *testing.T, n *supervisor.Node) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + n.APIAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /metrics: %s: %s", resp.Status, body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v\n%s", err, body)
+	}
+	return fams
+}
+
+// value finds the sample of family name whose labels include want.
+func value(fams map[string]*dto.MetricFamily, name string, want ...string) (float64, bool) {
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		match := true
+		for i := 0; i+1 < len(want); i += 2 {
+			match = match && labels[want[i]] == want[i+1]
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func TestMetricsFromTwoNodes(t *testing.T) {
+	a, aport := startNode(t, "alpha")
+	b, _ := startNode(t, "bravo", aport)
+	put := func(spec string) {
+		req, _ := http.NewRequest("POST", "http://"+a.APIAddr()+"/v1/deployments", strings.NewReader(spec))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("place: %s", resp.Status)
+		}
+	}
+	put(`{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
+	put(`{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8}`)
+
+	deadline := time.Now().Add(20 * time.Second)
+	var fams map[string]*dto.MetricFamily
+	for {
+		fams = scrape(t, b)
+		alive, _ := value(fams, "llmgw_members", "state", "alive")
+		ready, _ := value(fams, "llmgw_deployment_replicas", "deployment", "chat", "kind", "ready")
+		unplaced, _ := value(fams, "llmgw_shards", "status", "unplaced")
+		if alive == 2 && ready == 2 && unplaced == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bravo's metrics did not converge: alive=%v ready=%v unplaced=%v", alive, ready, unplaced)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	checks := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"llmgw_deployments", nil, 2},
+		{"llmgw_members", []string{"state", "dead"}, 0},
+		{"llmgw_deployment_replicas", []string{"deployment", "huge", "kind", "wanted"}, 1},
+		{"llmgw_deployment_replicas", []string{"deployment", "huge", "kind", "placed"}, 0},
+		{"llmgw_shards", []string{"status", "ready", "lease", "valid"}, 2},
+		{"llmgw_gpu_memory_total_bytes", []string{"gpu", "3"}, 80 << 30},
+		{"llmgw_gpu_faulted", []string{"gpu", "0"}, 0},
+		{"llmgw_engine_scrape_errors_total", nil, 3},
+		{"llmgw_gossip_memberlist_members", nil, 2},
+	}
+	for _, c := range checks {
+		got, ok := value(fams, c.name, c.labels...)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	for _, name := range []string{"llmgw_gossip_messages_total", "llmgw_reconcile_duration_seconds", "go_goroutines", "process_resident_memory_bytes"} {
+		if _, ok := fams[name]; !ok {
+			t.Errorf("%s missing", name)
+		}
+	}
+	if got, _ := value(fams, "llmgw_gossip_messages_total", "direction", "received"); got == 0 {
+		t.Errorf("bravo received no gossip messages?")
+	}
+	if h := fams["llmgw_mcp_tool_call_duration_seconds"]; h != nil && len(h.GetMetric()) > 0 {
+		t.Errorf("tool-call histogram has series before any call: %v", h)
+	}
+	_ = a
+}

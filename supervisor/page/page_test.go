@@ -1,0 +1,152 @@
+package page
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+const token = "page-test-token-0123456789abcdef"
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func startNode(t *testing.T, name string, labels map[string]string, join ...int) (*supervisor.Node, int) {
+	t.Helper()
+	sim, _ := gpu.NewSimulated("4xH100-80GB", name)
+	prof, _ := gossip.ProfileByName("local")
+	port := freePort(t)
+	var joins []string
+	for _, p := range join {
+		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	n, err := supervisor.Start(context.Background(), supervisor.Config{
+		Name: name, DataDir: t.TempDir(), BindAddr: "127.0.0.1", BindPort: port, APIAddr: "127.0.0.1:0", Join: joins,
+		Token: token, Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second, Version: "v-test",
+		Labels: labels, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Extra: func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Kill() })
+	return n, port
+}
+
+func get(t *testing.T, url string) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func place(t *testing.T, n *supervisor.Node, spec string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+n.APIAddr()+"/v1/deployments", strings.NewReader(spec))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("place %s: %s", spec, resp.Status)
+	}
+}
+
+func TestClusterPage(t *testing.T) {
+	a, aport := startNode(t, "alpha", map[string]string{"rack": `<script>alert("r1")</script>`})
+	b, _ := startNode(t, "bravo", map[string]string{"zone": "b&w"}, aport)
+	place(t, a, `{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
+	place(t, a, `{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8,"gpu_memory":"70GiB"}`)
+
+	// Drawn by bravo from its own view: it must know alpha, both
+	// deployments, the placed shards and the refused one.
+	var page string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, h, body := get(t, "http://"+b.APIAddr()+"/")
+		if code != 200 || !strings.HasPrefix(h.Get("Content-Type"), "text/html") {
+			t.Fatalf("GET /: %d %s", code, h.Get("Content-Type"))
+		}
+		page = body
+		if strings.Contains(page, "<b>2 / 2</b><span>nodes alive") && strings.Contains(page, "huge-0") && strings.Count(page, `class="ok">ready</td>`) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("page did not show the converged cluster:\n%s", page)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, want := range []string{
+		"as seen by <b>bravo</b>",
+		`<meta http-equiv="refresh" content="10">`,
+		">alpha</a>", ">bravo</a> <span class=\"self\">this node</span>",
+		`href="http://` + a.APIAddr() + `/"`,
+		"NVIDIA H100 80GB", "0.0 GiB / 80.0 GiB", `style="width:0%"`,
+		"<td>chat</td>", "<td>m/tiny</td>", "2 / 2 / 2",
+		"<td>huge</td>", "0 / 0 / 1", "8 GPUs, 70GiB each", "needs 8 GPUs", // why not
+		"chat-0", "chat-1", `class="ok">valid</td>`, `class="bad">unplaced</td><td class="dim">none</td>`, `<span class="tag">chat-`, // shard rows
+		"simulated GPUs",
+		"&lt;script&gt;alert(&#34;r1&#34;)&lt;/script&gt;", // the label, escaped
+		"zone=b&amp;w",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "<script>") || strings.Contains(page, "ZgotmplZ") {
+		t.Errorf("page carries unescaped script or a value the template refused")
+	}
+	if strings.Contains(page, "http://") && strings.Count(page, "<link") > 0 {
+		t.Errorf("page loads external assets")
+	}
+	if code, _, _ := get(t, "http://"+b.APIAddr()+"/no-such-page"); code != 404 {
+		t.Errorf("GET /no-such-page: %d, want 404", code)
+	}
+	if dir := os.Getenv("LLMGW_PAGE_OUT"); dir != "" {
+		if err := os.WriteFile(dir+"/cluster.html", []byte(page), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPageWithNoDeployments(t *testing.T) {
+	a, _ := startNode(t, "solo", nil)
+	code, _, body := get(t, "http://"+a.APIAddr()+"/")
+	if code != 200 || !strings.Contains(body, "nothing placed yet") || !strings.Contains(body, "no shards") {
+		t.Errorf("empty cluster page: %d\n%s", code, body)
+	}
+}
