@@ -107,6 +107,8 @@ type Cluster struct {
 	members map[string]*memberInfo
 	local   NodeRecord
 	content Version // version of local's current content
+	// wanted remembers the last content version asked for per node.
+	wanted map[string]Version
 
 	changes chan struct{}
 	persist chan struct{}
@@ -459,6 +461,13 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 			if rebroadcast {
 				c.send("beat/"+bt.Name, message{Beats: []Beat{bt}})
 			}
+		} else if c.store.Lacks(bt) {
+			c.want(bt)
+		}
+	}
+	for _, w := range m.Wants {
+		if w == c.cfg.Name && m.From != "" {
+			c.sendLocalTo(m.From)
 		}
 	}
 	depChanged := false
@@ -480,6 +489,55 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	if changed || depChanged {
 		c.notify()
 	}
+}
+
+// want asks a beat's sender for the record content we lack, once per
+// content version.
+func (c *Cluster) want(b Beat) {
+	c.mu.Lock()
+	if c.wanted == nil {
+		c.wanted = map[string]Version{}
+	}
+	if c.wanted[b.Name] == b.Content {
+		c.mu.Unlock()
+		return
+	}
+	c.wanted[b.Name] = b.Content
+	c.mu.Unlock()
+	c.sendTo(b.Name, message{From: c.cfg.Name, Wants: []string{b.Name}})
+}
+
+// sendLocalTo sends this node's record to one member over TCP.
+func (c *Cluster) sendLocalTo(name string) {
+	c.sendTo(name, message{Nodes: []NodeRecord{c.Local()}})
+}
+
+func (c *Cluster) sendTo(name string, m message) {
+	var to *memberlist.Node
+	for _, n := range c.ml.Members() {
+		if n.Name == name {
+			to = n
+		}
+	}
+	if to == nil {
+		return
+	}
+	b, err := encode(m)
+	if err != nil {
+		return
+	}
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := c.ml.SendReliable(to, b); err == nil {
+			c.sent.Add(1)
+		}
+	}()
 }
 
 func (c *Cluster) persistLoop() {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -299,4 +301,35 @@ func waitMembers(t testing.TB, want int, nodes ...*testNode) {
 			return alive == want, fmt.Sprint(alive)
 		})
 	}
+}
+
+// A node that missed a record change learns it from the next beat, by
+// asking the owner, without waiting for push/pull.
+func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
+	// No periodic push/pull: only the beat can repair the miss.
+	noPushPull := func(c *Config) {
+		c.Profile = Profile{Name: "test", base: func() *memberlist.Config {
+			mc := localConfig()
+			mc.PushPullInterval = time.Hour
+			return mc
+		}}
+	}
+	a := startNode(t, "a", 0, "", noPushPull)
+	b := startNode(t, "b", 0, "", noPushPull)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	// Change a's record without telling anyone: as if every packet of the
+	// broadcast was lost.
+	a.mu.Lock()
+	a.local.Labels = map[string]string{"zone": "z9"}
+	a.local.Version.Seq++
+	a.content = a.local.Version
+	r := a.local
+	a.mu.Unlock()
+	a.store.MergeNode(r)
+	a.Renew()
+	waitFor(t, 2*time.Second, "b has a's new labels well before push/pull", func() (bool, string) {
+		ns, _ := b.store.Node("a")
+		return ns.Record.Labels["zone"] == "z9", fmt.Sprint(ns.Record.Labels)
+	})
 }

@@ -25,6 +25,11 @@ type message struct {
 	Nodes       []NodeRecord       `json:"nodes,omitempty"`
 	Deployments []DeploymentRecord `json:"deployments,omitempty"`
 	Beats       []Beat             `json:"beats,omitempty"`
+	// From and Wants ask the named nodes to send their records to From:
+	// a node that sees a beat for content it does not have repairs at once
+	// instead of waiting for the next push/pull.
+	From  string   `json:"from,omitempty"`
+	Wants []string `json:"wants,omitempty"`
 }
 
 // ErrMalformed is wrapped by every decoding error.

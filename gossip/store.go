@@ -68,6 +68,15 @@ func (s *Store) MergeBeat(b Beat) bool {
 	return true
 }
 
+// Lacks reports whether a beat refers to content newer than the store
+// holds (or to a node it has never heard of): the record itself is missing.
+func (s *Store) Lacks(b Beat) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.nodes[b.Name]
+	return !ok || b.Content.Newer(e.content)
+}
+
 // MergeDeployment keeps d if its stamp is later than the one held.
 func (s *Store) MergeDeployment(d DeploymentRecord) bool {
 	s.mu.Lock()
