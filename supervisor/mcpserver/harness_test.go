@@ -3,10 +3,6 @@ package mcpserver
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,9 +14,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
 
 const testToken = "mcp-test-token-0123456789abcdef"
@@ -84,72 +80,36 @@ type testNode struct {
 
 func (tn *testNode) url(path string) string { return "http://" + tn.node.APIAddr() + path }
 
-// freePort finds a port free for both TCP and UDP on loopback (memberlist
-// binds both).
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	tb.Fatal("no free port")
-	return 0
-}
-
 // startNode starts a real node on loopback with MCP registered through
 // Config.Extra, as `llmgw node up` does. Host tools stamp "host-<name>".
 func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 	tb.Helper()
-	sim, err := gpu.NewSimulated("4xH100-80GB", name)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	prof, err := gossip.ProfileByName("local")
-	if err != nil {
-		tb.Fatal(err)
-	}
 	logDir := tb.TempDir()
 	if err := os.WriteFile(filepath.Join(logDir, "engine.log"), []byte("starting\nready on "+name+"\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	tn := &testNode{name: name, gossipPort: freePort(tb)}
-	var joins []string
+	tn := &testNode{name: name}
+	var joins []int
 	for _, j := range join {
-		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", j.gossipPort))
+		joins = append(joins, j.gossipPort)
 	}
-	cfg := supervisor.Config{
-		Name: name, DataDir: tb.TempDir(), BindAddr: "127.0.0.1", BindPort: tn.gossipPort,
-		APIAddr: "127.0.0.1:0", Join: joins, Token: testToken, Profile: prof, GPUs: sim, GPUsSimulated: true,
-		LeaseTTL: 3 * time.Second, Version: "test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Extra: func(n *supervisor.Node, mux *http.ServeMux) {
-			tn.mcp = Register(n, mux, Options{
-				Host: host.Config{
-					Host: "host-" + name, Runner: newCannedRunner("host-" + name), LogDir: logDir,
-					Engines: func(context.Context) ([]host.Engine, error) {
-						return []host.Engine{{Name: "llama-0", PID: os.Getpid()}}, nil
-					},
-					Sleep:    func(context.Context, time.Duration) error { return nil },
-					StackGap: time.Millisecond,
+	cfg := supervisortest.Config(tb, name, joins...)
+	cfg.Token = testToken
+	tn.gossipPort = cfg.BindPort
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
+		tn.mcp = Register(n, mux, Options{
+			Host: host.Config{
+				Host: "host-" + name, Runner: newCannedRunner("host-" + name), LogDir: logDir,
+				Engines: func(context.Context) ([]host.Engine, error) {
+					return []host.Engine{{Name: "llama-0", PID: os.Getpid()}}, nil
 				},
-				Version: "test",
-			})
-		},
+				Sleep:    func(context.Context, time.Duration) error { return nil },
+				StackGap: time.Millisecond,
+			},
+			Version: "test",
+		})
 	}
-	n, err := supervisor.Start(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("start %s: %v", name, err)
-	}
-	tn.node = n
-	tb.Cleanup(func() { _ = n.Kill() })
+	tn.node = supervisortest.Start(tb, cfg)
 	return tn
 }
 

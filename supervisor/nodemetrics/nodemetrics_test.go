@@ -2,11 +2,7 @@ package nodemetrics
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,58 +13,24 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
+	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
 
 const token = "metrics-test-token-0123456789"
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
 
 // startNode starts a real node on loopback with /metrics (and /mcp, whose
 // tool-call histogram /metrics includes) registered as node up does.
 func startNode(t *testing.T, name string, join ...int) (*supervisor.Node, int) {
 	t.Helper()
-	sim, _ := gpu.NewSimulated("4xH100-80GB", name)
-	prof, _ := gossip.ProfileByName("local")
-	port := freePort(t)
-	var joins []string
-	for _, p := range join {
-		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", p))
+	cfg := supervisortest.Config(t, name, join...)
+	cfg.Token = token
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
+		m := mcpserver.Register(n, mux, mcpserver.Options{})
+		Register(n, mux, Options{ScrapeErrors: func() uint64 { return 3 }, Collectors: []prometheus.Collector{m}})
 	}
-	n, err := supervisor.Start(context.Background(), supervisor.Config{
-		Name: name, DataDir: t.TempDir(), BindAddr: "127.0.0.1", BindPort: port, APIAddr: "127.0.0.1:0", Join: joins,
-		Token: token, Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second, Version: "test",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Extra: func(n *supervisor.Node, mux *http.ServeMux) {
-			m := mcpserver.Register(n, mux, mcpserver.Options{})
-			Register(n, mux, Options{ScrapeErrors: func() uint64 { return 3 }, Collectors: []prometheus.Collector{m}})
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Kill() })
-	return n, port
+	return supervisortest.Start(t, cfg), cfg.BindPort
 }
 
 func scrape(t *testing.T, n *supervisor.Node) map[string]*dto.MetricFamily {

@@ -1,63 +1,25 @@
 package page
 
 import (
-	"context"
-	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
 
 const token = "page-test-token-0123456789abcdef"
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
 func startNode(t *testing.T, name string, labels map[string]string, join ...int) (*supervisor.Node, int) {
 	t.Helper()
-	sim, _ := gpu.NewSimulated("4xH100-80GB", name)
-	prof, _ := gossip.ProfileByName("local")
-	port := freePort(t)
-	var joins []string
-	for _, p := range join {
-		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", p))
-	}
-	n, err := supervisor.Start(context.Background(), supervisor.Config{
-		Name: name, DataDir: t.TempDir(), BindAddr: "127.0.0.1", BindPort: port, APIAddr: "127.0.0.1:0", Join: joins,
-		Token: token, Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second, Version: "v-test",
-		Labels: labels, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Extra: func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Kill() })
-	return n, port
+	cfg := supervisortest.Config(t, name, join...)
+	cfg.Token, cfg.Version, cfg.Labels = token, "v-test", labels
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) }
+	return supervisortest.Start(t, cfg), cfg.BindPort
 }
 
 func get(t *testing.T, url string) (int, http.Header, string) {

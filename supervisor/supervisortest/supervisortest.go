@@ -1,0 +1,92 @@
+// Package supervisortest starts real llmgw nodes in-process on loopback for
+// the tests of packages built on the supervisor (MCP, metrics, the page):
+// real memberlist sockets, simulated GPUs, the local gossip profile.
+package supervisortest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+// Token is the cluster token of every node Config makes.
+const Token = "supervisortest-token-0123456789abcdef"
+
+// FreePort finds a loopback port free for both TCP and UDP (memberlist
+// binds both), so a node can be restarted at the same gossip address.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	tb.Fatal("no free port")
+	return 0
+}
+
+// Config is a node named name with 4 simulated H100s, the local profile, a
+// 3 s lease TTL, a fresh data dir, its own gossip port and an API on a free
+// port, joining the given gossip ports. Callers adjust it before Start.
+func Config(tb testing.TB, name string, joinPorts ...int) supervisor.Config {
+	tb.Helper()
+	sim, err := gpu.NewSimulated("4xH100-80GB", name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	prof, err := gossip.ProfileByName("local")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var joins []string
+	for _, p := range joinPorts {
+		joins = append(joins, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	return supervisor.Config{
+		Name: name, DataDir: tb.TempDir(), BindAddr: "127.0.0.1", BindPort: FreePort(tb), APIAddr: "127.0.0.1:0",
+		Join: joins, Token: Token, Profile: prof, GPUs: sim, GPUsSimulated: true, LeaseTTL: 3 * time.Second,
+		Version: "test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// Start starts a node from cfg and kills it when the test ends.
+func Start(tb testing.TB, cfg supervisor.Config) *supervisor.Node {
+	tb.Helper()
+	n, err := supervisor.Start(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("start %s: %v", cfg.Name, err)
+	}
+	tb.Cleanup(func() { _ = n.Kill() })
+	return n
+}
+
+// WaitUntil polls cond until it holds, failing the test after within.
+func WaitUntil(tb testing.TB, within time.Duration, what string, cond func() (bool, string)) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, last = cond(); ok {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	tb.Fatalf("%s: not true within %v; last: %s", what, within, last)
+}
