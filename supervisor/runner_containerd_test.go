@@ -1,0 +1,123 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/runtime"
+	"github.com/llmgw/llmgw/supervisor/runtime/containerd"
+	"github.com/llmgw/llmgw/supervisor/runtime/containerd/ctrtest"
+)
+
+// TestRunnerOverContainerd runs the whole engine lifecycle through a real
+// containerd: an image holding llmgw is imported, a fake-engine shard starts
+// as a container and becomes ready, the runner (the agent) restarts and
+// adopts the same container and task untouched, an orphan container
+// labelled ours is stopped, and an unplanned shard is removed. It skips
+// only where no containerd answers (CI starts one with .ci/containerd.sh).
+func TestRunnerOverContainerd(t *testing.T) {
+	sock := os.Getenv("LLMGW_TEST_CONTAINERD_SOCKET")
+	if sock == "" {
+		sock = "/run/containerd/containerd.sock"
+	}
+	open := func() *containerd.Runtime {
+		rt, err := containerd.New(containerd.WithSocket(sock), containerd.WithNamespace("llmgw-runner-test"), containerd.WithShmSize(64<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if err := rt.Ping(ctx); err != nil {
+			rt.Close()
+			t.Skipf("no containerd answers at %s (run `eval \"$(.ci/containerd.sh start)\"` as root): %v", sock, err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		return rt
+	}
+	rt := open()
+
+	// An image with a static llmgw as /llmgw: the fake profile runs
+	// `<self> engine fake ...`, and self is that path inside the image.
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "llmgw")
+	root, _ := filepath.Abs("..")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := ctrtest.BuildStatic(ctx, root, "./cmd/llmgw", bin); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	if err := ctrtest.WriteDockerArchive(&tarball, ctrtest.Image{RepoTag: "llmgw/runner-test:1", Entrypoint: []string{"/llmgw"},
+		Files: []ctrtest.File{{Path: "/llmgw", Mode: 0o755, Data: data}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.ImportImage(ctx, &tarball); err != nil {
+		t.Fatal(err)
+	}
+
+	dataDir := t.TempDir()
+	newRunner := func(rt runtime.Runtime) *Runner {
+		r, err := NewRunner(context.Background(), RunnerConfig{
+			Node: "n1", Runtime: rt, DataDir: dataDir, Host: "127.0.0.1", Self: "/llmgw", SimulatedGPUs: true,
+			PortMin: 21100, PortMax: 21999, Poll: 100 * time.Millisecond, Grace: 2 * time.Second,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Settle()
+		return r
+	}
+	spec := placement.Deployment{Name: "chat", Model: "m/tiny", Engine: "fake", Image: "llmgw/runner-test:1", Replicas: 1}
+	d := Desired{Assignment: placement.Assignment{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat",
+		SpecVersion: spec.SpecVersion(), GPUs: []int{0}}, Spec: spec}
+
+	r := newRunner(rt)
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "container ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	if s := r.Shards()[0]; s.Container == "" {
+		t.Fatalf("container not reported: %+v", s)
+	}
+
+	// An orphan: ours by label, in no state file and no plan.
+	orphan := runtime.EngineSpec{ID: "ghost-0-x", Node: "n1", ShardID: "ghost-0", SpecVersion: "x", Image: "llmgw/runner-test:1",
+		Command: []string{"/llmgw", "engine", "fake", "--model", "ghost", "--port", "21099"}, LogPath: filepath.Join(dataDir, "ghost.log")}
+	if _, err := rt.Start(context.Background(), orphan); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent restarts, with a new client connection.
+	r.Close()
+	rt2 := open()
+	r2 := newRunner(rt2)
+	r2.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r2, "same container adopted, orphan gone", func([]string) bool {
+		if readyPID(r2, "chat-0") != pid || len(r2.Shards()) != 1 {
+			return false
+		}
+		engines, err := rt2.List(context.Background(), "n1")
+		return err == nil && len(engines) == 1
+	})
+	if s := r2.Shards()[0]; s.Restarts != 0 {
+		t.Fatalf("adopted engine was restarted: %+v", s)
+	}
+
+	r2.Reconcile(context.Background(), nil)
+	waitShard(t, r2, "unplanned container removed", func(s []string) bool {
+		engines, err := rt2.List(context.Background(), "n1")
+		return len(s) == 0 && err == nil && len(engines) == 0
+	})
+	r2.Close()
+}
