@@ -28,7 +28,7 @@ stop:
 	$(BIN) demo down --dir $(DEMO)
 
 scenarios: build
-	$(GO) test -timeout 60m ./scenarios/ -args -all
+	$(GO) test -v -timeout 60m ./scenarios/ -args -all
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -84,6 +84,10 @@ type Member struct {
 	Record *NodeRecord `json:"record,omitempty"`
 	// SeenAt is when this node last accepted a newer version of Record.
 	SeenAt time.Time `json:"seen_at,omitzero"`
+	// Epoch is the boot epoch the node announced in memberlist (0 if
+	// unknown). A Record of an older epoch is what the node said before it
+	// restarted: its claims are void.
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // Stats count gossip traffic.
@@ -107,6 +111,8 @@ type Cluster struct {
 	members map[string]*memberInfo
 	local   NodeRecord
 	content Version // version of local's current content
+	// epoch is this node's boot epoch, announced in node meta.
+	epoch int64
 	// wanted remembers the last content version asked for per node.
 	wanted map[string]Version
 
@@ -124,6 +130,7 @@ type memberInfo struct {
 	state MemberState
 	addr  string
 	since time.Time
+	epoch int64
 }
 
 // New starts memberlist listening and returns the node, not yet joined to
@@ -168,8 +175,10 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 		initial.Version.Seq = 1
 	}
 	c.local = initial
+	c.epoch = initial.Version.Epoch
 	c.content = initial.Version
-	c.store.MergeNode(initial)
+	c.local.Content = initial.Version
+	c.store.MergeNode(c.local)
 
 	mc := cfg.Profile.Config()
 	mc.Name = cfg.Name
@@ -192,6 +201,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gossip: %w", err)
 		}
+		t.nameOf = c.nameAt
 		mc.Transport = t
 	}
 	// Half a packet, as Alertmanager does: leaves room for memberlist's
@@ -235,6 +245,16 @@ func (c *Cluster) notify() {
 	}
 }
 
+// nameAt names the node whose record advertises gossip address addr.
+func (c *Cluster) nameAt(addr string) string {
+	for _, ns := range c.store.Nodes() {
+		if ns.Record.Gossip == addr {
+			return ns.Record.Name
+		}
+	}
+	return ""
+}
+
 // Local returns this node's current record.
 func (c *Cluster) Local() NodeRecord {
 	c.mu.Lock()
@@ -250,6 +270,7 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 	c.local.Name = c.cfg.Name
 	c.local.Version.Seq++
 	c.content = c.local.Version
+	c.local.Content = c.content
 	r := c.local
 	c.mu.Unlock()
 	c.store.MergeNode(r)
@@ -321,7 +342,7 @@ func (c *Cluster) Members() []Member {
 		rec := ns.Record
 		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt}
 		if info, ok := c.members[rec.Name]; ok {
-			m.State, m.Address, m.Since = info.state, info.addr, info.since
+			m.State, m.Address, m.Since, m.Epoch = info.state, info.addr, info.since, info.epoch
 		}
 		if n, ok := live[rec.Name]; ok && n.State == memberlist.StateSuspect {
 			m.State = StateSuspect
@@ -356,6 +377,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	c.local.Leaving = true
 	c.local.Version.Seq++
 	c.content = c.local.Version
+	c.local.Content = c.content
 	r := c.local
 	c.mu.Unlock()
 	c.store.MergeNode(r)
@@ -600,12 +622,21 @@ func (c *Cluster) loadDeployments() error {
 }
 
 func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
+	var meta nodeMeta
+	_ = json.Unmarshal(n.Meta, &meta)
 	c.mu.Lock()
 	info, ok := c.members[n.Name]
 	if !ok || info.state != s {
-		c.members[n.Name] = &memberInfo{state: s, addr: n.Address(), since: c.cfg.Now()}
-	} else {
-		info.addr = n.Address()
+		prev := int64(0)
+		if ok {
+			prev = info.epoch
+		}
+		info = &memberInfo{state: s, addr: n.Address(), since: c.cfg.Now(), epoch: prev}
+		c.members[n.Name] = info
+	}
+	info.addr = n.Address()
+	if meta.Epoch > info.epoch {
+		info.epoch = meta.Epoch
 	}
 	c.mu.Unlock()
 	c.notify()
@@ -633,13 +664,18 @@ type delegate struct{ c *Cluster }
 
 var _ memberlist.Delegate = (*delegate)(nil)
 
+// nodeMeta rides on memberlist's alive messages. Epoch is the node's boot
+// epoch: it arrives with the very message that makes a restarted node alive
+// again, before the new record does, so receivers can tell the old boot's
+// record (and its claims) from the current one.
 type nodeMeta struct {
-	V   int    `json:"v"`
-	API string `json:"api,omitempty"`
+	V     int    `json:"v"`
+	API   string `json:"api,omitempty"`
+	Epoch int64  `json:"epoch,omitempty"`
 }
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr})
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch})
 	if len(b) > limit {
 		// memberlist panics on oversized meta; an API address never gets
 		// close, but refuse to be the reason.

@@ -324,6 +324,7 @@ func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
 	a.local.Labels = map[string]string{"zone": "z9"}
 	a.local.Version.Seq++
 	a.content = a.local.Version
+	a.local.Content = a.content
 	r := a.local
 	a.mu.Unlock()
 	a.store.MergeNode(r)

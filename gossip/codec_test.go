@@ -97,3 +97,21 @@ func TestHLCNeverGoesBackAndPassesWitnessedStamps(t *testing.T) {
 		t.Fatalf("%v issued after witnessing %v", s3, remote)
 	}
 }
+
+// A record relayed by push/pull after beats advanced its version still
+// says which content it holds, so later beats keep renewing it.
+func TestRelayedRecordKeepsAcceptingBeats(t *testing.T) {
+	now := func() time.Time { return time.Unix(100, 0) }
+	owner := NodeRecord{Name: "z", Version: Version{Epoch: 1, Seq: 5}, Content: Version{Epoch: 1, Seq: 5}}
+	y, x := NewStore(now, time.Hour), NewStore(now, time.Hour)
+	y.MergeNode(owner)
+	if !y.MergeBeat(Beat{Name: "z", Version: Version{Epoch: 1, Seq: 6}, Content: owner.Content}) {
+		t.Fatal("y rejected the first beat")
+	}
+	// x learns z's record from y (push/pull): version 6, content 5.
+	relayed, _ := y.Node("z")
+	x.MergeNode(relayed.Record)
+	if !x.MergeBeat(Beat{Name: "z", Version: Version{Epoch: 1, Seq: 7}, Content: owner.Content}) {
+		t.Fatal("x rejects renewals after a relayed record")
+	}
+}

@@ -16,6 +16,17 @@ import (
 type dropTransport struct {
 	*memberlist.NetTransport
 	drop func(peer string) bool
+	// nameOf names the node at a gossip address, for sends that carry no
+	// name (a Join by address).
+	nameOf func(addr string) string
+}
+
+func (t *dropTransport) dropped(a memberlist.Address) bool {
+	name := a.Name
+	if name == "" && t.nameOf != nil {
+		name = t.nameOf(a.Addr)
+	}
+	return name != "" && t.drop(name)
 }
 
 var _ memberlist.NodeAwareTransport = (*dropTransport)(nil)
@@ -39,15 +50,15 @@ func newDropTransport(mc *memberlist.Config, drop func(string) bool) (*dropTrans
 }
 
 func (t *dropTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
-	if a.Name != "" && t.drop(a.Name) {
+	if t.dropped(a) {
 		return time.Now(), nil
 	}
 	return t.NetTransport.WriteTo(b, a.Addr)
 }
 
 func (t *dropTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
-	if a.Name != "" && t.drop(a.Name) {
-		return nil, fmt.Errorf("partitioned from %s (test drop rule)", a.Name)
+	if t.dropped(a) {
+		return nil, fmt.Errorf("partitioned from %s (test drop rule)", a.Addr)
 	}
 	return t.NetTransport.DialTimeout(a.Addr, timeout)
 }

@@ -71,8 +71,12 @@ type ProbeSummary struct {
 // NodeRecord is everything a node tells the cluster about itself. It has a
 // single writer, its node.
 type NodeRecord struct {
-	Name         string            `json:"name"`
-	Version      Version           `json:"version"`
+	Name    string  `json:"name"`
+	Version Version `json:"version"`
+	// Content is the version at which the content last changed. Beats
+	// advance Version alone, so a record relayed by push/pull can carry a
+	// Version newer than its content; receivers match beats against Content.
+	Content      Version           `json:"content"`
 	API          string            `json:"api"`
 	Gossip       string            `json:"gossip"`
 	Labels       map[string]string `json:"labels,omitempty"`

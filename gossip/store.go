@@ -49,7 +49,12 @@ func (s *Store) MergeNode(r NodeRecord) bool {
 		// unchanged since e.content.
 		return false
 	}
-	s.nodes[r.Name] = &nodeEntry{rec: r, content: r.Version, seenAt: s.now()}
+	content := r.Content
+	if content == (Version{}) || content.Newer(r.Version) {
+		content = r.Version
+	}
+	r.Content = content
+	s.nodes[r.Name] = &nodeEntry{rec: r, content: content, seenAt: s.now()}
 	return true
 }
 

@@ -195,11 +195,21 @@ func (r *runner) start(n *node) error {
 		"--log-level", r.cfg.logLevel,
 		"--test-hooks",
 	}
-	var join []string
+	// Join a few running nodes (memberlist contacts every address given:
+	// thirty nodes each joining all others is hundreds of push/pulls), or
+	// every node ever started when none runs (a full restart).
+	var join, all []string
 	for _, o := range r.nodes {
-		if o != n && o.everStarted {
+		if o == n || !o.everStarted {
+			continue
+		}
+		all = append(all, o.gossip())
+		if o.up() && len(join) < 3 {
 			join = append(join, o.gossip())
 		}
+	}
+	if len(join) == 0 {
+		join = all
 	}
 	if len(join) > 0 {
 		args = append(args, "--join", strings.Join(join, ","))
@@ -504,4 +514,62 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// listenerPID finds which of pids has a TCP socket listening on port, by
+// matching /proc/net/tcp{,6} inodes with the processes' fds. 0: none of
+// them.
+func listenerPID(port int, pids []int) int {
+	inodes := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(l)
+			// sl local_address rem_address st ... inode is field 9.
+			if len(fs) < 10 || fs[3] != "0A" {
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fs[1], ":")
+			if p, err := strconv.ParseInt(hexPort, 16, 32); ok && err == nil && int(p) == port {
+				inodes["socket:["+fs[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) == 0 {
+		return 0
+	}
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && inodes[t] {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// parentPID reads a process's parent from /proc/PID/stat; 0 if unknown.
+func parentPID(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -107,6 +108,7 @@ func (r *runner) cmdWaitUntil(d *directive) (string, time.Time, error) {
 		if hold > 0 && !since.IsZero() {
 			last = fmt.Sprintf("held only %.1fs of %v", time.Since(since).Seconds(), hold)
 		}
+		d.noEvent = true
 		return fmt.Sprintf("timed out after %v: %s", within, last), time.Time{}, nil
 	}
 	// The event is when it came true, not when it had held long enough.
@@ -219,13 +221,15 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			}
 			return true, ""
 		}, wantArgs(0, "only running=N")
+	case "shards-agree":
+		return r.condShardsAgree, wantArgs(0, "no positional arguments")
 	case "no-orphans":
 		return func([]*node) (bool, string) {
 			ok, detail, _ := r.noOrphans()
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, engines, no-orphans)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, shards-agree, engines, no-orphans)", name)
 }
 
 func (r *runner) condAllPlaced(obs []*node) (bool, string) {
@@ -440,6 +444,29 @@ func (r *runner) singleHolder() (bool, string, int) {
 	return true, "", len(plan.Plan.Assignments)
 }
 
+// condShardsAgree: every observer's /v1/shards lists the same shards on
+// the same nodes with the same lease, status and draining flag.
+func (r *runner) condShardsAgree(obs []*node) (bool, string) {
+	rows, errs := fetchAll[[]shardRow](r.ctx, r, obs, "/v1/shards")
+	if err := firstErr(obs, errs); err != nil {
+		return false, err.Error()
+	}
+	key := func(rs []shardRow) string {
+		var b strings.Builder
+		for _, x := range rs {
+			fmt.Fprintf(&b, "%s@%s on %s: %s %s draining=%v; ", x.ShardID, x.SpecVersion, x.Node, x.Lease, x.Status, x.Draining)
+		}
+		return b.String()
+	}
+	first := key(rows[0])
+	for i := 1; i < len(rows); i++ {
+		if k := key(rows[i]); k != first {
+			return false, fmt.Sprintf("%s sees %s; %s sees %s", obs[0].name, first, obs[i].name, k)
+		}
+	}
+	return true, ""
+}
+
 func (r *runner) condServing(n *node, name string) (bool, string) {
 	var rows []shardRow
 	if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
@@ -454,6 +481,9 @@ func (r *runner) condServing(n *node, name string) (bool, string) {
 			return false, row.ShardID + " has a valid lease but no engine URL (runtime " + r.cfg.runtime + " runs no engines)"
 		}
 		tried++
+		if msg := r.wrongListener(row); msg != "" {
+			return false, msg
+		}
 		if err := r.chat(r.ctx, row.URL); err != nil {
 			return false, row.ShardID + ": chat completion failed: " + err.Error()
 		}
@@ -462,6 +492,37 @@ func (r *runner) condServing(n *node, name string) (bool, string) {
 		return false, "no replica of " + name + " has a valid lease"
 	}
 	return true, ""
+}
+
+// wrongListener checks that the engine answering on a shard's URL is the
+// process its record names: engines of several nodes on one host share one
+// port space, and a crashed engine's port may be answered by another
+// shard's engine of the same model.
+func (r *runner) wrongListener(row shardRow) string {
+	if row.PID == 0 {
+		return ""
+	}
+	u, err := url.Parse(row.URL)
+	if err != nil {
+		return ""
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return ""
+	}
+	procs := engineProcs(r.opts.Binary)
+	pids := make([]int, 0, len(procs))
+	for pid := range procs {
+		pids = append(pids, pid)
+	}
+	owner := listenerPID(port, pids)
+	switch {
+	case owner == 0:
+		return fmt.Sprintf("%s: no engine of this run listens on port %d", row.ShardID, port)
+	case owner != row.PID:
+		return fmt.Sprintf("%s: port %d is answered by another engine, not by the one its record names", row.ShardID, port)
+	}
+	return ""
 }
 
 func (r *runner) shardRows(n *node, shard string) ([]shardRow, error) {

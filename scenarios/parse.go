@@ -38,6 +38,9 @@ type directive struct {
 	// double is set when the expected output is fenced by "----\n----"
 	// (it contains blank lines).
 	double bool
+	// noEvent: the command did not happen (a wait that timed out), so it
+	// records no event for measure.
+	noEvent bool
 }
 
 type posArg struct {

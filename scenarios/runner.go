@@ -1,7 +1,9 @@
 // Package scenarios runs declarative multi-node scenarios against real
-// `llmgw node up` processes on loopback: failover, partitions, restarts,
-// rolling updates and scale, each written as a runbook that doubles as a
-// test.
+// `llmgw node up` processes on one machine (on loopback, or each in a
+// network namespace of its own): failover, partitions, restarts, rolling
+// updates and scale, each written as a runbook that doubles as a test.
+// Run(ctx, Options, file) runs one file; scenarios_test.go runs
+// testdata/*.txt and prints a summary table.
 //
 // # Files
 //
@@ -53,7 +55,10 @@
 //	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s]
 //	    Start one more node joining the others; wait until every observer
 //	    sees it alive.
-//	kill NODE [as=ALIAS]       SIGKILL the agent (its engines keep running).
+//	kill NODE [engines=keep|kill] [as=ALIAS]
+//	                           SIGKILL the agent: an agent crash, its engines
+//	                           keep running (keep, the default), or the whole
+//	                           node dying, its engines too (kill).
 //	stop NODE [as=ALIAS]       SIGTERM: graceful leave; prints the exit status.
 //	restart NODE [within=15s]  Start a stopped or killed node again with the
 //	                           same name, data dir and ports (SIGTERM first if
@@ -109,17 +114,22 @@
 //	single-holder               the nodes' own records hold exactly the planned
 //	                            shards, each on one node (asks every node; a
 //	                            frozen node fails it)
-//	serving NAME                a chat completion to every ready replica answers
+//	serving NAME                a chat completion to every replica with a valid
+//	                            lease answers, from the engine process its
+//	                            record names (checked by the listening socket)
 //	restarts SHARD>=N           /v1/shards reports at least N restarts
 //	shard SHARD [status=S] [lease=L] [engine=running|gone]
+//	shards-agree                every observer's /v1/shards shows the same shards,
+//	                            nodes, leases, statuses and draining flags
 //	engines running=N           N engine processes of this run exist (any node, orphans too)
 //	no-orphans                  every engine process runs a shard some node holds
 //
 // # Snapshots (expect)
 //
-//	expect models [on=NODE]                      /v1/deployments as a table (why below it)
-//	expect shards [on=NODE] [columns=(shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason)]
-//	expect members [on=NODE]                     name and state of every member
+//	expect models [on=(NODES)]                   /v1/deployments as a table (why below it)
+//	expect shards [on=(NODES)] [columns=(shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason)]
+//	                                             default columns: shard,deployment,lease,status,draining
+//	expect members [on=(NODES)]                  name, state and GPU count of every member
 //	expect plan-agrees                           every observer has the same plan
 //	expect single-holder                         as the condition, printed
 //	expect pids-unchanged since=SNAPSHOT         engines kept their pids
@@ -127,8 +137,10 @@
 //	expect no-orphans
 //	expect request-loop NAME [min-routable=N]    same as request-loop NAME expect-no-errors
 //
-// When the outputs of several observers differ, each is printed under its
-// node's name.
+// models, shards and members ask every observer (or those in on=); when
+// all answer alike the answer is printed once, else each under "as seen by
+// NODE:". Wait with shards-agree or converged first where views may still
+// differ.
 package scenarios
 
 import (
@@ -225,7 +237,7 @@ func init() {
 	commands = map[string]cmdSpec{
 		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net", (*runner).cmdCluster},
 		"add-node":     {"gpus labels within", (*runner).cmdAddNode},
-		"kill":         {"as", (*runner).cmdKill},
+		"kill":         {"as engines", (*runner).cmdKill},
 		"stop":         {"as", (*runner).cmdStop},
 		"restart":      {"within", (*runner).cmdRestart},
 		"freeze":       {"as", (*runner).cmdFreeze},
@@ -312,7 +324,12 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 			continue
 		}
 		if failed {
-			break
+			// The summary still gets what was measured before the
+			// failure: later measures whose events happened.
+			if d.cmd == "measure" && runErr == nil {
+				_, _, _ = r.cmdMeasure(d)
+			}
+			continue
 		}
 		if ctx.Err() != nil {
 			runErr = ctx.Err()
@@ -339,9 +356,11 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		if at.IsZero() {
 			at = time.Now()
 		}
-		r.events[d.cmd] = at
-		if hasMark {
-			r.events[mark] = at
+		if !d.noEvent {
+			r.events[d.cmd] = at
+			if hasMark {
+				r.events[mark] = at
+			}
 		}
 		out = normalize(out)
 		status := "ok"
@@ -679,6 +698,13 @@ func (r *runner) targets(d *directive) ([]*node, []string, error) {
 }
 
 func (r *runner) cmdKill(d *directive) (string, time.Time, error) {
+	mode, err := d.str("engines", "keep")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if mode != "keep" && mode != "kill" {
+		return "", time.Time{}, usagef("kill: engines=%s: want keep (an agent crash) or kill (the whole node dies)", mode)
+	}
 	ns, labels, err := r.targets(d)
 	if err != nil {
 		return "", time.Time{}, err
@@ -686,18 +712,57 @@ func (r *runner) cmdKill(d *directive) (string, time.Time, error) {
 	var out []string
 	var at time.Time
 	for i, n := range ns {
+		var engines []int
+		if mode == "kill" {
+			engines = r.enginesOf(n)
+		}
 		at = time.Now()
 		if err := n.signal(syscall.SIGKILL); err != nil {
 			out = append(out, "error: "+err.Error())
 			continue
 		}
+		for _, pid := range engines {
+			if pg, err := syscall.Getpgid(pid); err == nil && pg == pid {
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 		if !n.waitExit(5 * time.Second) {
 			out = append(out, "error: "+n.name+" did not die")
 			continue
 		}
-		out = append(out, "killed "+labels[i]+" (SIGKILL to the agent; engines keep running)")
+		if mode == "kill" {
+			out = append(out, "killed "+labels[i]+" and its engines (SIGKILL: the whole node is gone)")
+		} else {
+			out = append(out, "killed "+labels[i]+" (SIGKILL to the agent; engines keep running)")
+		}
 	}
 	return strings.Join(out, "\n"), at, nil
+}
+
+// enginesOf lists the engine processes of a node: those its record names
+// and those that are its agent's children.
+func (r *runner) enginesOf(n *node) []int {
+	pids := map[int]bool{}
+	var st statusInfo
+	if n.up() && r.get(r.ctx, n, "/status.json", &st) == nil {
+		for _, s := range st.Record.Shards {
+			if s.PID > 0 {
+				pids[s.PID] = true
+			}
+		}
+	}
+	agent := n.pid()
+	for pid := range engineProcs(r.opts.Binary) {
+		if parentPID(pid) == agent {
+			pids[pid] = true
+		}
+	}
+	var out []int
+	for pid := range pids {
+		out = append(out, pid)
+	}
+	return out
 }
 
 func (r *runner) cmdStop(d *directive) (string, time.Time, error) {

@@ -388,7 +388,10 @@ func (n *Node) Shards() []ShardInfo {
 		}
 		node, _, _ := strings.Cut(k, "/")
 		si := ShardInfo{ShardID: s.ShardID, ReplicaID: s.ReplicaID, Deployment: s.Deployment, SpecVersion: s.SpecVersion,
-			Node: node, GPUs: s.GPUs, Lease: leaseOf(view, node, s.ShardID, s.SpecVersion), Reason: "not in the plan: being stopped"}
+			Node: node, GPUs: s.GPUs, Lease: leaseOf(view, node, s.ShardID, s.SpecVersion), Reason: "not in the plan: its node stops it"}
+		if si.Lease == placement.LeaseLapsed {
+			si.Reason = "lease lapsed (holder dead, restarted or not renewing); not routable"
+		}
 		fillHeld(&si, s)
 		out = append(out, si)
 	}

@@ -326,7 +326,9 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 		}
 		for _, m := range n.cluster.Members() {
 			if m.State == gossip.StateDead && m.Address != "" {
-				if _, err := n.cluster.Join([]string{m.Address}); err == nil {
+				// name/addr: memberlist then knows whom it dials, and a
+				// node it would refuse (a partition rule) is not dialled.
+				if _, err := n.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
 					n.log.Info("reconnected to a member believed dead", "member", m.Name)
 				}
 			}

@@ -21,6 +21,11 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 		}
 		alive := m.State == gossip.StateAlive || m.State == gossip.StateSuspect
 		fresh := now.Sub(m.SeenAt) <= ttl
+		// A record from before the node's current boot: the node restarted
+		// and its new record has not arrived yet. What it claimed then is
+		// not claimed now (its engines, if they survived, are re-adopted
+		// and re-announced by the new agent).
+		current := m.Epoch == 0 || m.Record.Version.Epoch >= m.Epoch
 		n := placement.Node{
 			Name:         m.Name,
 			Alive:        alive && !m.Record.Leaving,
@@ -34,7 +39,7 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 				SpecVersion:  s.SpecVersion,
 				GPUs:         s.GPUs,
 				MemoryPerGPU: s.MemoryPerGPU,
-				Lease:        JudgeLease(alive && !m.Record.Leaving, fresh, s),
+				Lease:        JudgeLease(alive && !m.Record.Leaving && current, fresh, s),
 				ClaimStamp:   s.ClaimStamp,
 				Failing:      s.Failing,
 			})
