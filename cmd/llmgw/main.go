@@ -66,6 +66,7 @@ func newApp() *cli.Command {
 			engineCommand(),
 			imageCommand(),
 			mcpCommand(),
+			scenarioCommand(),
 		},
 	}
 }
