@@ -93,8 +93,11 @@ type Runner struct {
 	tracker *load.Tracker
 	// scrapeErrors counts failed /metrics scrapes, for our own metrics.
 	scrapeErrors atomic.Uint64
-	// quit detaches every watcher without stopping its engine.
-	quit chan struct{}
+	// quit detaches every watcher without stopping its engine; base is
+	// cancelled with it, so a start in progress (an image pull) gives up.
+	quit       chan struct{}
+	base       context.Context
+	cancelBase context.CancelFunc
 	once sync.Once
 	wg   sync.WaitGroup
 }
@@ -160,6 +163,7 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 		engines: map[string]*engine{}, ports: map[int]string{}, changes: make(chan struct{}, 1),
 		quit: make(chan struct{}), tracker: load.NewTracker(),
 	}
+	r.base, r.cancelBase = context.WithCancel(context.Background())
 	r.scraper = load.NewScraper(cfg.HTTP, clockFunc(cfg.Now))
 	for _, d := range []string{r.stateDir, r.logDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -369,6 +373,9 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 		}
 		if !started && !r.cfg.Now().Before(retryAt) {
 			if err := r.start(ctx, e); err != nil {
+				if r.base.Err() != nil {
+					return // the agent is closing: not a crash
+				}
 				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
 				retryAt = r.crashed(e, nil)
 			} else {
@@ -405,7 +412,13 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 	}
 }
 
-func (r *Runner) start(ctx context.Context, e *engine) error {
+func (r *Runner) start(engineCtx context.Context, e *engine) error {
+	// Runtime calls end when the engine is no longer wanted or when the
+	// agent closes the runner.
+	ctx, cancel := context.WithCancel(r.base)
+	defer cancel()
+	stop := context.AfterFunc(engineCtx, cancel)
+	defer stop()
 	r.ensurePort(e)
 	r.mu.Lock()
 	d, st := e.desired, e.state
@@ -665,7 +678,10 @@ func (r *Runner) OwnPIDs() []int {
 // Close stops watching engines without stopping them: they keep serving
 // for the next agent to adopt.
 func (r *Runner) Close() {
-	r.once.Do(func() { close(r.quit) })
+	r.once.Do(func() {
+		r.cancelBase()
+		close(r.quit)
+	})
 	r.wg.Wait()
 }
 
