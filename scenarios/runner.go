@@ -830,26 +830,16 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 }
 
 func (r *runner) cmdFreeze(d *directive) (string, time.Time, error) {
-	ns, labels, err := r.targets(d)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	at := time.Now()
-	var out []string
-	for i, n := range ns {
-		if err := n.signal(syscall.SIGSTOP); err != nil {
-			out = append(out, "error: "+err.Error())
-			continue
-		}
-		n.mu.Lock()
-		n.frozen = true
-		n.mu.Unlock()
-		out = append(out, "froze "+labels[i]+" (SIGSTOP)")
-	}
-	return strings.Join(out, "\n"), at, nil
+	return r.stopCont(d, syscall.SIGSTOP, "SIGSTOP", true, "froze")
 }
 
 func (r *runner) cmdThaw(d *directive) (string, time.Time, error) {
+	return r.stopCont(d, syscall.SIGCONT, "SIGCONT", false, "thawed")
+}
+
+// stopCont freezes (SIGSTOP) or thaws (SIGCONT) agents and records which
+// are frozen, so checks stop asking them.
+func (r *runner) stopCont(d *directive, sig syscall.Signal, sigName string, frozen bool, verb string) (string, time.Time, error) {
 	ns, labels, err := r.targets(d)
 	if err != nil {
 		return "", time.Time{}, err
@@ -857,14 +847,14 @@ func (r *runner) cmdThaw(d *directive) (string, time.Time, error) {
 	at := time.Now()
 	var out []string
 	for i, n := range ns {
-		if err := n.signal(syscall.SIGCONT); err != nil {
+		if err := n.signal(sig); err != nil {
 			out = append(out, "error: "+err.Error())
 			continue
 		}
 		n.mu.Lock()
-		n.frozen = false
+		n.frozen = frozen
 		n.mu.Unlock()
-		out = append(out, "thawed "+labels[i]+" (SIGCONT)")
+		out = append(out, fmt.Sprintf("%s %s (%s)", verb, labels[i], sigName))
 	}
 	return strings.Join(out, "\n"), at, nil
 }
