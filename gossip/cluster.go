@@ -113,8 +113,14 @@ type Cluster struct {
 	content Version // version of local's current content
 	// epoch is this node's boot epoch, announced in node meta.
 	epoch int64
-	// wanted remembers the last content version asked for per node.
-	wanted map[string]Version
+	// wanted remembers the content version last asked for per node, and
+	// when: a lost request is asked again after wantRetry.
+	wanted map[string]wantedAt
+	// sendMu orders this node's record versions with their broadcasts.
+	sendMu sync.Mutex
+	// spawnMu and stopping make goroutine starts safe against Shutdown.
+	spawnMu  sync.Mutex
+	stopping bool
 
 	changes chan struct{}
 	persist chan struct{}
@@ -214,8 +220,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	}
 	c.ml = ml
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
-	c.wg.Add(1)
-	go c.persistLoop()
+	c.spawn(c.persistLoop)
 	return c, nil
 }
 
@@ -265,6 +270,10 @@ func (c *Cluster) Local() NodeRecord {
 // UpdateLocal changes this node's record through fn, bumps its version and
 // sends it to the cluster.
 func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
+	// sendMu keeps bump, store and queue in one order: two concurrent
+	// updates must not queue v5 after v6 (named broadcasts replace).
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	c.mu.Lock()
 	fn(&c.local)
 	c.local.Name = c.cfg.Name
@@ -282,6 +291,8 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 // Renew bumps this node's version without changing its content. Every
 // receiver that holds the content restarts the TTL of this node's leases.
 func (c *Cluster) Renew() {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	c.mu.Lock()
 	c.local.Version.Seq++
 	b := Beat{Name: c.cfg.Name, Version: c.local.Version, Content: c.content}
@@ -373,6 +384,7 @@ func (c *Cluster) Stats() Stats {
 // Leave tells the cluster this node is leaving, so peers mark it left
 // rather than dead, then stops gossip.
 func (c *Cluster) Leave(timeout time.Duration) error {
+	c.sendMu.Lock()
 	c.mu.Lock()
 	c.local.Leaving = true
 	c.local.Version.Seq++
@@ -381,6 +393,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	r := c.local
 	c.mu.Unlock()
 	c.store.MergeNode(r)
+	c.sendMu.Unlock()
 	if b, err := encode(message{Nodes: []NodeRecord{r}}); err == nil {
 		// Tell everyone over TCP, and wait: a broadcast queued now might
 		// never leave before shutdown.
@@ -413,6 +426,9 @@ func (c *Cluster) Shutdown() error {
 	default:
 	}
 	close(c.done)
+	c.spawnMu.Lock()
+	c.stopping = true
+	c.spawnMu.Unlock()
 	err := c.ml.Shutdown()
 	c.wg.Wait()
 	// Deployments learned from peers are saved in the background; save
@@ -439,16 +455,41 @@ func (c *Cluster) send(name string, m message) {
 		if n.Name == c.cfg.Name {
 			continue
 		}
-		c.wg.Add(1)
-		go func(n *memberlist.Node) {
-			defer c.wg.Done()
+		c.spawn(func() {
 			if err := c.ml.SendReliable(n, b); err != nil {
 				c.log.Debug("reliable send failed; push/pull will repair", "to", n.Name, "err", err)
 				return
 			}
 			c.sent.Add(1)
-		}(n)
+		})
 	}
+}
+
+// spawn runs fn in a goroutine unless the cluster is shutting down; the
+// check and the WaitGroup add happen under one lock so Shutdown's Wait never
+// races an Add.
+func (c *Cluster) spawn(fn func()) {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	if c.stopping {
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		fn()
+	}()
+}
+
+// relay passes on a delta this node just learned, as gossip. A delta too
+// big for a packet is not relayed: its origin sent it to every member over
+// TCP already, and relaying it the same way would cost n² connections.
+func (c *Cluster) relay(name string, m message) {
+	b, err := encode(m)
+	if err != nil || len(b) > c.bigThreshold {
+		return
+	}
+	c.queue.QueueBroadcast(&broadcast{name: name, msg: b})
 }
 
 // receive merges a message from a peer. rebroadcast is true for packets
@@ -470,7 +511,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		if c.store.MergeNode(n) {
 			changed = true
 			if rebroadcast {
-				c.send("node/"+n.Name, message{Nodes: []NodeRecord{n}})
+				c.relay("node/"+n.Name, message{Nodes: []NodeRecord{n}})
 			}
 		}
 	}
@@ -481,7 +522,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		if c.store.MergeBeat(bt) {
 			changed = true
 			if rebroadcast {
-				c.send("beat/"+bt.Name, message{Beats: []Beat{bt}})
+				c.relay("beat/"+bt.Name, message{Beats: []Beat{bt}})
 			}
 		} else if c.store.Lacks(bt) {
 			c.want(bt)
@@ -498,7 +539,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		if c.store.MergeDeployment(d) {
 			depChanged = true
 			if rebroadcast {
-				c.send("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
+				c.relay("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
 			}
 		}
 	}
@@ -516,17 +557,27 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 // want asks a beat's sender for the record content we lack, once per
 // content version.
 func (c *Cluster) want(b Beat) {
+	now := c.cfg.Now()
 	c.mu.Lock()
 	if c.wanted == nil {
-		c.wanted = map[string]Version{}
+		c.wanted = map[string]wantedAt{}
 	}
-	if c.wanted[b.Name] == b.Content {
+	if w := c.wanted[b.Name]; w.content == b.Content && now.Sub(w.at) < wantRetry {
 		c.mu.Unlock()
 		return
 	}
-	c.wanted[b.Name] = b.Content
+	c.wanted[b.Name] = wantedAt{content: b.Content, at: now}
 	c.mu.Unlock()
 	c.sendTo(b.Name, message{From: c.cfg.Name, Wants: []string{b.Name}})
+}
+
+// wantRetry is how long a request for a missing record waits for its
+// answer before it is asked again.
+const wantRetry = 2 * time.Second
+
+type wantedAt struct {
+	content Version
+	at      time.Time
 }
 
 // sendLocalTo sends this node's record to one member over TCP.
@@ -548,22 +599,14 @@ func (c *Cluster) sendTo(name string, m message) {
 	if err != nil {
 		return
 	}
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	c.spawn(func() {
 		if err := c.ml.SendReliable(to, b); err == nil {
 			c.sent.Add(1)
 		}
-	}()
+	})
 }
 
 func (c *Cluster) persistLoop() {
-	defer c.wg.Done()
 	gc := time.NewTicker(time.Hour)
 	defer gc.Stop()
 	for {

@@ -97,12 +97,16 @@ type Node struct {
 	reconDur time.Duration
 
 	settled atomic.Bool
-	kick    chan struct{}
+	// loadPublished is when shard load last went out in the record.
+	loadPublished time.Time
+	kick          chan struct{}
 
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed chan struct{}
-	once   sync.Once
+	// wg holds the control, join and GPU loops; serveWG the HTTP server.
+	wg      sync.WaitGroup
+	serveWG sync.WaitGroup
+	closed  chan struct{}
+	once    sync.Once
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -199,9 +203,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.api = newHTTPServer(n.guard(mux))
 	lctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(4)
+	n.wg.Add(3)
+	n.serveWG.Add(1)
 	go func() {
-		defer n.wg.Done()
+		defer n.serveWG.Done()
 		if err := n.api.Serve(n.apiLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("HTTP API stopped", "err", err)
 		}
@@ -266,16 +271,21 @@ func (n *Node) Done() <-chan struct{} { return n.closed }
 func (n *Node) stop(leave func() error) error {
 	var err error
 	n.once.Do(func() {
+		// Order matters. The control loop must be gone before the node
+		// marks itself leaving: a last reconcile would see this node as
+		// not alive, plan nothing here and stop every engine. Then the
+		// API, so no write is acknowledged that will not be gossiped. Then
+		// the engines' watchers (engines keep running). Leave comes last.
 		n.cancel()
-		err = leave()
+		n.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = n.api.Shutdown(ctx)
-		n.wg.Wait()
-		// Engines keep running; only our watch over them ends.
+		n.serveWG.Wait()
 		if c, ok := n.engines.(interface{ Close() }); ok {
 			c.Close()
 		}
+		err = leave()
 		if c, ok := n.cfg.GPUs.(interface{ Close() error }); ok {
 			_ = c.Close()
 		}
@@ -379,6 +389,9 @@ func (n *Node) loop(ctx context.Context) {
 	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
 	defer renew.Stop()
 	for {
+		if ctx.Err() != nil {
+			return
+		}
 		n.reconcile(ctx)
 		select {
 		case <-ctx.Done():
@@ -409,13 +422,44 @@ func (n *Node) reconcile(ctx context.Context) {
 	}
 	n.engines.Reconcile(ctx, mine)
 	shards := n.engines.Shards()
-	if !reflect.DeepEqual(shards, n.cluster.Local().Shards) {
+	if n.shardsChanged(shards) {
 		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
 	}
 	n.mu.Lock()
 	n.plan, n.view, n.planAt = plan, view, n.cfg.Now()
 	n.reconDur = time.Since(start)
 	n.mu.Unlock()
+}
+
+// loadPublishInterval spaces record updates that only carry new engine
+// load: every change of content is a full record sent to the cluster, and
+// load changes at every scrape.
+const loadPublishInterval = 15 * time.Second
+
+// shardsChanged says whether this node's record must be republished:
+// always when anything but load changed, and for load alone at most every
+// loadPublishInterval.
+func (n *Node) shardsChanged(cur []gossip.ShardRecord) bool {
+	old := n.cluster.Local().Shards
+	if reflect.DeepEqual(cur, old) {
+		return false
+	}
+	if len(cur) == len(old) {
+		same := true
+		for i := range cur {
+			a, b := cur[i], old[i]
+			a.Load, b.Load = gossip.ShardLoad{}, gossip.ShardLoad{}
+			if !reflect.DeepEqual(a, b) {
+				same = false
+				break
+			}
+		}
+		if same && n.cfg.Now().Sub(n.loadPublished) < loadPublishInterval {
+			return false
+		}
+	}
+	n.loadPublished = n.cfg.Now()
+	return true
 }
 
 // ReconcileDuration is how long the last reconcile pass took.

@@ -98,8 +98,8 @@ type Runner struct {
 	quit       chan struct{}
 	base       context.Context
 	cancelBase context.CancelFunc
-	once sync.Once
-	wg   sync.WaitGroup
+	once       sync.Once
+	wg         sync.WaitGroup
 }
 
 // engine is one shard's engine on this node. Fields under Runner.mu.
@@ -253,7 +253,10 @@ func (r *Runner) Settle() {
 func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.settled {
+	// Not settled: the plan comes from a partial view. Closed or
+	// cancelled: the agent is going away, and its last view (in which it
+	// may already be leaving) must not stop engines.
+	if !r.settled || ctx.Err() != nil || r.base.Err() != nil {
 		return
 	}
 	want := map[string]Desired{}
