@@ -70,6 +70,9 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	proxy.FlushInterval = -1
+	// Logs need no token; never hand the caller's credentials to an
+	// address that came from gossip.
+	r.Header.Del("Authorization")
 	r.Header.Set("X-Llmgw-Forwarded", n.cfg.Name)
 	proxy.ServeHTTP(w, r)
 }

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -318,15 +320,29 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 			return len(deps) == 2, fmt.Sprint(len(deps))
 		})
 	}
+	// Every node remembers its peers in its data dir...
+	for _, n := range nodes {
+		waitUntil(t, 5*time.Second, n.Name()+" remembers 2 peers", func() (bool, string) {
+			b, _ := os.ReadFile(filepath.Join(n.cfg.DataDir, "node.json"))
+			var id identity
+			_ = json.Unmarshal(b, &id)
+			return len(id.Peers) == 2, fmt.Sprint(id.Peers)
+		})
+	}
 	for _, n := range nodes {
 		if err := n.Leave(time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Restart in another order; c remembers its peers without --join.
+	// ...so they come back in another order with no --join at all.
+	for _, name := range []string{"a", "b", "c"} {
+		cfg := h.cfgs[name]
+		cfg.Join = nil
+		h.cfgs[name] = cfg
+	}
 	c := h.start("c")
-	b := h.start("b", h.gossipAddr("c"))
-	a := h.start("a", h.gossipAddr("b"))
+	b := h.start("b")
+	a := h.start("a")
 	for _, n := range []*Node{a, b, c} {
 		waitUntil(t, 10*time.Second, n.Name()+" knows one and two placed, not gone", func() (bool, string) {
 			var deps []DeploymentInfo

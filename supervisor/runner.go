@@ -60,6 +60,10 @@ type RunnerConfig struct {
 	// starts over. Readiness alone does not reset it: an engine that loads,
 	// serves for a second and dies is crash-looping all the same.
 	StableAfter time.Duration
+	// StartTimeout bounds how long an engine may run without becoming
+	// ready (loading weights included) before it counts as a crash. An
+	// engine hung in start-up would otherwise hold its shard forever.
+	StartTimeout time.Duration
 	// LoadInterval is how often a ready engine's /metrics is scraped.
 	LoadInterval time.Duration
 	Logger       *slog.Logger
@@ -110,7 +114,11 @@ type engine struct {
 	status  string
 	ready   bool
 	failing bool
-	crashes int // crashes in a row since the engine was last ready
+	crashes int // crashes in a row since the engine last ran stably
+	// orphan: found running with our labels but no state file. Without
+	// the file its port, GPUs and claim are unknown, so it is stopped once
+	// the node settles (the plan then starts the shard afresh if wanted).
+	orphan bool
 	load    gossip.ShardLoad
 	// scrapedAt is when load was last read.
 	scrapedAt time.Time
@@ -147,6 +155,9 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	}
 	if cfg.FailingAfter == 0 {
 		cfg.FailingAfter = 5
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 30 * time.Minute
 	}
 	if cfg.LoadInterval == 0 {
 		cfg.LoadInterval = 5 * time.Second
@@ -195,7 +206,9 @@ func (r *Runner) adopt(ctx context.Context) error {
 	for _, st := range states {
 		id := st.Spec.EngineID
 		e, ok := live[id]
-		if !ok || e.State != runtime.StateRunning {
+		// Unknown (a shim not answering, containerd restarting) is not
+		// gone: adopt it and let the watcher look again.
+		if !ok || e.State == runtime.StateExited {
 			r.log.Info("engine of a shard state file is gone; removing the file", "shard", st.ShardID, "engine", id)
 			if ok {
 				_ = r.cfg.Runtime.Stop(ctx, id, 0)
@@ -204,7 +217,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			continue
 		}
 		delete(live, id)
-		r.track(id, st, e.PID)
+		r.track(id, st, e.PID, false)
 		r.log.Info("adopted running engine", "shard", st.ShardID, "engine", id, "pid", e.PID)
 	}
 	for id, e := range live {
@@ -213,23 +226,26 @@ func (r *Runner) adopt(ctx context.Context) error {
 		// stopped once the node settles unless the plan wants it.
 		st := shardstate.State{ShardID: e.Labels[runtime.LabelShard], PID: e.PID, StartedAt: e.StartedAt,
 			Spec: shardstate.Spec{EngineID: id, SpecVersion: e.Labels[runtime.LabelSpec], Runtime: r.cfg.Runtime.Name()}}
-		if e.State != runtime.StateRunning || st.ShardID == "" {
+		if e.State == runtime.StateExited || st.ShardID == "" {
 			r.log.Info("removing an exited or unlabelled engine of ours", "engine", id)
 			_ = r.cfg.Runtime.Stop(ctx, id, 0)
 			continue
 		}
-		r.track(id, st, e.PID)
-		r.log.Warn("found a running engine without a state file; keeping it only if the plan wants it", "engine", id)
+		r.track(id, st, e.PID, true)
+		r.log.Warn("found a running engine without a state file; it is stopped once the node has settled", "engine", id)
 	}
 	return nil
 }
 
 // track registers an adopted engine and starts watching it.
-func (r *Runner) track(id string, st shardstate.State, pid int) {
+func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) {
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &engine{id: id, state: st, status: StatusStarting, stop: cancel, done: make(chan struct{}),
+	// Until the plan says more, the state file is the spec: enough to
+	// probe readiness and, after a crash, to start the engine again.
+	spec := placement.Deployment{Name: st.Spec.ServedModelName, Model: st.Spec.Model, Engine: st.Spec.Engine, Image: st.Spec.Image}
+	e := &engine{id: id, state: st, status: StatusStarting, stop: cancel, done: make(chan struct{}), orphan: orphan,
 		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment,
-			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices}}}
+			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices}, Spec: spec}}
 	e.state.PID = pid
 	r.mu.Lock()
 	r.engines[id] = e
@@ -264,7 +280,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		want[EngineID(d.ShardID, d.SpecVersion)] = d
 	}
 	for id, e := range r.engines {
-		if d, ok := want[id]; ok {
+		if d, ok := want[id]; ok && !e.orphan {
 			e.desired = d
 			if e.state.Spec.Deployment == "" {
 				e.state.Spec.Deployment = d.Deployment
@@ -274,7 +290,11 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		if e.status != StatusStopping {
 			e.status = StatusStopping
 			e.ready = false
-			r.log.Info("stopping engine: no longer planned here", "shard", e.state.ShardID, "engine", id)
+			why := "no longer planned here"
+			if e.orphan {
+				why = "no state file (orphan)"
+			}
+			r.log.Info("stopping engine: "+why, "shard", e.state.ShardID, "engine", id)
 			e.stop()
 		}
 	}
@@ -367,6 +387,9 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 	defer close(e.done)
 	started := adopted
 	var retryAt time.Time
+	// attemptAt is when the current start attempt began; everReady whether
+	// it became ready since; unknowns counts "unknown" states in a row.
+	attemptAt, everReady, unknowns := r.cfg.Now(), false, 0
 	tick := time.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
 	for {
@@ -375,6 +398,7 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 			return
 		}
 		if !started && !r.cfg.Now().Before(retryAt) {
+			attemptAt, everReady = r.cfg.Now(), false
 			if err := r.start(ctx, e); err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
@@ -391,6 +415,10 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 			case ctx.Err() != nil:
 			case err != nil && !errors.Is(err, runtime.ErrNotFound):
 				r.log.Warn("engine status", "shard", e.state.ShardID, "err", err)
+			case err == nil && st.State == runtime.StateUnknown && unknowns < 20:
+				// containerd restarting or a shim not answering: look again
+				// rather than kill a possibly healthy engine.
+				unknowns++
 			case err != nil || st.State != runtime.StateRunning:
 				code := st.ExitCode
 				r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
@@ -399,10 +427,17 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 				retryAt = r.crashed(e, &code)
 				started = false
 			default:
+				unknowns = 0
 				ready := r.probeReady(ctx, e)
+				everReady = everReady || ready
 				r.setReady(e, ready, st.PID)
 				if ready {
 					r.scrapeLoad(ctx, e)
+				} else if !everReady && r.cfg.Now().Sub(attemptAt) > r.cfg.StartTimeout {
+					r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
+					_ = r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
+					retryAt = r.crashed(e, nil)
+					started = false
 				}
 			}
 		}
@@ -519,6 +554,10 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 	status := StatusStarting
 	if ready {
 		status = StatusReady
+		if (e.crashes > 0 || e.failing) && r.cfg.Now().Sub(e.state.StartedAt) >= r.cfg.StableAfter {
+			e.crashes, e.failing = 0, false
+			r.notifyLocked()
+		}
 	}
 	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
 		e.ready, e.status = ready, status
@@ -640,6 +679,9 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 	defer r.mu.Unlock()
 	out := make([]gossip.ShardRecord, 0, len(r.engines))
 	for _, e := range r.engines {
+		if e.orphan {
+			continue // claims nothing; see engine.orphan
+		}
 		st := e.state
 		rec := gossip.ShardRecord{
 			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, SpecVersion: st.Spec.SpecVersion,
@@ -671,7 +713,9 @@ func (r *Runner) OwnPIDs() []int {
 	defer r.mu.Unlock()
 	var pids []int
 	for _, e := range r.engines {
-		if e.state.PID > 0 {
+		// An orphan's GPUs are not claimed by any shard of ours, so its
+		// memory must count as foreign until it is stopped.
+		if e.state.PID > 0 && !e.orphan {
 			pids = append(pids, e.state.PID)
 		}
 	}

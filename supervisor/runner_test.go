@@ -30,8 +30,9 @@ func TestMain(m *testing.M) {
 		host := fs.String("host", "", "")
 		crash := fs.Duration("crash-after", 0, "")
 		code := fs.Int("exit-code", 1, "")
+		failHealth := fs.Bool("fail-health", false, "")
 		_ = fs.Parse(os.Args[3:])
-		err := fakeengine.Run(context.Background(), fakeengine.Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code})
+		err := fakeengine.Run(context.Background(), fakeengine.Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth})
 		os.Exit(fakeengine.ExitCode(err))
 	}
 	os.Exit(m.Run())
@@ -53,7 +54,9 @@ func newRunnerEnv(t *testing.T) *runnerEnv {
 
 // open builds a runner over the process runtime in the env's data dir, as
 // an agent (re)start would.
-func (e *runnerEnv) open() *Runner {
+func (e *runnerEnv) open() *Runner { return e.openWith(func(*RunnerConfig) {}) }
+
+func (e *runnerEnv) openWith(mutate func(*RunnerConfig)) *Runner {
 	e.t.Helper()
 	rt, err := process.New(filepath.Join(e.dir, "runtime"))
 	if err != nil {
@@ -67,12 +70,14 @@ func (e *runnerEnv) open() *Runner {
 			_ = rt.Stop(context.Background(), x.ID, time.Second)
 		}
 	})
-	r, err := NewRunner(context.Background(), RunnerConfig{
+	cfg := RunnerConfig{
 		Node: "n1", Runtime: rt, DataDir: e.dir, Host: "127.0.0.1", Self: e.self, SimulatedGPUs: true,
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3, LoadInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	mutate(&cfg)
+	r, err := NewRunner(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -259,4 +264,51 @@ func TestGracefulLeaveKeepsEngines(t *testing.T) {
 			t.Fatalf("round %d: the engine (pid %d) died with a graceful leave: %v", round, pid, err)
 		}
 	}
+}
+
+// An engine found running without its state file claims nothing (its port,
+// GPUs and claim are unknown) and is replaced by a fresh one once settled.
+func TestEngineWithoutStateFileIsReplaced(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	old := readyPID(r, "chat-0")
+	r.Close()
+	files, _ := filepath.Glob(filepath.Join(env.dir, "shards", "shard-*.json"))
+	for _, f := range files {
+		os.Remove(f)
+	}
+	r2 := env.open()
+	defer func() {
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+		r2.Close()
+	}()
+	if s := r2.Shards(); len(s) != 0 {
+		t.Fatalf("an engine without a state file is claimed: %+v", s)
+	}
+	waitShard(t, r2, "orphan stopped, fresh engine ready", func([]string) bool {
+		// The node reconciles on a tick; so does this test.
+		r2.Reconcile(context.Background(), []Desired{desired("chat")})
+		p := readyPID(r2, "chat-0")
+		return p > 0 && p != old && syscall.Kill(old, 0) == syscall.ESRCH
+	})
+}
+
+// An engine that runs but never becomes ready is restarted after the start
+// timeout instead of holding its shard forever.
+func TestEngineNeverReadyIsRestartedAfterTheStartTimeout(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *RunnerConfig) { c.StartTimeout = 300 * time.Millisecond })
+	defer func() {
+		r.Reconcile(context.Background(), nil)
+		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		r.Close()
+	}()
+	r.Reconcile(context.Background(), []Desired{desired("stuck", "--fail-health")})
+	waitShard(t, r, "restarted twice, never ready", func([]string) bool {
+		s := r.Shards()
+		return len(s) == 1 && s[0].Restarts >= 2 && !s[0].Ready
+	})
 }

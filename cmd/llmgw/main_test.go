@@ -42,6 +42,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--allow-from", "10.0.0.0/99"}, []string{"--allow-from", "CIDR"}},
 		{[]string{"--bind", "7946"}, []string{"--bind", "host:port"}},
 		{[]string{"--advertise", "not-an-ip"}, []string{"--advertise"}},
+		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},
 		{[]string{"--runtime", "docker"}, []string{"--runtime"}},
 	}

@@ -85,17 +85,17 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	}
 	cfg.BindAddr, cfg.BindPort = host, port
 	if adv := c.String("advertise"); adv != "" {
-		h, p, err := net.SplitHostPort(adv)
+		if !strings.Contains(adv, ":") {
+			adv = net.JoinHostPort(adv, strconv.Itoa(port))
+		}
+		h, p, err := splitHostPort("--advertise", adv)
 		if err != nil {
-			h, p = adv, strconv.Itoa(port)
+			return cfg, err
 		}
 		if net.ParseIP(h) == nil {
-			return cfg, fmt.Errorf("--advertise %q: want an IP address (optionally with :port) that peers can dial", adv)
+			return cfg, fmt.Errorf("--advertise %q: want an IP address (optionally with :port) that peers can dial", c.String("advertise"))
 		}
-		cfg.AdvertiseAddr = h
-		if cfg.AdvertisePort, err = strconv.Atoi(p); err != nil {
-			return cfg, fmt.Errorf("--advertise %q: bad port", adv)
-		}
+		cfg.AdvertiseAddr, cfg.AdvertisePort = h, p
 	} else if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		addr, err := soleAddress()
 		if err != nil {
@@ -117,6 +117,10 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 		if cfg.GossipKey, err = readGossipKey(f); err != nil {
 			return cfg, err
 		}
+	} else if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		// Gossip carries deployments (image, args, env): whoever can send
+		// to this port unencrypted can run code on every node.
+		log.Warn("GOSSIP IS NOT ENCRYPTED: no --gossip-key-file, and --bind is reachable from other hosts; anyone who can reach it can change what this cluster runs", "bind", c.String("bind"))
 	}
 	if cfg.Labels, err = parseKV("--label", splitList(c.StringSlice("label"))); err != nil {
 		return cfg, err
