@@ -119,7 +119,7 @@ type engine struct {
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).
 	orphan bool
-	load    gossip.ShardLoad
+	load   gossip.ShardLoad
 	// scrapedAt is when load was last read.
 	scrapedAt time.Time
 	stop      context.CancelFunc
