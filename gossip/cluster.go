@@ -397,18 +397,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	if b, err := encode(message{Nodes: []NodeRecord{r}}); err == nil {
 		// Tell everyone over TCP, and wait: a broadcast queued now might
 		// never leave before shutdown.
-		var wg sync.WaitGroup
-		for _, n := range c.ml.Members() {
-			if n.Name == c.cfg.Name {
-				continue
-			}
-			wg.Add(1)
-			go func(n *memberlist.Node) {
-				defer wg.Done()
-				_ = c.ml.SendReliable(n, b)
-			}(n)
-		}
-		wg.Wait()
+		c.toEveryone(b).Wait()
 	}
 	err := c.ml.Leave(timeout)
 	if serr := c.Shutdown(); err == nil {
@@ -451,34 +440,49 @@ func (c *Cluster) send(name string, m message) {
 		c.queue.QueueBroadcast(&broadcast{name: name, msg: b})
 		return
 	}
+	c.toEveryone(b)
+}
+
+// toEveryone sends b to every other member over TCP, each send in its own
+// goroutine; the returned group is done when all have finished. A failed
+// send is left to push/pull to repair.
+func (c *Cluster) toEveryone(b []byte) *sync.WaitGroup {
+	var done sync.WaitGroup
 	for _, n := range c.ml.Members() {
 		if n.Name == c.cfg.Name {
 			continue
 		}
-		c.spawn(func() {
+		done.Add(1)
+		if !c.spawn(func() {
+			defer done.Done()
 			if err := c.ml.SendReliable(n, b); err != nil {
 				c.log.Debug("reliable send failed; push/pull will repair", "to", n.Name, "err", err)
 				return
 			}
 			c.sent.Add(1)
-		})
+		}) {
+			done.Done()
+		}
 	}
+	return &done
 }
 
 // spawn runs fn in a goroutine unless the cluster is shutting down; the
 // check and the WaitGroup add happen under one lock so Shutdown's Wait never
 // races an Add.
-func (c *Cluster) spawn(fn func()) {
+// It reports whether fn was started.
+func (c *Cluster) spawn(fn func()) bool {
 	c.spawnMu.Lock()
 	defer c.spawnMu.Unlock()
 	if c.stopping {
-		return
+		return false
 	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		fn()
 	}()
+	return true
 }
 
 // relay passes on a delta this node just learned, as gossip. A delta too

@@ -12,14 +12,19 @@ import (
 // the node's own log rather than as free text.
 type memberlistLog struct{ log *slog.Logger }
 
+var memberlistLevels = []struct {
+	prefix string
+	level  slog.Level
+}{{"[ERR]", slog.LevelError}, {"[WARN]", slog.LevelWarn}, {"[INFO]", slog.LevelInfo}, {"[DEBUG]", slog.LevelDebug}}
+
 func (w memberlistLog) Write(p []byte) (int, error) {
 	for _, line := range bytes.Split(bytes.TrimRight(p, "\n"), []byte("\n")) {
 		s := string(line)
 		level := slog.LevelInfo
-		for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError} {
-			if i := strings.Index(s, prefix); i >= 0 {
-				level = l
-				s = strings.TrimSpace(s[i+len(prefix):])
+		for _, p := range memberlistLevels {
+			if i := strings.Index(s, p.prefix); i >= 0 {
+				level = p.level
+				s = strings.TrimSpace(s[i+len(p.prefix):])
 				break
 			}
 		}

@@ -11,22 +11,18 @@ import (
 // Profile is a named set of memberlist timings.
 type Profile struct {
 	Name string
-	// Description says what failure-detection time the profile gives.
-	Description string
-	base        func() *memberlist.Config
+	base func() *memberlist.Config
 }
 
 // Profiles are the timings `--profile` may name.
 var profiles = []Profile{
 	{
-		Name:        "lan",
-		Description: "memberlist's LAN defaults: probe every 1s, suspicion 4×log10(n)s; a dead node is declared dead in about 5-7s on a small cluster",
-		base:        memberlist.DefaultLANConfig,
+		Name: "lan",
+		base: memberlist.DefaultLANConfig,
 	},
 	{
-		Name:        "local",
-		Description: "fast timings for one machine or one rack: probe every 200ms, suspicion 400ms; a dead node is declared dead in about 1-2s",
-		base:        localConfig,
+		Name: "local",
+		base: localConfig,
 	},
 }
 
@@ -61,9 +57,6 @@ func ProfileByName(name string) (Profile, error) {
 	}
 	return Profile{}, fmt.Errorf("unknown profile %q: want lan or local", name)
 }
-
-// Profiles lists every profile.
-func Profiles() []Profile { return append([]Profile(nil), profiles...) }
 
 // Config returns a fresh memberlist configuration with the profile's
 // timings.

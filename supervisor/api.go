@@ -23,7 +23,7 @@ const maxBody = 1 << 20
 
 // newHTTPServer sets timeouts so a slow or stuck client cannot hold a
 // connection forever. The listen backlog is Go's default, which is the
-// kernel's net.core.somaxconn (4096 on current kernels), not the 5 some
+// kernel's net.core.somaxconn (4096 on this project's machines), not the 5 some
 // frameworks use: bursts of clients are queued, not refused.
 func newHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{
@@ -203,6 +203,7 @@ type DeploymentInfo struct {
 // Deployments lists live deployments with how much of each is placed.
 func (n *Node) Deployments() []DeploymentInfo {
 	plan, view := n.Plan()
+	lease := leases(view)
 	var out []DeploymentInfo
 	for _, rec := range n.cluster.Deployments() {
 		if rec.Deleted || rec.Spec == nil {
@@ -219,7 +220,7 @@ func (n *Node) Deployments() []DeploymentInfo {
 			}
 			replicas[a.ReplicaID] = true
 			nodes[a.Node] = true
-			if leaseOf(view, a.Node, a.ShardID, a.SpecVersion) == placement.LeaseValid {
+			if lease[heldKey(a.Node, a.ShardID, a.SpecVersion)] == placement.LeaseValid {
 				ready[a.ReplicaID]++
 			}
 		}
@@ -243,19 +244,19 @@ func (n *Node) Deployments() []DeploymentInfo {
 	return out
 }
 
-func leaseOf(v placement.View, node, shard, spec string) placement.LeaseState {
+// leases indexes every held shard's lease in a view by heldKey, so a
+// listing of all shards costs one pass over the view, not one per shard.
+func leases(v placement.View) map[string]placement.LeaseState {
+	out := map[string]placement.LeaseState{}
 	for _, nd := range v.Nodes {
-		if nd.Name != node {
-			continue
-		}
 		for _, s := range nd.Shards {
-			if s.ShardID == shard && s.SpecVersion == spec {
-				return s.Lease
-			}
+			out[heldKey(nd.Name, s.ShardID, s.SpecVersion)] = s.Lease
 		}
 	}
-	return ""
+	return out
 }
+
+func heldKey(node, shard, spec string) string { return node + "/" + shard + "@" + spec }
 
 func (n *Node) handleDeployments(w http.ResponseWriter, r *http.Request) {
 	out := n.Deployments()
@@ -361,34 +362,36 @@ type ShardInfo struct {
 // Shards lists every shard: planned, held, or unplaced.
 func (n *Node) Shards() []ShardInfo {
 	plan, view := n.Plan()
-	held := map[string]gossip.ShardRecord{}
+	lease := leases(view)
+	type heldShard struct {
+		node string
+		rec  gossip.ShardRecord
+	}
+	held := map[string]heldShard{}
 	for _, m := range n.cluster.Members() {
 		if m.Record == nil {
 			continue
 		}
 		for _, s := range m.Record.Shards {
-			held[m.Name+"/"+s.ShardID+"@"+s.SpecVersion] = s
+			held[heldKey(m.Name, s.ShardID, s.SpecVersion)] = heldShard{m.Name, s}
 		}
 	}
 	var out []ShardInfo
-	seen := map[string]bool{}
 	for _, a := range plan.Assignments {
-		k := a.Node + "/" + a.ShardID + "@" + a.SpecVersion
-		seen[k] = true
+		k := heldKey(a.Node, a.ShardID, a.SpecVersion)
 		si := ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
-			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: "pending", Lease: leaseOf(view, a.Node, a.ShardID, a.SpecVersion)}
-		if s, ok := held[k]; ok {
-			fillHeld(&si, s)
+			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: "pending", Lease: lease[k]}
+		if h, ok := held[k]; ok {
+			fillHeld(&si, h.rec)
+			delete(held, k)
 		}
 		out = append(out, si)
 	}
-	for k, s := range held {
-		if seen[k] {
-			continue
-		}
-		node, _, _ := strings.Cut(k, "/")
+	// What is left is held but not planned.
+	for k, h := range held {
+		s := h.rec
 		si := ShardInfo{ShardID: s.ShardID, ReplicaID: s.ReplicaID, Deployment: s.Deployment, SpecVersion: s.SpecVersion,
-			Node: node, GPUs: s.GPUs, Lease: leaseOf(view, node, s.ShardID, s.SpecVersion), Reason: "not in the plan: its node stops it"}
+			Node: h.node, GPUs: s.GPUs, Lease: lease[k], Reason: "not in the plan: its node stops it"}
 		if si.Lease == placement.LeaseLapsed {
 			si.Reason = "lease lapsed (holder dead, restarted or not renewing); not routable"
 		}
@@ -402,7 +405,10 @@ func (n *Node) Shards() []ShardInfo {
 		if out[i].ShardID != out[j].ShardID {
 			return out[i].ShardID < out[j].ShardID
 		}
-		return out[i].Node < out[j].Node
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+		return out[i].SpecVersion < out[j].SpecVersion
 	})
 	return out
 }

@@ -192,8 +192,9 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The record's gossip address is only known once memberlist bound.
-	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Gossip = n.cluster.Address() })
+	// The gossip address is only known once memberlist bound, and with it
+	// the last fallback of the advertised API address.
+	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Gossip, r.API = n.cluster.Address(), n.AdvertisedAPI() })
 
 	mux := http.NewServeMux()
 	n.routes(mux)
@@ -225,7 +226,9 @@ func (n *Node) Name() string { return n.cfg.Name }
 func (n *Node) APIAddr() string { return n.apiLn.Addr().String() }
 
 // AdvertisedAPI is the API address other nodes and clients dial: the
-// listen address, with a wildcard host replaced by the advertised one.
+// listen address, with a wildcard host replaced by the advertised one. It is
+// what the node's record publishes, so consumers (MCP forwarding, the logs
+// proxy, the page) dial record.API as it is.
 func (n *Node) AdvertisedAPI() string {
 	host, port, err := net.SplitHostPort(n.APIAddr())
 	if err != nil {
@@ -237,6 +240,11 @@ func (n *Node) AdvertisedAPI() string {
 			host = n.cfg.AdvertiseAddr
 		case net.ParseIP(n.cfg.BindAddr) != nil && !net.ParseIP(n.cfg.BindAddr).IsUnspecified():
 			host = n.cfg.BindAddr
+		case n.cluster != nil:
+			// The address memberlist advertises reaches this host too.
+			if gh, _, err := net.SplitHostPort(n.cluster.Address()); err == nil {
+				host = gh
+			}
 		}
 	}
 	return net.JoinHostPort(host, port)

@@ -119,7 +119,10 @@ type engine struct {
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).
 	orphan bool
-	load   gossip.ShardLoad
+	// prof is the engine's profile, resolved once (profile.Lookup builds
+	// the whole table, and readiness asks for it every poll).
+	prof *profile.Profile
+	load gossip.ShardLoad
 	// scrapedAt is when load was last read.
 	scrapedAt time.Time
 	stop      context.CancelFunc
@@ -461,7 +464,7 @@ func (r *Runner) start(engineCtx context.Context, e *engine) error {
 	r.mu.Lock()
 	d, st := e.desired, e.state
 	r.mu.Unlock()
-	prof, err := profile.Lookup(d.Spec.Engine)
+	prof, err := r.profileOf(e)
 	if err != nil {
 		return err
 	}
@@ -568,16 +571,29 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 	}
 }
 
+// profileOf returns the engine's profile. The spec version fixes the
+// engine kind, so it is looked up once per engine. Adopted engines carry the
+// kind from their state file (see track).
+func (r *Runner) profileOf(e *engine) (profile.Profile, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.prof == nil {
+		p, err := profile.Lookup(e.desired.Spec.Engine)
+		if err != nil {
+			return profile.Profile{}, err
+		}
+		e.prof = &p
+	}
+	return *e.prof, nil
+}
+
 // probeReady is the readiness rule: /health answers 200 and the models
 // list names the served model.
 func (r *Runner) probeReady(ctx context.Context, e *engine) bool {
 	r.mu.Lock()
-	port, served, eng := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName, e.desired.Spec.Engine
+	port, served := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName
 	r.mu.Unlock()
-	if eng == "" {
-		eng = e.state.Spec.Engine
-	}
-	prof, err := profile.Lookup(eng)
+	prof, err := r.profileOf(e)
 	if err != nil || port == 0 {
 		return false
 	}
@@ -622,12 +638,12 @@ func (r *Runner) probeReady(ctx context.Context, e *engine) bool {
 func (r *Runner) scrapeLoad(ctx context.Context, e *engine) {
 	r.mu.Lock()
 	due := r.cfg.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
-	port, eng := e.state.Spec.HTTPPort, e.desired.Spec.Engine
+	port := e.state.Spec.HTTPPort
 	r.mu.Unlock()
 	if !due {
 		return
 	}
-	prof, err := profile.Lookup(eng)
+	prof, err := r.profileOf(e)
 	if err != nil || prof.MetricsPath == "" {
 		return
 	}

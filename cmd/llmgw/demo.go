@@ -104,6 +104,8 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 		_ = cmd.Process.Release()
 	}
 	addr := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
+	// demo down drains through the same node.
+	_ = os.WriteFile(filepath.Join(dir, "addr"), []byte(addr+"\n"), 0o600)
 	if err := waitAlive(ctx, addr, n, 30*time.Second); err != nil {
 		return fmt.Errorf("%w; see the logs in %s", err, dir)
 	}
@@ -130,56 +132,15 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	return nil
 }
 
-// waitServing waits until deployment name has want ready replicas and
-// returns the URL of one.
-func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) (string, error) {
+// poll calls check every 200ms until it reports done, ctx ends or within
+// passes; on timeout the error carries check's last status.
+func poll(ctx context.Context, within time.Duration, check func() (done bool, status string)) error {
 	deadline := time.Now().Add(within)
 	last := "no answer"
 	for time.Now().Before(deadline) {
-		var shards []supervisor.ShardInfo
-		if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err == nil {
-			ready, url := 0, ""
-			for _, s := range shards {
-				if s.Deployment == name && s.Lease == "valid" {
-					ready++
-					url = s.URL
-				}
-			}
-			if ready >= want {
-				return url, nil
-			}
-			last = fmt.Sprintf("%d of %d replicas ready", ready, want)
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return "", fmt.Errorf("deployment %s did not become ready within %v (%s)", name, within, last)
-}
-
-func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {
-	cl := &client{base: addr, http: &http.Client{Timeout: 2 * time.Second}}
-	deadline := time.Now().Add(within)
-	last := "no answer"
-	for time.Now().Before(deadline) {
-		var info supervisor.ClusterInfo
-		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err == nil {
-			alive := 0
-			for _, m := range info.Members {
-				if m.State == "alive" {
-					alive++
-				}
-			}
-			if alive == n {
-				return nil
-			}
-			last = fmt.Sprintf("%d of %d alive", alive, n)
-		} else {
-			last = err.Error()
+		var done bool
+		if done, last = check(); done {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -187,7 +148,52 @@ func waitAlive(ctx context.Context, addr string, n int, within time.Duration) er
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("the demo cluster did not come up within %v (%s)", within, last)
+	return fmt.Errorf("not within %v (%s)", within, last)
+}
+
+// waitServing waits until deployment name has want ready replicas and
+// returns the URL of one.
+func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) (string, error) {
+	var url string
+	err := poll(ctx, within, func() (bool, string) {
+		var shards []supervisor.ShardInfo
+		if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err != nil {
+			return false, err.Error()
+		}
+		ready := 0
+		for _, s := range shards {
+			if s.Deployment == name && s.Lease == "valid" {
+				ready++
+				url = s.URL
+			}
+		}
+		return ready >= want, fmt.Sprintf("%d of %d replicas ready", ready, want)
+	})
+	if err != nil {
+		return "", fmt.Errorf("deployment %s did not become ready: %w", name, err)
+	}
+	return url, nil
+}
+
+func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {
+	cl := &client{base: addr, http: &http.Client{Timeout: 2 * time.Second}}
+	err := poll(ctx, within, func() (bool, string) {
+		var info supervisor.ClusterInfo
+		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+			return false, err.Error()
+		}
+		alive := 0
+		for _, m := range info.Members {
+			if m.State == "alive" {
+				alive++
+			}
+		}
+		return alive == n, fmt.Sprintf("%d of %d alive", alive, n)
+	})
+	if err != nil {
+		return fmt.Errorf("the demo cluster did not come up: %w", err)
+	}
+	return nil
 }
 
 func demoPIDs(dir string) map[string]int {
@@ -245,7 +251,11 @@ func drainDemo(ctx context.Context, dir string, c *cli.Command) {
 	if err != nil {
 		return
 	}
-	cl := &client{base: "http://127.0.0.1:7070", token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 2 * time.Second}}
+	addr := "http://127.0.0.1:7070"
+	if b, err := os.ReadFile(filepath.Join(dir, "addr")); err == nil {
+		addr = strings.TrimSpace(string(b))
+	}
+	cl := &client{base: addr, token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 2 * time.Second}}
 	var deps []supervisor.DeploymentInfo
 	if cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps) != nil {
 		return
@@ -253,20 +263,19 @@ func drainDemo(ctx context.Context, dir string, c *cli.Command) {
 	for _, d := range deps {
 		_ = cl.do(ctx, "DELETE", "/v1/deployments/"+d.Name, nil, "", nil)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	err = poll(ctx, 20*time.Second, func() (bool, string) {
 		var info supervisor.ClusterInfo
-		if cl.do(ctx, "GET", "/v1/cluster", nil, "", &info) != nil {
-			return
+		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+			return true, "" // the nodes are gone already
 		}
 		held := 0
 		for _, m := range info.Members {
 			held += len(m.Shards)
 		}
-		if held == 0 {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+		return held == 0, fmt.Sprintf("%d shards still held", held)
+	})
+	if err == nil {
+		return
 	}
 	fmt.Fprintln(c.Root().ErrWriter, "some engines did not stop in time; see the node logs")
 }

@@ -91,7 +91,7 @@ func TestPlaceNeedsModelAndValidKV(t *testing.T) {
 	}
 }
 
-func TestGPUSummary(t *testing.T) {
+func TestClientSaysWhichNodeItCannotReach(t *testing.T) {
 	out, err := run(t, "nodes", "--addr", "http://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "cannot reach a node") {
 		t.Fatalf("unreachable node: %q %v", out, err)

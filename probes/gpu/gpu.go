@@ -118,12 +118,3 @@ func cloneGPUs(in []placement.GPU) []placement.GPU {
 	}
 	return out
 }
-
-// clone copies a snapshot so a caller can keep or change it.
-func (s Snapshot) clone() Snapshot {
-	c := s
-	c.GPUs = cloneGPUs(s.GPUs)
-	c.Processes = slices.Clone(s.Processes)
-	c.Warnings = slices.Clone(s.Warnings)
-	return c
-}

@@ -19,7 +19,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -191,30 +190,12 @@ func (s *Server) lookup(target string) (peer, error) {
 	case found.API == "":
 		return peer{}, fmt.Errorf("node %q has not published an API address yet; live nodes: %s", target, liveList)
 	}
-	return peer{name: target, endpoint: "http://" + DialAddr(found.API, found.Gossip) + Path}, nil
+	return peer{name: target, endpoint: "http://" + found.API + Path}, nil
 }
 
 // reachable: a suspect node may only be slow; the call is worth a try.
 func reachable(s gossip.MemberState) bool {
 	return s == gossip.StateAlive || s == gossip.StateSuspect
-}
-
-// DialAddr turns a node's published API address into one another host can
-// dial. A node listening on a wildcard (0.0.0.0:7070, [::]:7070) publishes
-// the wildcard; its gossip address names the host.
-func DialAddr(api, gossipAddr string) string {
-	h, p, err := net.SplitHostPort(api)
-	if err != nil {
-		return api
-	}
-	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
-		gh, _, gerr := net.SplitHostPort(gossipAddr)
-		if gerr != nil || gh == "" {
-			gh = "127.0.0.1"
-		}
-		return net.JoinHostPort(gh, p)
-	}
-	return api
 }
 
 // headerTransport sets fixed headers on every request of a forwarded call.

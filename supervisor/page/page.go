@@ -14,7 +14,6 @@ import (
 	_ "embed"
 	"fmt"
 	"html/template"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -121,7 +120,7 @@ func build(n *supervisor.Node, now time.Time) data {
 		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: stateClass(m.State), Self: m.Name == n.Name(),
 			Agent: m.AgentVersion, Runtime: m.Runtime, Shards: len(m.Shards), Simulated: m.Probes.GPUsSimulated}
 		if m.API != "" {
-			row.Link = "http://" + dialAddr(m.API, m.Gossip) + "/"
+			row.Link = "http://" + m.API + "/"
 		}
 		for k, v := range m.Labels {
 			row.Labels = append(row.Labels, k+"="+v)
@@ -210,22 +209,6 @@ func build(n *supervisor.Node, now time.Time) data {
 		}
 	}
 	return d
-}
-
-// dialAddr makes a published API address linkable: a node listening on a
-// wildcard (0.0.0.0:7070) publishes the wildcard, and its gossip address
-// names the host.
-func dialAddr(api, gossipAddr string) string {
-	h, p, err := net.SplitHostPort(api)
-	if err != nil {
-		return api
-	}
-	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
-		if gh, _, err := net.SplitHostPort(gossipAddr); err == nil && gh != "" {
-			return net.JoinHostPort(gh, p)
-		}
-	}
-	return api
 }
 
 func gpuCell(g placement.GPU) gpuRow {

@@ -75,18 +75,3 @@ func Start(tb testing.TB, cfg supervisor.Config) *supervisor.Node {
 	tb.Cleanup(func() { _ = n.Kill() })
 	return n
 }
-
-// WaitUntil polls cond until it holds, failing the test after within.
-func WaitUntil(tb testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	tb.Fatalf("%s: not true within %v; last: %s", what, within, last)
-}

@@ -111,9 +111,6 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // (default 5s).
 func WithProgressInterval(d time.Duration) Option { return func(o *options) { o.progressTick = d } }
 
-// WithDialTimeout bounds the client's connection attempts (default 10s).
-func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialTimeout = d } }
-
 // New makes a client for the daemon. The connection is lazy: New succeeds
 // while the daemon is down; call Ping to find out.
 func New(opts ...Option) (*Runtime, error) {

@@ -106,12 +106,6 @@ func WithBaseEnv(env []string) Option {
 	return func(r *Runtime) { r.baseEnv = slices.Clone(env) }
 }
 
-// WithPollInterval sets how often Stop checks whether the engine is gone.
-func WithPollInterval(d time.Duration) Option { return func(r *Runtime) { r.poll = d } }
-
-// WithProcRoot reads processes from another procfs mount (tests).
-func WithProcRoot(path string) Option { return func(r *Runtime) { r.proc = path } }
-
 // New returns a runtime that keeps its records in dir, creating it.
 func New(dir string, opts ...Option) (*Runtime, error) {
 	r := &Runtime{
