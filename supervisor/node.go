@@ -96,6 +96,8 @@ type Node struct {
 	dropped  map[string]bool // test partition rules
 	reconDur time.Duration
 
+	// id is what node.json holds; the join loop keeps its peers current.
+	id      identity
 	settled atomic.Bool
 	// loadPublished is when shard load last went out in the record.
 	loadPublished time.Time
@@ -212,6 +214,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 			n.log.Error("HTTP API stopped", "err", err)
 		}
 	}()
+	n.id = id
 	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
 	go n.loop(lctx)
 	go n.gpuLoop(lctx)
@@ -589,21 +592,13 @@ func (n *Node) rememberPeers() {
 			peers = append(peers, m.Address)
 		}
 	}
-	if len(peers) == 0 {
+	// Only the join loop calls this, so n.id needs no lock.
+	if len(peers) == 0 || slices.Equal(n.id.Peers, peers) {
 		return
 	}
-	p := filepath.Join(n.cfg.DataDir, "node.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return
-	}
-	var id identity
-	if json.Unmarshal(b, &id) != nil || slices.Equal(id.Peers, peers) {
-		return
-	}
-	id.Peers = peers
-	out, _ := json.MarshalIndent(id, "", "  ")
-	if err := atomicfile.Write(p, out, 0o600); err != nil {
+	n.id.Peers = peers
+	out, _ := json.MarshalIndent(n.id, "", "  ")
+	if err := atomicfile.Write(filepath.Join(n.cfg.DataDir, "node.json"), out, 0o600); err != nil {
 		n.log.Warn("remember peers", "err", err)
 	}
 }
