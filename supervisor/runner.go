@@ -93,7 +93,6 @@ type Runner struct {
 	// duplicates or stop healthy engines.
 	settled bool
 	changes chan struct{}
-	scraper *load.Scraper
 	tracker *load.Tracker
 	// scrapeErrors counts failed /metrics scrapes, for our own metrics.
 	scrapeErrors atomic.Uint64
@@ -120,9 +119,11 @@ type engine struct {
 	// the node settles (the plan then starts the shard afresh if wanted).
 	orphan bool
 	// prof is the engine's profile, resolved once (profile.Lookup builds
-	// the whole table, and readiness asks for it every poll).
-	prof *profile.Profile
-	load gossip.ShardLoad
+	// the whole table, and readiness asks for it every poll), and scraper
+	// reads its /metrics by the profile's metric names.
+	prof    *profile.Profile
+	scraper *load.Scraper
+	load    gossip.ShardLoad
 	// scrapedAt is when load was last read.
 	scrapedAt time.Time
 	stop      context.CancelFunc
@@ -178,7 +179,6 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 		quit: make(chan struct{}), tracker: load.NewTracker(),
 	}
 	r.base, r.cancelBase = context.WithCancel(context.Background())
-	r.scraper = load.NewScraper(cfg.HTTP, clockFunc(cfg.Now))
 	for _, d := range []string{r.stateDir, r.logDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("runner: %w", err)
@@ -647,7 +647,13 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *engine) {
 	if err != nil || prof.MetricsPath == "" {
 		return
 	}
-	sample, err := r.scraper.Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
+	r.mu.Lock()
+	if e.scraper == nil {
+		e.scraper = load.NewScraper(r.cfg.HTTP, clockFunc(r.cfg.Now), load.WithNames(metricNames(prof.Metrics)))
+	}
+	scraper := e.scraper
+	r.mu.Unlock()
+	sample, err := scraper.Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
 	var l load.Load
 	if err != nil {
 		r.scrapeErrors.Add(1)
@@ -661,6 +667,19 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *engine) {
 		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, ScrapedAt: l.ScrapedAt, Error: l.Error}
 	r.notifyLocked()
 	r.mu.Unlock()
+}
+
+// metricNames turns a profile's metric names (data) into what the load
+// scraper reads. Every engine exports the process start time the same way.
+func metricNames(m profile.Metrics) load.Names {
+	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
+		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
+	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
+		if k != "" {
+			n.KVCache = append(n.KVCache, k)
+		}
+	}
+	return n
 }
 
 // ScrapeErrors counts failed engine /metrics scrapes.

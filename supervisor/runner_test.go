@@ -14,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/fakeengine"
+	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime/process"
 )
 
@@ -311,4 +315,22 @@ func TestEngineNeverReadyIsRestartedAfterTheStartTimeout(t *testing.T) {
 		s := r.Shards()
 		return len(s) == 1 && s[0].Restarts >= 2 && !s[0].Ready
 	})
+}
+
+// Load is read by the engine profile's own metric names: an SGLang page
+// has no vllm:* series.
+func TestLoadIsReadByTheProfilesMetricNames(t *testing.T) {
+	prof, err := profile.Lookup("sglang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := "# TYPE " + prof.Metrics.Running + " gauge\n" + prof.Metrics.Running + "{model_name=\"m\"} 3\n" +
+		"# TYPE " + prof.Metrics.KVCacheUsage + " gauge\n" + prof.Metrics.KVCacheUsage + "{model_name=\"m\"} 0.25\n"
+	s, err := load.Parse(strings.NewReader(page), expfmt.NewFormat(expfmt.TypeTextPlain), metricNames(prof.Metrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Running != 3 || s.KVCacheUsage != 0.25 {
+		t.Fatalf("read %+v from an SGLang page; want running 3, KV cache 0.25", s)
+	}
 }
