@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"sort"
@@ -345,14 +346,23 @@ func memberStates(ci clusterInfo) string {
 }
 
 type rawPlan struct {
-	Plan json.RawMessage `json:"plan"`
+	Deployments map[string]string `json:"deployments"`
+	Current     bool              `json:"current"`
+	Plan        json.RawMessage   `json:"plan"`
 }
 
 // plansAgree compares every observer's /v1/plan; it returns the agreed plan.
+// Equal plans are not enough: right after a change every node may still
+// hold the same old plan. So each plan must also be current (computed from
+// every deployment its node knows) and computed from the same deployments
+// as the others.
 func (r *runner) plansAgree(obs []*node) (bool, string, *planInfo) {
 	plans, errs := fetchAll[rawPlan](r.ctx, r, obs, "/v1/plan")
 	if err := firstErr(obs, errs); err != nil {
 		return false, err.Error(), nil
+	}
+	if detail := sameInputs(obs, plans); detail != "" {
+		return false, detail, nil
 	}
 	var first bytes.Buffer
 	_ = json.Compact(&first, plans[0].Plan)
@@ -366,6 +376,21 @@ func (r *runner) plansAgree(obs []*node) (bool, string, *planInfo) {
 	var p planInfo
 	_ = json.Unmarshal([]byte(`{"plan":`+first.String()+`}`), &p)
 	return true, "", &p
+}
+
+// sameInputs says why the observers' plans are not comparable yet, or "":
+// a plan that has not seen every deployment its node knows, or two plans
+// computed from different deployments.
+func sameInputs(obs []*node, plans []rawPlan) string {
+	for i, p := range plans {
+		if !p.Current {
+			return obs[i].name + " knows deployments its last plan has not seen yet"
+		}
+		if i > 0 && !maps.Equal(plans[0].Deployments, p.Deployments) {
+			return fmt.Sprintf("%s and %s planned from different deployments: %v vs %v", obs[0].name, obs[i].name, plans[0].Deployments, p.Deployments)
+		}
+	}
+	return ""
 }
 
 func planDiffText(a, b json.RawMessage) string {
@@ -447,6 +472,15 @@ func (r *runner) singleHolder() (bool, string, int) {
 // condShardsAgree: every observer's /v1/shards lists the same shards on
 // the same nodes with the same lease, status and draining flag.
 func (r *runner) condShardsAgree(obs []*node) (bool, string) {
+	// /v1/shards is drawn from each node's last plan: a plan that has not
+	// seen the newest deployments would agree with an equally old one.
+	plans, errs := fetchAll[rawPlan](r.ctx, r, obs, "/v1/plan")
+	if err := firstErr(obs, errs); err != nil {
+		return false, err.Error()
+	}
+	if detail := sameInputs(obs, plans); detail != "" {
+		return false, detail
+	}
 	rows, errs := fetchAll[[]shardRow](r.ctx, r, obs, "/v1/shards")
 	if err := firstErr(obs, errs); err != nil {
 		return false, err.Error()

@@ -110,7 +110,8 @@
 //	replicas NAME ready=N       N replicas of NAME's current spec have a valid
 //	                            lease on every shard, on nodes that really run
 //	members [alive=N] [suspect=N] [dead=N] [left=N]   as counted in /v1/cluster
-//	converged                   every observer's /v1/plan is identical
+//	converged                   every observer's /v1/plan is identical, current
+//	                            and computed from the same deployments
 //	single-holder               the nodes' own records hold exactly the planned
 //	                            shards, each on one node (asks every node; a
 //	                            frozen node fails it)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"sort"
@@ -320,15 +321,29 @@ func (n *Node) handleUnplace(w http.ResponseWriter, r *http.Request) {
 
 // PlanInfo is the body of /v1/plan.
 type PlanInfo struct {
-	Node       string         `json:"node"`
-	ComputedAt time.Time      `json:"computed_at"`
-	Plan       placement.Plan `json:"plan"`
+	Node       string    `json:"node"`
+	ComputedAt time.Time `json:"computed_at"`
+	// Deployments are the specs the plan was computed from: name → spec
+	// version. Two nodes with equal plans over different inputs have not
+	// converged, they have only not heard the same news yet.
+	Deployments map[string]string `json:"deployments"`
+	// Current is false while this node knows deployments (or versions of
+	// them) that its last plan did not see: the next pass will differ.
+	Current bool           `json:"current"`
+	Plan    placement.Plan `json:"plan"`
 }
 
 func (n *Node) handlePlan(w http.ResponseWriter, r *http.Request) {
 	n.mu.Lock()
-	p := PlanInfo{Node: n.cfg.Name, ComputedAt: n.planAt, Plan: n.plan}
+	p := PlanInfo{Node: n.cfg.Name, ComputedAt: n.planAt, Plan: n.plan, Deployments: specVersions(n.view.Deployments)}
 	n.mu.Unlock()
+	var known []placement.Deployment
+	for _, rec := range n.cluster.Deployments() {
+		if !rec.Deleted && rec.Spec != nil {
+			known = append(known, *rec.Spec)
+		}
+	}
+	p.Current = maps.Equal(p.Deployments, specVersions(known))
 	if p.Plan.Assignments == nil {
 		p.Plan.Assignments = []placement.Assignment{}
 	}
@@ -336,6 +351,15 @@ func (n *Node) handlePlan(w http.ResponseWriter, r *http.Request) {
 		p.Plan.Unplaced = []placement.Unplaced{}
 	}
 	writeJSON(w, http.StatusOK, p)
+}
+
+// specVersions maps each deployment's name to its spec version.
+func specVersions(ds []placement.Deployment) map[string]string {
+	out := make(map[string]string, len(ds))
+	for _, d := range ds {
+		out[d.Name] = d.WithDefaults().SpecVersion()
+	}
+	return out
 }
 
 // ShardInfo is one row of /v1/shards.

@@ -178,6 +178,16 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 		}
 		return strings.Count(p0, `"shard_id"`) == 2, p0
 	})
+	// Each plan names the specs it was computed from, and says it is current.
+	var deps []DeploymentInfo
+	call(t, "GET", api(nodes[0], "/v1/deployments"), "", nil, &deps)
+	for _, n := range nodes {
+		waitUntil(t, 5*time.Second, n.Name()+"'s plan is current and computed from chat", func() (bool, string) {
+			var p PlanInfo
+			call(t, "GET", api(n, "/v1/plan"), "", nil, &p)
+			return p.Current && len(p.Deployments) == 1 && p.Deployments["chat"] == deps[0].SpecVersion, fmt.Sprintf("current=%v deployments=%v", p.Current, p.Deployments)
+		})
+	}
 }
 
 func TestMutationsNeedTheToken(t *testing.T) {
