@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ const (
 	// lines: a filter that matches nothing must not read a 50 GB log.
 	maxLogScan  = 32 << 20
 	logChunk    = 64 << 10
+	maxLogLine  = 64 << 10 // longer lines keep their end (see tailLines)
 	maxListed   = 2000
 	maxLogDepth = 4
 )
@@ -210,42 +212,75 @@ func (c Config) readLog(ctx context.Context, name string, n int, filter string, 
 // tailLines returns up to n lines (matching match, if set) from the end of
 // f, oldest first, reading backwards in chunks so that a large file costs
 // only the part that is shown. scanned is how many bytes were read.
+//
+// A line longer than maxLogLine keeps only its last maxLogLine bytes, after
+// a note of how much was cut: the output is capped far below that anyway,
+// and carrying a whole newline-free file from chunk to chunk would copy it
+// over and over (quadratic in its size).
 func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func(string) bool) (lines []string, scanned int64, err error) {
-	var carry []byte // the start of the file's tail not yet split: a partial line
+	var (
+		carry []byte // the end of a line whose start is in an earlier chunk
+		cut   int64  // bytes of that line dropped in front of carry
+	)
+	emit := func(line []byte, cut int64) {
+		s := string(line)
+		if cut > 0 {
+			s = fmt.Sprintf("[line cut: first %d bytes not shown]…%s", cut, s)
+		}
+		if match == nil || match(s) {
+			lines = append(lines, s)
+		}
+	}
 	end := size
-	first := true
+	buf := make([]byte, logChunk)
 	for end > 0 && len(lines) < n && scanned < maxLogScan {
 		if err := ctx.Err(); err != nil {
 			return nil, scanned, err
 		}
 		start := max(end-logChunk, 0)
-		buf := make([]byte, end-start, int(end-start)+len(carry))
-		if _, err := f.ReadAt(buf, start); err != nil && !errors.Is(err, io.EOF) {
+		chunk := buf[:end-start]
+		if _, err := f.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
 			return nil, scanned, err
 		}
 		scanned += end - start
-		buf = append(buf, carry...)
-		parts := strings.Split(string(buf), "\n")
-		if first && parts[len(parts)-1] == "" {
-			parts = parts[:len(parts)-1] // the file's final newline
+		if end == size && len(chunk) > 0 && chunk[len(chunk)-1] == '\n' {
+			chunk = chunk[:len(chunk)-1] // the file's final newline ends no extra line
 		}
-		first = false
-		// parts[0] may continue in the previous chunk, unless this is the
-		// file's start.
-		keep := 0
-		if start > 0 {
-			carry = []byte(parts[0])
-			keep = 1
-		} else {
-			carry = nil
-		}
-		for i := len(parts) - 1; i >= keep && len(lines) < n; i-- {
-			if match == nil || match(parts[i]) {
-				lines = append(lines, parts[i])
+		// Walk the chunk's lines from the last; the first one may go on in
+		// the previous chunk.
+		for len(lines) < n {
+			i := bytes.LastIndexByte(chunk, '\n')
+			if i < 0 {
+				break
 			}
+			line := joinCapped(chunk[i+1:], carry, &cut)
+			emit(line, cut)
+			carry, cut, chunk = nil, 0, chunk[:i]
+		}
+		if len(lines) >= n {
+			break
+		}
+		carry = joinCapped(chunk, carry, &cut)
+		if start == 0 {
+			emit(carry, cut)
 		}
 		end = start
 	}
 	slices.Reverse(lines)
 	return lines, scanned, nil
+}
+
+// joinCapped returns head+tail, keeping at most maxLogLine bytes from the
+// end; what it drops is added to *cut.
+func joinCapped(head, tail []byte, cut *int64) []byte {
+	if len(tail) >= maxLogLine {
+		*cut += int64(len(head))
+		return tail
+	}
+	if over := len(head) + len(tail) - maxLogLine; over > 0 {
+		*cut += int64(over)
+		head = head[over:]
+	}
+	out := make([]byte, 0, len(head)+len(tail))
+	return append(append(out, head...), tail...)
 }

@@ -199,3 +199,46 @@ func TestTailLines(t *testing.T) {
 		t.Errorf("filtered tail = %q", got)
 	}
 }
+
+// A line longer than maxLogLine keeps its end, after a note of how much was
+// cut, and lines around it are whole.
+func TestTailLinesCutsLongLines(t *testing.T) {
+	long := make([]byte, 5*logChunk+123)
+	for i := range long {
+		long[i] = 'a' + byte(i%26)
+	}
+	text := "first\n" + string(long) + "\nlast\n"
+	got, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0] != "first" || got[2] != "last" {
+		t.Fatalf("got %d lines, first %q, last %q", len(got), firstN(got, 0), firstN(got, len(got)-1))
+	}
+	want := fmt.Sprintf("[line cut: first %d bytes not shown]…%s", len(long)-maxLogLine, long[len(long)-maxLogLine:])
+	if got[1] != want {
+		t.Errorf("long line = %q… (%d bytes), want %q… (%d bytes)", got[1][:60], len(got[1]), want[:60], len(want))
+	}
+}
+
+func firstN(lines []string, i int) string {
+	if i < 0 || i >= len(lines) {
+		return ""
+	}
+	return lines[i][:min(len(lines[i]), 40)]
+}
+
+// BenchmarkTailNewlineFree reads the tail of a file without a single
+// newline as large as read_log will scan: the worst case for a backward
+// line reader.
+func BenchmarkTailNewlineFree(b *testing.B) {
+	text := bytes.Repeat([]byte("x"), maxLogScan)
+	r := bytes.NewReader(text)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		got, _, err := tailLines(context.Background(), r, int64(len(text)), 10, nil)
+		if err != nil || len(got) != 1 {
+			b.Fatalf("%d lines, %v", len(got), err)
+		}
+	}
+}
