@@ -19,7 +19,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,6 +123,10 @@ type Cluster struct {
 	// spawnMu and stopping make goroutine starts safe against Shutdown.
 	spawnMu  sync.Mutex
 	stopping bool
+	// saveMu makes each write of deployments.json hold a snapshot taken
+	// after the previous write: two saves racing could otherwise land the
+	// older snapshot last and lose an acknowledged place.
+	saveMu sync.Mutex
 
 	changes chan struct{}
 	persist chan struct{}
@@ -319,10 +325,18 @@ func (c *Cluster) DeleteDeployment(name string) (DeploymentRecord, bool, error) 
 }
 
 func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
-	c.store.MergeDeployment(r)
 	// Persist before answering: an acknowledged place must survive this
-	// node crashing the next instant.
-	if err := c.saveDeployments(); err != nil {
+	// node crashing the next instant. And persist before taking it into
+	// the store: a place that could not be saved is refused, so it must
+	// not spread either.
+	c.saveMu.Lock()
+	deps := withDeployment(c.store.Deployments(), r)
+	err := c.writeDeployments(deps)
+	if err == nil {
+		c.store.MergeDeployment(r)
+	}
+	c.saveMu.Unlock()
+	if err != nil {
 		return r, err
 	}
 	c.send("dep/"+r.Name, message{Deployments: []DeploymentRecord{r}})
@@ -635,10 +649,32 @@ type deploymentsOnDisk struct {
 }
 
 func (c *Cluster) saveDeployments() error {
+	c.saveMu.Lock()
+	defer c.saveMu.Unlock()
+	return c.writeDeployments(c.store.Deployments())
+}
+
+// withDeployment returns deps, sorted by name, with r in place of the
+// record of the same name. r is a local change with a fresh stamp, so it
+// supersedes whatever is held.
+func withDeployment(deps []DeploymentRecord, r DeploymentRecord) []DeploymentRecord {
+	i, found := slices.BinarySearchFunc(deps, r.Name, func(d DeploymentRecord, name string) int {
+		return strings.Compare(d.Name, name)
+	})
+	if found {
+		deps[i] = r
+		return deps
+	}
+	return slices.Insert(deps, i, r)
+}
+
+// writeDeployments writes deps to deployments.json atomically; the caller
+// holds saveMu.
+func (c *Cluster) writeDeployments(deps []DeploymentRecord) error {
 	if c.cfg.DataDir == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(deploymentsOnDisk{FormatVersion: 1, Deployments: c.store.Deployments()}, "", "  ")
+	b, err := json.MarshalIndent(deploymentsOnDisk{FormatVersion: 1, Deployments: deps}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("persist deployments: %w", err)
 	}

@@ -3,8 +3,12 @@ package gossip
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -277,6 +281,56 @@ func TestDeploymentsReplicateDeleteAndPersist(t *testing.T) {
 	stale := DeploymentRecord{Name: "llama", Spec: &spec, Stamp: Stamp{Wall: d.Stamp.Wall - 1, Origin: "z"}}
 	if a2.store.MergeDeployment(stale) {
 		t.Fatal("an older copy resurrected a deleted deployment")
+	}
+}
+
+// Every acknowledged place is on disk when PutDeployment returns, even
+// when two are accepted at the same time (two saves racing could land the
+// older snapshot last).
+func TestConcurrentPlacesAreAllPersisted(t *testing.T) {
+	dir := t.TempDir()
+	a := startNode(t, "a", 0, dir, nil)
+	for i := range 100 {
+		names := []string{fmt.Sprintf("x%d", i), fmt.Sprintf("y%d", i)}
+		var wg sync.WaitGroup
+		for _, n := range names {
+			wg.Go(func() {
+				if _, err := a.PutDeployment(placement.Deployment{Name: n, Model: "m", Replicas: 1}.WithDefaults()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		b, err := os.ReadFile(filepath.Join(dir, deploymentsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d deploymentsOnDisk
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if !slices.ContainsFunc(d.Deployments, func(r DeploymentRecord) bool { return r.Name == n }) {
+				t.Fatalf("round %d: %s was acknowledged but is not in %s", i, n, deploymentsFile)
+			}
+		}
+	}
+}
+
+// A place that cannot be saved is refused and changes nothing: not this
+// node's state, so it cannot spread either.
+func TestUnsavedPlaceChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	a := startNode(t, "a", 0, dir, nil)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.PutDeployment(placement.Deployment{Name: "lost", Model: "m", Replicas: 1}.WithDefaults())
+	if err == nil {
+		t.Fatal("a place into a data dir that is gone was acknowledged")
+	}
+	if d, ok := a.store.Deployment("lost"); ok {
+		t.Fatalf("the refused place is in the store: %+v", d)
 	}
 }
 
