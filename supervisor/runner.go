@@ -56,9 +56,10 @@ type RunnerConfig struct {
 	// FailingAfter is the number of crashes in a row after which the shard
 	// is reported failing, so placement may move it.
 	FailingAfter int
-	// StableAfter is how long an engine must run before its crash count
-	// starts over. Readiness alone does not reset it: an engine that loads,
-	// serves for a second and dies is crash-looping all the same.
+	// StableAfter is how long an engine must stay ready before its crash
+	// count starts over. Running is not enough (a model that loads for two
+	// minutes and then runs out of memory is crash-looping), and neither is
+	// readiness alone (an engine that serves for a second and dies is too).
 	StableAfter time.Duration
 	// StartTimeout bounds how long an engine may run without becoming
 	// ready (loading weights included) before it counts as a crash. An
@@ -70,6 +71,10 @@ type RunnerConfig struct {
 	Now          func() time.Time
 	HTTP         *http.Client
 }
+
+// statusTimeout bounds one runtime status call: a hung containerd must not
+// freeze an engine's watcher (nor Close, which waits for watchers).
+const statusTimeout = 10 * time.Second
 
 // Runner runs this node's shards as engines through a runtime: it starts
 // what the plan gives this node, reports an engine ready only when its
@@ -114,6 +119,14 @@ type engine struct {
 	ready   bool
 	failing bool
 	crashes int // crashes in a row since the engine last ran stably
+	// readySince is when the current run became ready (zero: not ready);
+	// StableAfter of it resets crashes.
+	readySince time.Time
+	// planned: the plan has given this engine its spec. An adopted
+	// engine's state file holds only enough to watch it, so a crash
+	// before the first plan waits for one instead of restarting it with a
+	// partial command (an orphan is never planned, so never restarted).
+	planned bool
 	// orphan: found running with our labels but no state file. Without
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).
@@ -284,7 +297,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 	}
 	for id, e := range r.engines {
 		if d, ok := want[id]; ok && !e.orphan {
-			e.desired = d
+			e.desired, e.planned = d, true
 			if e.state.Spec.Deployment == "" {
 				e.state.Spec.Deployment = d.Deployment
 			}
@@ -312,7 +325,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		}
 		now := r.cfg.Now()
 		cctx, cancel := context.WithCancel(context.Background())
-		e := &engine{id: id, desired: d, status: StatusStarting, stop: cancel, done: make(chan struct{}),
+		e := &engine{id: id, desired: d, planned: true, status: StatusStarting, stop: cancel, done: make(chan struct{}),
 			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
 				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
 					GPUIndices: d.GPUs, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
@@ -400,11 +413,14 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 			r.finish(e)
 			return
 		}
-		if !started && !r.cfg.Now().Before(retryAt) {
+		if !started && !r.cfg.Now().Before(retryAt) && r.isPlanned(e) {
 			attemptAt, everReady = r.cfg.Now(), false
 			if err := r.start(ctx, e); err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
+				}
+				if ctx.Err() != nil {
+					continue // no longer wanted: not a crash; the loop's top stops it
 				}
 				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
 				retryAt = r.crashed(e, nil)
@@ -413,11 +429,17 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 			}
 		}
 		if started {
-			st, err := r.cfg.Runtime.Status(ctx, e.id)
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			st, err := r.cfg.Runtime.Status(sctx, e.id)
+			cancel()
 			switch {
 			case ctx.Err() != nil:
 			case err != nil && !errors.Is(err, runtime.ErrNotFound):
-				r.log.Warn("engine status", "shard", e.state.ShardID, "err", err)
+				// The runtime cannot say (containerd down, a shim hung): the
+				// engine itself still can. A dead one stops being ready, so
+				// its lease is no longer renewed and nothing routes to it.
+				r.log.Warn("engine status unknown; judging by readiness alone", "shard", e.state.ShardID, "err", err)
+				r.setReady(e, r.probeReady(ctx, e), 0)
 			case err == nil && st.State == runtime.StateUnknown && unknowns < 20:
 				// containerd restarting or a shim not answering: look again
 				// rather than kill a possibly healthy engine.
@@ -426,7 +448,9 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 				code := st.ExitCode
 				r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
 				// Remove the dead engine so its GPUs are free while we wait.
-				_ = r.cfg.Runtime.Stop(context.Background(), e.id, 0)
+				if err := r.cfg.Runtime.Stop(context.Background(), e.id, 0); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+					r.log.Warn("remove exited engine", "shard", e.state.ShardID, "err", err)
+				}
 				retryAt = r.crashed(e, &code)
 				started = false
 			default:
@@ -438,7 +462,12 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 					r.scrapeLoad(ctx, e)
 				} else if !everReady && r.cfg.Now().Sub(attemptAt) > r.cfg.StartTimeout {
 					r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
-					_ = r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
+					if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+						// Still running: starting it again would clash with
+						// itself. Try the stop again at the next poll.
+						r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
+						break
+					}
 					retryAt = r.crashed(e, nil)
 					started = false
 				}
@@ -521,26 +550,34 @@ func (r *Runner) start(engineCtx context.Context, e *engine) error {
 	}
 	r.mu.Lock()
 	e.state = st
-	e.status = StatusStarting
+	e.readySince = time.Time{}
+	if e.status != StatusStopping {
+		e.status = StatusStarting
+	}
 	r.notifyLocked()
 	r.mu.Unlock()
 	r.log.Info("engine started", "shard", d.ShardID, "engine", e.id, "pid", eng.PID, "port", st.Spec.HTTPPort)
 	return nil
 }
 
-// crashed records a crash and returns when to try again.
+// crashed records a crash (an exit, a failed start, a start timeout) and
+// returns when to try again.
 func (r *Runner) crashed(e *engine, code *int) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !e.state.StartedAt.IsZero() && r.cfg.Now().Sub(e.state.StartedAt) >= r.cfg.StableAfter {
-		e.crashes = 0
+	now := r.cfg.Now()
+	if !e.readySince.IsZero() && now.Sub(e.readySince) >= r.cfg.StableAfter {
+		e.crashes = 0 // it had served stably: a new story, not a loop
 	}
+	e.readySince = time.Time{}
 	e.crashes++
 	e.state.Restarts++
 	e.state.LastExitCode = code
-	e.state.LastExitAt = r.cfg.Now()
+	e.state.LastExitAt = now
 	e.ready = false
-	e.status = StatusBackoff
+	if e.status != StatusStopping {
+		e.status = StatusBackoff
+	}
 	e.failing = e.crashes >= r.cfg.FailingAfter
 	_ = shardstate.Save(r.stateDir, e.state)
 	r.notifyLocked()
@@ -555,12 +592,18 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 		return
 	}
 	status := StatusStarting
+	now := r.cfg.Now()
 	if ready {
 		status = StatusReady
-		if (e.crashes > 0 || e.failing) && r.cfg.Now().Sub(e.state.StartedAt) >= r.cfg.StableAfter {
+		if e.readySince.IsZero() {
+			e.readySince = now
+		}
+		if (e.crashes > 0 || e.failing) && now.Sub(e.readySince) >= r.cfg.StableAfter {
 			e.crashes, e.failing = 0, false
 			r.notifyLocked()
 		}
+	} else {
+		e.readySince = time.Time{}
 	}
 	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
 		e.ready, e.status = ready, status
@@ -569,6 +612,14 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 		}
 		r.notifyLocked()
 	}
+}
+
+// isPlanned reports whether the plan has given e its spec (see
+// engine.planned).
+func (r *Runner) isPlanned(e *engine) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.planned
 }
 
 // profileOf returns the engine's profile. The spec version fixes the
@@ -689,10 +740,24 @@ type clockFunc func() time.Time
 
 func (c clockFunc) Now() time.Time { return c() }
 
-// finish stops the engine and forgets it.
+// finish stops the engine and forgets it. A stop that fails is tried
+// again with backoff: forgetting an engine that still runs would leave its
+// GPUs busy under no one's claim. If the agent closes meanwhile, the state
+// file stays, and the next agent adopts the engine and stops it.
 func (r *Runner) finish(e *engine) {
-	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		r.log.Error("stop engine", "engine", e.id, "err", err)
+	for delay := r.cfg.BackoffMin; ; delay = min(2*delay, r.cfg.BackoffMax) {
+		err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
+		if err == nil || errors.Is(err, runtime.ErrNotFound) {
+			break
+		}
+		r.log.Error("stop engine failed; trying again", "engine", e.id, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-r.quit:
+			t.Stop()
+			return
+		case <-t.C:
+		}
 	}
 	_ = shardstate.Remove(r.stateDir, shardstate.FileID(e.state))
 	r.tracker.Forget(e.id)

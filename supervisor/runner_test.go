@@ -62,6 +62,14 @@ func (e *runnerEnv) open() *Runner { return e.openWith(func(*RunnerConfig) {}) }
 
 func (e *runnerEnv) openWith(mutate func(*RunnerConfig)) *Runner {
 	e.t.Helper()
+	r := e.openUnsettled(mutate)
+	r.Settle()
+	return r
+}
+
+// openUnsettled is openWith for an agent that has not heard the cluster yet.
+func (e *runnerEnv) openUnsettled(mutate func(*RunnerConfig)) *Runner {
+	e.t.Helper()
 	rt, err := process.New(filepath.Join(e.dir, "runtime"))
 	if err != nil {
 		e.t.Fatal(err)
@@ -85,7 +93,6 @@ func (e *runnerEnv) openWith(mutate func(*RunnerConfig)) *Runner {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r.Settle()
 	return r
 }
 

@@ -1,0 +1,200 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/supervisor/runtime"
+	"github.com/llmgw/llmgw/supervisor/shardstate"
+)
+
+// faultyRuntime makes a real runtime's Status or Stop fail on demand, as a
+// containerd that is restarting or a process that will not die would.
+type faultyRuntime struct {
+	runtime.Runtime
+	failStatus, failStop atomic.Bool
+	stopCalls            atomic.Int32
+}
+
+func (f *faultyRuntime) Status(ctx context.Context, id string) (runtime.Engine, error) {
+	if f.failStatus.Load() {
+		return runtime.Engine{}, errors.New("connection refused")
+	}
+	return f.Runtime.Status(ctx, id)
+}
+
+func (f *faultyRuntime) Stop(ctx context.Context, id string, grace time.Duration) error {
+	f.stopCalls.Add(1)
+	if f.failStop.Load() {
+		return errors.New("process group still alive after SIGKILL")
+	}
+	return f.Runtime.Stop(ctx, id, grace)
+}
+
+// shardOf returns the runner's one shard.
+func shardOf(r *Runner) (gossip.ShardRecord, bool) {
+	s := r.Shards()
+	if len(s) != 1 {
+		return gossip.ShardRecord{}, false
+	}
+	return s[0], true
+}
+
+// An engine that loads for longer than StableAfter and dies before it is
+// ever ready is crash-looping all the same: running long is not serving.
+func TestSlowLoaderThatDiesIsReportedFailing(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *RunnerConfig) {
+		c.StableAfter = 200 * time.Millisecond
+		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+	})
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("slow", "--fail-health", "--crash-after", "400ms")})
+	waitUntil(t, 15*time.Second, "the never-ready crash loop is reported failing", func() (bool, string) {
+		s, ok := shardOf(r)
+		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+	})
+}
+
+// A shard whose every start fails stays failing: the time since it was
+// first placed is not a stable run.
+func TestStartFailuresStayFailing(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *RunnerConfig) {
+		c.StableAfter = 100 * time.Millisecond
+		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 40*time.Millisecond
+	})
+	defer r.Close()
+	d := desired("bad")
+	d.Spec.Engine = "no-such-engine"
+	r.Reconcile(context.Background(), []Desired{d})
+	var failingAt int
+	waitUntil(t, 15*time.Second, "failing", func() (bool, string) {
+		s, ok := shardOf(r)
+		failingAt = s.Restarts
+		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+	})
+	// Many StableAfter periods later (each try is 40 ms apart), still failing.
+	waitUntil(t, 15*time.Second, "10 more failed starts, failing throughout", func() (bool, string) {
+		s, ok := shardOf(r)
+		if ok && !s.Failing {
+			t.Fatalf("failing cleared after %d failed starts: %+v", s.Restarts, s)
+		}
+		return ok && s.Restarts >= failingAt+10, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+	})
+}
+
+// When the runtime cannot answer, a dead engine must still stop being
+// ready: its lease must lapse and nothing may route to it.
+func TestDeadEngineIsNotReadyWhileRuntimeStatusFails(t *testing.T) {
+	env := newRunnerEnv(t)
+	var f *faultyRuntime
+	r := env.openWith(func(c *RunnerConfig) {
+		f = &faultyRuntime{Runtime: c.Runtime}
+		c.Runtime = f
+	})
+	defer func() {
+		f.failStatus.Store(false)
+		r.Reconcile(context.Background(), nil)
+		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		r.Close()
+	}()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	f.failStatus.Store(true)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the dead engine is no longer ready", func() (bool, string) {
+		s, ok := shardOf(r)
+		return ok && !s.Ready, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+	})
+	// Once the runtime answers again, the crash is seen and the engine
+	// comes back.
+	f.failStatus.Store(false)
+	waitShard(t, r, "restarted", func([]string) bool { p := readyPID(r, "chat-0"); return p > 0 && p != pid })
+}
+
+// A stop that fails is tried again; the engine is not forgotten (its GPUs
+// would be busy under no one's claim) until it is really gone.
+func TestFailedStopIsRetried(t *testing.T) {
+	env := newRunnerEnv(t)
+	var f *faultyRuntime
+	r := env.openWith(func(c *RunnerConfig) {
+		f = &faultyRuntime{Runtime: c.Runtime}
+		c.Runtime = f
+		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+	})
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	f.failStop.Store(true)
+	before := f.stopCalls.Load()
+	r.Reconcile(context.Background(), nil)
+	waitUntil(t, 10*time.Second, "three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
+		files, _ := filepath.Glob(filepath.Join(env.dir, "shards", "shard-*.json"))
+		s, ok := shardOf(r)
+		if !ok || len(files) != 1 {
+			t.Fatalf("a failed stop forgot the engine: tracked=%v %+v, state files %d", ok, s, len(files))
+		}
+		return f.stopCalls.Load()-before >= 3, fmt.Sprintf("%d stop calls, %+v", f.stopCalls.Load()-before, s)
+	})
+	f.failStop.Store(false)
+	waitShard(t, r, "stopped once the runtime can", func(s []string) bool { return len(s) == 0 })
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("engine pid %d still exists (kill 0: %v)", pid, err)
+	}
+}
+
+// An adopted engine that crashes before the restarted agent has heard the
+// cluster waits for the plan: its state file does not hold the whole spec,
+// and restarting from it would drop the deployment's args for good.
+func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
+	env := newRunnerEnv(t)
+	d := desired("chat", "--exit-code", "7")
+	r := env.open()
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	states, _ := shardstate.Load(filepath.Join(env.dir, "shards"))
+	want := states[0].Spec.Command
+	r.Close()
+
+	r2 := env.openUnsettled(func(c *RunnerConfig) { c.BackoffMin = 20 * time.Millisecond })
+	defer func() {
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+		r2.Close()
+	}()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the crash is seen", func() (bool, string) {
+		s, ok := shardOf(r2)
+		return ok && s.Restarts == 1 && s.Status == StatusBackoff, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+	})
+	// Fifty backoffs' worth of polls: no restart without a plan.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		if s, _ := shardOf(r2); s.Status != StatusBackoff || s.Restarts != 1 {
+			t.Fatalf("an adopted engine was restarted before the plan gave its spec: %+v", s)
+		}
+		time.Sleep(20 * time.Millisecond) // the observation window's poll, not a wait for an event
+	}
+	r2.Settle()
+	r2.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r2, "restarted from the plan", func([]string) bool { return readyPID(r2, "chat-0") > 0 })
+	states, _ = shardstate.Load(filepath.Join(env.dir, "shards"))
+	if len(states) != 1 || !slices.Equal(states[0].Spec.Command, want) {
+		t.Fatalf("restarted with %v, want the planned command %v", states[0].Spec.Command, want)
+	}
+}
