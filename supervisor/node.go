@@ -176,14 +176,17 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped
 	}
+	// Faulted GPUs are marked from the first record on: placement must
+	// not use one in the seconds before the first GPU tick.
+	gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
 		API:          n.AdvertisedAPI(),
 		Labels:       cfg.Labels,
-		GPUs:         n.foreignAdjusted(snap),
+		GPUs:         gpus,
 		AgentVersion: cfg.Version,
 		StartedAt:    n.started,
-		Probes:       gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated},
+		Probes:       probes,
 		Shards:       n.engines.Shards(),
 		Runtime:      cfg.RuntimeName,
 	}
@@ -495,18 +498,8 @@ func (n *Node) gpuLoop(ctx context.Context) {
 			n.log.Warn("GPU re-read failed; keeping the last reading", "err", err)
 			continue
 		}
-		gpus := n.foreignAdjusted(snap)
-		probes := n.cluster.Local().Probes
-		if n.cfg.DriverFaults != nil && !n.cfg.GPUsSimulated {
-			if f, err := n.cfg.DriverFaults(ctx); err == nil {
-				gpus = host.MarkFaulted(gpus, f, n.cfg.Now())
-				probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
-				probes.LastDriverFault = ""
-				if f.Newest != nil {
-					probes.LastDriverFault = f.Newest.Message
-				}
-			}
-		}
+		local := n.cluster.Local()
+		gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), local.GPUs, local.Probes)
 		n.mu.Lock()
 		n.gpuSnap = snap
 		n.mu.Unlock()
@@ -514,6 +507,35 @@ func (n *Node) gpuLoop(ctx context.Context) {
 			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs, r.Probes = gpus, probes })
 		}
 	}
+}
+
+// withFaults marks the GPUs with recent driver faults and updates the
+// fault counts in probes. When the kernel log cannot be read this time, the
+// marks of the last reading (prev) stay: a read error must not make a
+// faulting GPU placeable again.
+func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probes gossip.ProbeSummary) ([]placement.GPU, gossip.ProbeSummary) {
+	if n.cfg.DriverFaults == nil || n.cfg.GPUsSimulated {
+		return gpus, probes
+	}
+	f, err := n.cfg.DriverFaults(ctx)
+	if err != nil {
+		n.log.Warn("reading driver faults failed; keeping the last fault marks", "err", err)
+		for i := range gpus {
+			for _, p := range prev {
+				if p.UUID == gpus[i].UUID && p.Faulted {
+					gpus[i].Faulted = true
+				}
+			}
+		}
+		return gpus, probes
+	}
+	gpus = host.MarkFaulted(gpus, f, n.cfg.Now())
+	probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
+	probes.LastDriverFault = ""
+	if f.Newest != nil {
+		probes.LastDriverFault = f.Newest.Message
+	}
+	return gpus, probes
 }
 
 // GPUSnapshot is the last GPU reading.

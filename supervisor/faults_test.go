@@ -1,0 +1,66 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/host"
+)
+
+// A GPU with a recent Xid is marked faulted; when the kernel log cannot be
+// read the next time, the mark stays (a read error must not make a
+// faulting GPU placeable again), and it clears only on a reading without
+// the fault.
+func TestDriverFaultMarksSurviveAReadError(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	var reading host.DriverFaults
+	var readErr error
+	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), cfg: Config{
+		Now:          func() time.Time { return now },
+		DriverFaults: func(context.Context) (host.DriverFaults, error) { return reading, readErr },
+	}}
+	fresh := func() []placement.GPU {
+		return []placement.GPU{
+			{Index: 0, UUID: "GPU-a", PCIBusID: "00000000:18:00.0"},
+			{Index: 1, UUID: "GPU-b", PCIBusID: "00000000:2A:00.0"},
+		}
+	}
+	faulted := func(gpus []placement.GPU) []bool {
+		out := make([]bool, len(gpus))
+		for i, g := range gpus {
+			out[i] = g.Faulted
+		}
+		return out
+	}
+	xid := host.DriverFault{Time: now.Add(-time.Minute), Message: "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus", Xid: 79, PCI: "0000:2a:00"}
+	reading = host.DriverFaults{Window: time.Hour, XidRecent: 1, XidTotal: 1, Newest: &xid, Faults: []host.DriverFault{xid}}
+
+	gpus, probes := n.withFaults(context.Background(), fresh(), nil, gossip.ProbeSummary{})
+	if got := faulted(gpus); got[0] || !got[1] {
+		t.Fatalf("after an Xid on GPU 1: faulted = %v, want [false true]", got)
+	}
+	if probes.DriverFaultsRecent != 1 || probes.LastDriverFault != xid.Message {
+		t.Fatalf("probe summary = %+v", probes)
+	}
+
+	readErr = errors.New("dmesg: read kernel buffer failed: operation not permitted")
+	gpus2, probes2 := n.withFaults(context.Background(), fresh(), gpus, probes)
+	if got := faulted(gpus2); got[0] || !got[1] {
+		t.Fatalf("after a failed read: faulted = %v, want the last marks [false true]", got)
+	}
+	if probes2 != probes {
+		t.Fatalf("a failed read changed the probe summary: %+v", probes2)
+	}
+
+	readErr, reading = nil, host.DriverFaults{Window: time.Hour}
+	gpus3, _ := n.withFaults(context.Background(), fresh(), gpus2, probes2)
+	if got := faulted(gpus3); got[0] || got[1] {
+		t.Fatalf("after a clean reading: faulted = %v, want none", got)
+	}
+}
