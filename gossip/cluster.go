@@ -134,6 +134,11 @@ type Cluster struct {
 	wg      sync.WaitGroup
 
 	sent, received, dropped atomic.Uint64
+	// ready is set once ml and queue exist. memberlist.Create starts its
+	// listeners before it returns, and a peer that still knows this
+	// address (an agent restarted in place) may gossip to it at once;
+	// until then such messages are ignored (push/pull brings them again).
+	ready atomic.Bool
 	// bigThreshold: messages above it go by SendReliable.
 	bigThreshold int
 }
@@ -226,6 +231,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	}
 	c.ml = ml
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	c.ready.Store(true)
 	c.spawn(c.persistLoop)
 	return c, nil
 }
@@ -768,11 +774,17 @@ func (d *delegate) NodeMeta(limit int) []byte {
 }
 
 func (d *delegate) NotifyMsg(b []byte) {
+	if !d.c.ready.Load() {
+		return
+	}
 	// memberlist reuses b after we return: copy before keeping anything.
 	d.c.receive(append([]byte(nil), b...), true)
 }
 
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if !d.c.ready.Load() {
+		return nil
+	}
 	out := d.c.queue.GetBroadcasts(overhead, limit)
 	d.c.sent.Add(uint64(len(out)))
 	return out
@@ -788,6 +800,9 @@ func (d *delegate) LocalState(join bool) []byte {
 }
 
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if !d.c.ready.Load() {
+		return
+	}
 	d.c.receive(append([]byte(nil), buf...), false)
 }
 

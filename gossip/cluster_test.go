@@ -388,3 +388,20 @@ func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
 		return ns.Record.Labels["zone"] == "z9", fmt.Sprint(ns.Record.Labels)
 	})
 }
+
+// memberlist starts listening before Create returns; a message arriving in
+// that window (a peer gossiping to an agent restarted at the same address)
+// must not reach a cluster whose memberlist and queue do not exist yet.
+func TestMessagesBeforeReadyAreIgnored(t *testing.T) {
+	c := &Cluster{} // as it is while memberlist.Create runs: nothing set
+	d := &delegate{c: c}
+	b, err := encode(message{Nodes: []NodeRecord{{Name: "peer", Version: Version{Epoch: 1, Seq: 2}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.NotifyMsg(b)
+	d.MergeRemoteState(b, true)
+	if got := d.GetBroadcasts(0, 1400); got != nil {
+		t.Fatalf("broadcasts before ready: %d", len(got))
+	}
+}
