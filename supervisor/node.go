@@ -348,18 +348,34 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 			return
 		case <-tick.C:
 		}
+		// Dead members are dialled at once, not one after another: each
+		// unanswered dial takes memberlist's TCP timeout, and a stop waits
+		// for this loop.
+		var wg sync.WaitGroup
 		for _, m := range n.cluster.Members() {
-			if m.State == gossip.StateDead && m.Address != "" {
+			if m.State != gossip.StateDead || m.Address == "" || n.cfg.Now().Sub(m.Since) > reconnectFor {
+				continue
+			}
+			wg.Go(func() {
+				if ctx.Err() != nil {
+					return
+				}
 				// name/addr: memberlist then knows whom it dials, and a
 				// node it would refuse (a partition rule) is not dialled.
 				if _, err := n.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
 					n.log.Info("reconnected to a member believed dead", "member", m.Name)
 				}
-			}
+			})
 		}
+		wg.Wait()
 		n.rememberPeers()
 	}
 }
+
+// reconnectFor bounds how long a dead member is dialled again: long enough
+// for a partition to heal or a machine to be repaired (Serf's reconnect
+// timeout is the same day), not forever for a node that was retired.
+const reconnectFor = 24 * time.Hour
 
 // settleTimeout bounds how long a node that cannot reach any peer waits
 // before it starts and stops engines on its own view.
