@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmgw/llmgw/probes/sockets"
 )
 
 // cond is one check over the observers: true when it holds everywhere,
@@ -549,7 +551,7 @@ func (r *runner) wrongListener(row shardRow) string {
 	for pid := range procs {
 		pids = append(pids, pid)
 	}
-	owner := listenerPID(port, pids)
+	owner, _ := sockets.Host().OwnerAmong(port, pids)
 	switch {
 	case owner == 0:
 		return fmt.Sprintf("%s: no engine of this run listens on port %d", row.ShardID, port)

@@ -160,6 +160,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/llmgw/llmgw/probes/sockets"
 )
 
 // Options configure Run.
@@ -755,7 +757,7 @@ func (r *runner) enginesOf(n *node) []int {
 	}
 	agent := n.pid()
 	for pid := range engineProcs(r.opts.Binary) {
-		if parentPID(pid) == agent {
+		if sockets.Host().Parent(pid) == agent {
 			pids[pid] = true
 		}
 	}

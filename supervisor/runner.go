@@ -23,6 +23,7 @@ import (
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/probes/sockets"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -65,6 +66,9 @@ type RunnerConfig struct {
 	// ready (loading weights included) before it counts as a crash. An
 	// engine hung in start-up would otherwise hold its shard forever.
 	StartTimeout time.Duration
+	// ListenerOwner says which process among pid and its descendants
+	// listens on port (sockets.FS.Owner); default: the host's /proc.
+	ListenerOwner func(port, pid int) (owner int, found bool, err error)
 	// LoadInterval is how often a ready engine's /metrics is scraped.
 	LoadInterval time.Duration
 	Logger       *slog.Logger
@@ -127,6 +131,9 @@ type engine struct {
 	// before the first plan waits for one instead of restarting it with a
 	// partial command (an orphan is never planned, so never restarted).
 	planned bool
+	// portForeign: another process answers on the engine's port (logged
+	// once per episode; see ownsPort).
+	portForeign bool
 	// orphan: found running with our labels but no state file. Without
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).
@@ -175,6 +182,9 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 30 * time.Minute
+	}
+	if cfg.ListenerOwner == nil {
+		cfg.ListenerOwner = sockets.Host().Owner
 	}
 	if cfg.LoadInterval == 0 {
 		cfg.LoadInterval = 5 * time.Second
@@ -455,7 +465,7 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 				started = false
 			default:
 				unknowns = 0
-				ready := r.probeReady(ctx, e)
+				ready := r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
 				everReady = everReady || ready
 				r.setReady(e, ready, st.PID)
 				if ready {
@@ -612,6 +622,32 @@ func (r *Runner) setReady(e *engine, ready bool, pid int) {
 		}
 		r.notifyLocked()
 	}
+}
+
+// ownsPort checks, when an engine is about to be believed ready, that the
+// answer on its port comes from the engine's own process tree: another
+// process there (a stale engine of another agent on this host) would make
+// the lease, and the route, point at the wrong model. Once ready, the
+// check is not repeated every poll (it scans /proc).
+func (r *Runner) ownsPort(e *engine, pid int) bool {
+	r.mu.Lock()
+	was, port := e.ready, e.state.Spec.HTTPPort
+	r.mu.Unlock()
+	if was || pid <= 0 || port <= 0 {
+		return true
+	}
+	_, found, err := r.cfg.ListenerOwner(port, pid)
+	// An error means nothing to judge by: nothing listens in our network
+	// namespace although the port answered (an engine in a namespace of
+	// its own), or /proc is not readable.
+	foreign := err == nil && !found
+	r.mu.Lock()
+	if foreign && !e.portForeign {
+		r.log.Warn("engine port answered by a process that is not the engine; not ready", "shard", e.state.ShardID, "port", port, "engine_pid", pid)
+	}
+	e.portForeign = foreign
+	r.mu.Unlock()
+	return !foreign
 }
 
 // isPlanned reports whether the plan has given e its spec (see

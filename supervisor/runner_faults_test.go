@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -197,4 +198,47 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 	if len(states) != 1 || !slices.Equal(states[0].Spec.Command, want) {
 		t.Fatalf("restarted with %v, want the planned command %v", states[0].Spec.Command, want)
 	}
+}
+
+// An engine whose port is answered by some other process is not ready:
+// the lease, and every route, would point at the wrong server.
+func TestForeignListenerIsNotReady(t *testing.T) {
+	env := newRunnerEnv(t)
+	var foreign atomic.Bool
+	foreign.Store(true)
+	r := env.openWith(func(c *RunnerConfig) {
+		real := c.ListenerOwner
+		c.ListenerOwner = func(port, pid int) (int, bool, error) {
+			if foreign.Load() {
+				return 0, false, nil // someone outside the engine's tree
+			}
+			if real != nil {
+				return real(port, pid)
+			}
+			return pid, true, nil
+		}
+	})
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	// The engine answers /health and /v1/models, and still is not ready.
+	waitUntil(t, 10*time.Second, "the engine answers on its port", func() (bool, string) {
+		s, ok := shardOf(r)
+		if !ok || s.URL == "" {
+			return false, "no URL yet"
+		}
+		resp, err := http.Get(s.URL + "/v1/models")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+		if s, _ := shardOf(r); s.Ready {
+			t.Fatal("ready although another process owns the port")
+		}
+		time.Sleep(20 * time.Millisecond) // the observation window's poll, not a wait for an event
+	}
+	foreign.Store(false)
+	waitShard(t, r, "ready once the engine owns its port", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 }
