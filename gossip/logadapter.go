@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 )
@@ -32,7 +33,7 @@ func (w memberlistLog) Write(p []byte) (int, error) {
 		if strings.Contains(s, "decrypt") || strings.Contains(s, "label") {
 			s += " (hint: every node needs the same --gossip-key-file and cluster label)"
 		}
-		w.log.Log(nil, level, s, "component", "memberlist")
+		w.log.Log(context.Background(), level, s, "component", "memberlist")
 	}
 	return len(p), nil
 }

@@ -18,11 +18,11 @@ type reqLoop struct {
 	stop, done       chan struct{}
 	once             sync.Once
 
-	mu                 sync.Mutex
-	ok, errs, retries  int
-	minRoutable        int // fewest routable replicas seen; -1 before any
-	firstErrs          []string
-	noteAdded, stopped bool
+	mu                sync.Mutex
+	ok, errs, retries int
+	minRoutable       int // fewest routable replicas seen; -1 before any
+	firstErrs         []string
+	noteAdded         bool
 }
 
 func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {

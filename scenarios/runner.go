@@ -877,10 +877,7 @@ func (r *runner) cmdPartition(d *directive) (string, time.Time, error) {
 	var sides [][]*node
 	seen := map[*node]bool{}
 	for _, side := range strings.Split(spec, "|") {
-		var refs []string
-		for _, f := range strings.FieldsFunc(side, func(r rune) bool { return r == ',' || r == ' ' }) {
-			refs = append(refs, f)
-		}
+		refs := strings.FieldsFunc(side, func(r rune) bool { return r == ',' || r == ' ' })
 		if len(refs) == 0 {
 			return "", time.Time{}, usagef("partition: empty side in %q (want: partition n1,n2 | n3)", spec)
 		}
