@@ -81,12 +81,21 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("%s: invalid value %q: %s", e.Field, e.Value, e.Want)
 }
 
+// ValidateName checks a deployment name: a DNS label, so it is safe in
+// URLs, file names and container labels as it is.
+func ValidateName(name string) error {
+	if !dnsLabel.MatchString(name) {
+		return &FieldError{Field: "name", Value: name, Want: "a DNS label: 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"}
+	}
+	return nil
+}
+
 // Validate checks a deployment after WithDefaults. The error names the first
 // bad field, the value and what is allowed.
 func (d Deployment) Validate() error {
 	bad := func(field, value, want string) error { return &FieldError{Field: field, Value: value, Want: want} }
-	if !dnsLabel.MatchString(d.Name) {
-		return bad("name", d.Name, "a DNS label: 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit")
+	if err := ValidateName(d.Name); err != nil {
+		return err
 	}
 	if strings.TrimSpace(d.Model) == "" || len(d.Model) > 512 || strings.ContainsAny(d.Model, "\x00\n") {
 		return bad("model", d.Model, "a model id such as meta-llama/Llama-3.1-8B-Instruct or a path, at most 512 characters")

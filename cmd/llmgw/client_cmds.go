@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -138,8 +139,15 @@ func placeCommand() *cli.Command {
 
 func placeBody(c *cli.Command) ([]byte, string, error) {
 	if f := c.String("file"); f != "" {
-		if c.Args().Len() > 0 || c.IsSet("model") {
+		if c.Args().Len() > 0 {
 			return nil, "", fmt.Errorf("--file: give either a file or NAME and flags, not both")
+		}
+		// The file is the whole spec: a flag beside it would be ignored
+		// silently, so it is refused.
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "gpu-type", "label", "image", "arg", "env"} {
+			if c.IsSet(name) {
+				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
+			}
 		}
 		var b []byte
 		var err error
@@ -192,11 +200,15 @@ func unplaceCommand() *cli.Command {
 			if c.Args().Len() != 1 {
 				return usageError("NAME: want exactly one deployment name")
 			}
+			name := c.Args().First()
+			if err := placement.ValidateName(name); err != nil {
+				return usageError("NAME: " + err.Error())
+			}
 			cl, err := newClient(c)
 			if err != nil {
 				return err
 			}
-			if err := cl.do(ctx, "DELETE", "/v1/deployments/"+c.Args().First(), nil, "", nil); err != nil {
+			if err := cl.do(ctx, "DELETE", "/v1/deployments/"+url.PathEscape(name), nil, "", nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.Root().Writer, "removed %s\n", c.Args().First())

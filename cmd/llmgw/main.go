@@ -49,7 +49,7 @@ func failure(msg string) error { return codedError{msg: msg, code: 1} }
 // newApp builds a fresh command tree. Flags keep parse state, so tests
 // build one per run.
 func newApp() *cli.Command {
-	return &cli.Command{
+	app := &cli.Command{
 		Name:    "llmgw",
 		Usage:   "a leaderless GPU-cluster supervisor for LLM inference",
 		Version: version,
@@ -68,6 +68,19 @@ func newApp() *cli.Command {
 			mcpCommand(),
 			scenarioCommand(),
 		},
+	}
+	noSliceSeparator(app)
+	return app
+}
+
+// noSliceSeparator makes a repeated flag one value per use on every
+// command (urfave/cli reads the setting from the command a flag belongs
+// to): "--arg --x=a,b" is one engine argument. Flags that take lists split
+// them themselves (splitList), so "--join a,b" still works.
+func noSliceSeparator(c *cli.Command) {
+	c.DisableSliceFlagSeparator = true
+	for _, sub := range c.Commands {
+		noSliceSeparator(sub)
 	}
 }
 

@@ -3,10 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/placement"
 )
 
 // run executes the CLI in-process with a fresh command tree.
@@ -95,5 +102,76 @@ func TestClientSaysWhichNodeItCannotReach(t *testing.T) {
 	out, err := run(t, "nodes", "--addr", "http://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "cannot reach a node") {
 		t.Fatalf("unreachable node: %q %v", out, err)
+	}
+}
+
+// recorder is a node stand-in that records what the CLI sends.
+func recorder(t *testing.T) (*httptest.Server, *[]string, *[]byte) {
+	t.Helper()
+	var paths []string
+	var body []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.Method+" "+r.URL.RequestURI())
+		body, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"name":"chat","model":"m","replicas":1}`))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &paths, &body
+}
+
+// A comma inside an --arg or --env value belongs to the value; --label
+// still takes comma-separated lists.
+func TestPlaceKeepsCommasInArgsAndEnv(t *testing.T) {
+	srv, _, body := recorder(t)
+	_, err := run(t, "place", "chat", "--model", "m", "--addr", srv.URL, "--token", "0123456789abcdef0123",
+		"--arg=--served-model-name=a,b", "--arg", "--x", "--env", "A=1,2", "--label", "zone=a,rack=r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d placement.Deployment
+	if err := json.Unmarshal(*body, &d); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.Args, []string{"--served-model-name=a,b", "--x"}) || d.Env["A"] != "1,2" || d.Labels["zone"] != "a" || d.Labels["rack"] != "r1" {
+		t.Fatalf("sent args %q env %v labels %v", d.Args, d.Env, d.Labels)
+	}
+}
+
+// With --file the file is the whole spec; a spec flag beside it is refused
+// (it would be ignored), and nothing is sent.
+func TestPlaceFileRefusesSpecFlags(t *testing.T) {
+	srv, paths, _ := recorder(t)
+	f := filepath.Join(t.TempDir(), "d.yaml")
+	if err := os.WriteFile(f, []byte("name: chat\nmodel: m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := run(t, "place", "-f", f, "--replicas", "3", "--addr", srv.URL, "--token", "0123456789abcdef0123")
+	if err == nil || !strings.Contains(err.Error(), "--replicas") {
+		t.Fatalf("got %v, want an error naming --replicas", err)
+	}
+	if len(*paths) != 0 {
+		t.Fatalf("requests sent: %v", *paths)
+	}
+}
+
+// A name that is not a deployment name is refused before anything is
+// sent: "fk?x=1" would otherwise delete "fk".
+func TestUnplaceRefusesNonNames(t *testing.T) {
+	srv, paths, _ := recorder(t)
+	for _, name := range []string{"fk?x=1", "../cluster", "a/b", "Chat"} {
+		_, err := run(t, "unplace", name, "--addr", srv.URL, "--token", "0123456789abcdef0123")
+		if err == nil || !strings.Contains(err.Error(), "NAME") {
+			t.Errorf("unplace %q: %v, want a NAME error", name, err)
+		}
+	}
+	if len(*paths) != 0 {
+		t.Fatalf("requests sent: %v", *paths)
+	}
+	if _, err := run(t, "unplace", "chat", "--addr", srv.URL, "--token", "0123456789abcdef0123"); err != nil {
+		t.Fatal(err)
+	}
+	if len(*paths) != 1 || (*paths)[0] != "DELETE /v1/deployments/chat" {
+		t.Fatalf("requests: %v", *paths)
 	}
 }
