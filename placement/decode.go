@@ -84,6 +84,11 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	// Decoding into raw fields first is what makes the check strict: each
 	// key is compared exactly, and each value is decoded on its own so a
 	// type error names its field.
+	// encoding/json keeps the last of two equal keys; a spec that says
+	// replicas twice is a mistake to point at, not to guess about.
+	if key, dup := duplicateKey(trimmed); dup {
+		return invalid(&FieldError{Field: key, Value: "given more than once", Want: "each field once"})
+	}
 	var raw map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	if err := dec.Decode(&raw); err != nil {
@@ -142,4 +147,52 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// duplicateKey reports the first key that appears twice in one JSON
+// object of data, nested objects included (as "labels.zone"). Malformed
+// JSON reports nothing: the decoder that follows says what is wrong.
+func duplicateKey(data []byte) (string, bool) {
+	type frame struct {
+		object    bool
+		path      string // where this object or array sits
+		keys      map[string]bool
+		expectKey bool
+		key       string // the key whose value comes next
+	}
+	var stack []*frame
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			if len(stack) == 0 {
+				return "", false
+			}
+			continue
+		}
+		if k, ok := tok.(string); ok && top != nil && top.object && top.expectKey {
+			if top.keys[k] {
+				return top.path + k, true
+			}
+			top.keys[k], top.expectKey, top.key = true, false, k
+			continue
+		}
+		// A value: a scalar, or the start of an object or array.
+		path := ""
+		if top != nil && top.object {
+			top.expectKey = true
+			path = top.path + top.key + "."
+		}
+		if d, ok := tok.(json.Delim); ok {
+			stack = append(stack, &frame{object: d == '{', path: path, keys: map[string]bool{}, expectKey: d == '{'})
+		}
+	}
 }

@@ -58,6 +58,13 @@ func TestDecodeDeployment(t *testing.T) {
 		{name: "null", in: `null`, wantErr: "want a JSON object"},
 		{name: "empty", in: ``, wantErr: "want a JSON object"},
 		{name: "trailing data", in: `{"name":"a","model":"m"} {}`, wantErr: "unexpected data after"},
+		{name: "a key given twice", in: `{"name":"a","model":"m","replicas":1,"replicas":2}`,
+			wantErr: `replicas: invalid value "given more than once": each field once`},
+		{name: "a nested key given twice", in: `{"name":"a","model":"m","labels":{"zone":"a","zone":"b"}}`,
+			wantErr: `labels.zone: invalid value "given more than once"`},
+		{name: "equal keys in different objects are fine", in: `{"name":"a","model":"m","labels":{"name":"x"},"env":{"name":"y"}}`,
+			want: Deployment{Name: "a", Model: "m", Engine: "vllm", Replicas: 1, TensorParallel: 1, PipelineParallel: 1,
+				Labels: map[string]string{"name": "x"}, Env: map[string]string{"name": "y"}}},
 		{name: "broken", in: `{"name":"a",`, wantErr: "not valid JSON"},
 	}
 	for _, tt := range tests {

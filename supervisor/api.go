@@ -272,12 +272,42 @@ func DecodeSpec(body []byte, contentType string) (placement.Deployment, error) {
 	js := body
 	trimmed := strings.TrimSpace(string(body))
 	if !strings.HasPrefix(trimmed, "{") || strings.Contains(contentType, "yaml") {
+		// The YAML reader takes the first document only: the rest of a
+		// multi-document body would vanish without a word.
+		if yamlDocuments(body) > 1 {
+			return placement.Deployment{}, fmt.Errorf("%w: the body holds several YAML documents; send one deployment per request", placement.ErrInvalidDeployment)
+		}
 		var err error
-		if js, err = yaml.YAMLToJSON(body); err != nil {
-			return placement.Deployment{}, fmt.Errorf("spec is neither JSON nor valid YAML: %w", err)
+		// Strict: a key given twice is an error, not "the last one wins".
+		if js, err = yaml.YAMLToJSONStrict(body); err != nil {
+			return placement.Deployment{}, fmt.Errorf("%w: spec is neither JSON nor valid YAML: %w", placement.ErrInvalidDeployment, err)
 		}
 	}
 	return placement.DecodeDeployment(js)
+}
+
+// yamlDocuments counts the YAML documents in body that hold anything: a
+// "---" at the start of a line separates documents (inside a block scalar
+// it would be indented), and comments or blank lines alone are no document.
+func yamlDocuments(body []byte) int {
+	docs, content := 0, false
+	for _, line := range strings.Split(string(body), "\n") {
+		t := strings.TrimRight(line, " \t\r")
+		if t == "---" || strings.HasPrefix(t, "--- ") || t == "..." {
+			if content {
+				docs++
+			}
+			content = false
+			continue
+		}
+		if s := strings.TrimSpace(t); s != "" && !strings.HasPrefix(s, "#") {
+			content = true
+		}
+	}
+	if content {
+		docs++
+	}
+	return docs
 }
 
 func (n *Node) handlePlace(w http.ResponseWriter, r *http.Request) {
