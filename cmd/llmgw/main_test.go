@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -173,5 +174,33 @@ func TestUnplaceRefusesNonNames(t *testing.T) {
 	}
 	if len(*paths) != 1 || (*paths)[0] != "DELETE /v1/deployments/chat" {
 		t.Fatalf("requests: %v", *paths)
+	}
+}
+
+// A token file in the data dir is kept or refused, never replaced: a
+// fresh token would quietly cut the node off from its cluster.
+func TestDataDirTokenIsNeverReplaced(t *testing.T) {
+	dir := t.TempDir()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p := filepath.Join(dir, "token")
+	if err := os.WriteFile(p, []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadToken("", dir, log); err == nil || !strings.Contains(err.Error(), p) {
+		t.Fatalf("short token: %v, want an error naming %s", err, p)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "short\n" {
+		t.Fatalf("the token file was changed to %q", b)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := loadToken("", dir, log)
+	if err != nil || len(tok) < 16 {
+		t.Fatalf("no file: %q, %v; want a generated token", tok, err)
+	}
+	again, err := loadToken("", dir, log)
+	if err != nil || again != tok {
+		t.Fatalf("second start: %q, %v; want the same token %q", again, err, tok)
 	}
 }

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -280,8 +282,17 @@ func loadToken(file, dataDir string, log *slog.Logger) (string, error) {
 		return tok, nil
 	}
 	p := filepath.Join(dataDir, "token")
-	if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) >= 16 {
-		return strings.TrimSpace(string(b)), nil
+	switch b, err := os.ReadFile(p); {
+	case err == nil:
+		// A token someone put there is kept or refused, never replaced:
+		// a fresh one would quietly split this node from its cluster.
+		tok := strings.TrimSpace(string(b))
+		if len(tok) < 16 {
+			return "", fmt.Errorf("%s: token shorter than 16 characters; put the cluster's token there (or remove the file to have one generated)", p)
+		}
+		return tok, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("--data-dir: read token: %w", err)
 	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return "", fmt.Errorf("--data-dir: %w", err)
