@@ -14,8 +14,17 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 )
 
-// maxTail bounds how many lines a log request returns at once.
-const maxTail = 10000
+// Limits of the log endpoint, which needs no token.
+const (
+	// maxTail bounds how many lines a log request returns at once.
+	maxTail = 10000
+	// maxLogBytes bounds what one request reads back from the file before
+	// following it: an engine that logs without newlines (a progress bar)
+	// must not make "tail=1" send the whole file.
+	maxLogBytes = 32 << 20
+	// maxFollowers bounds the open follow=1 streams per node.
+	maxFollowers = 64
+)
 
 // LogPath returns the log file of the newest engine of shard on this node.
 func (r *Runner) LogPath(shard string) (string, bool) {
@@ -47,7 +56,15 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		tail = t
 	}
-	follow := r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
+	follow := false
+	if v := r.URL.Query().Get("follow"); v != "" {
+		f, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("follow %q: want 1 or true (0 or false: no)", v))
+			return
+		}
+		follow = f
+	}
 	if lp, ok := n.engines.(interface{ LogPath(string) (string, bool) }); ok {
 		if path, ok := lp.LogPath(shard); ok {
 			n.streamLog(w, r, path, tail, follow)
@@ -92,14 +109,27 @@ func (n *Node) holderOf(shard string) (node, api string) {
 }
 
 func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, tail int, follow bool) {
+	if follow {
+		select {
+		case n.followers <- struct{}{}:
+			defer func() { <-n.followers }()
+		default:
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%d log streams already follow on %s; try again later", maxFollowers, n.cfg.Name))
+			return
+		}
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		writeError(w, http.StatusNotFound, "engine log: "+err.Error())
 		return
 	}
 	defer f.Close()
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	off, err := tailOffset(f, tail)
+	st, err := f.Stat()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	off, cut, err := tailOffset(f, st.Size(), tail, maxLogBytes)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
@@ -108,7 +138,13 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, ta
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	if _, err := io.Copy(w, f); err != nil || !follow {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if cut {
+		fmt.Fprintf(w, "[llmgw: fewer than %d lines in the last %d MiB of the log; showing those bytes]\n", tail, maxLogBytes>>20)
+	}
+	// What the file held when asked, not what it grows to meanwhile: the
+	// rest is for follow.
+	if _, err := io.CopyN(w, f, st.Size()-off); (err != nil && !errors.Is(err, io.EOF)) || !follow {
 		return
 	}
 	fl, _ := w.(http.Flusher)
@@ -131,16 +167,13 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, ta
 	}
 }
 
-// tailOffset finds where the last n lines of f start, reading backwards in
-// blocks so a multi-gigabyte engine log costs only its tail.
-func tailOffset(f *os.File, n int) (int64, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	size := st.Size()
+// tailOffset finds where the last n lines of the first size bytes of f
+// start, reading backwards in blocks so a multi-gigabyte engine log costs
+// only its tail. It reads at most limit bytes back; cut says it stopped
+// there, short of n lines.
+func tailOffset(f io.ReaderAt, size int64, n int, limit int64) (off int64, cut bool, err error) {
 	if n == 0 {
-		return size, nil
+		return size, false, nil
 	}
 	const block = 64 << 10
 	end := size
@@ -152,21 +185,22 @@ func tailOffset(f *os.File, n int) (int64, error) {
 			end--
 		}
 	}
-	for pos := end; pos > 0; {
-		start := max(0, pos-block)
+	floor := max(0, size-limit)
+	for pos := end; pos > floor; {
+		start := max(floor, pos-block)
 		chunk := buf[:pos-start]
 		if _, err := f.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
-			return 0, err
+			return 0, false, err
 		}
 		for i := len(chunk) - 1; i >= 0; i-- {
 			if chunk[i] == '\n' {
 				lines++
 				if lines == n {
-					return start + int64(i) + 1, nil
+					return start + int64(i) + 1, false, nil
 				}
 			}
 		}
 		pos = start
 	}
-	return 0, nil
+	return floor, floor > 0, nil
 }

@@ -24,9 +24,9 @@ func TestTailOffset(t *testing.T) {
 	f, _ := os.Open(p)
 	defer f.Close()
 	for _, n := range []int{0, 1, 3, 50000, 60000} {
-		off, err := tailOffset(f, n)
-		if err != nil {
-			t.Fatal(err)
+		off, cut, err := tailOffset(f, int64(b.Len()), n, maxLogBytes)
+		if err != nil || cut {
+			t.Fatal(cut, err)
 		}
 		got := strings.Split(strings.TrimSuffix(b.String()[off:], "\n"), "\n")
 		want := min(n, 50000)
@@ -39,6 +39,21 @@ func TestTailOffset(t *testing.T) {
 		if len(got) != want || got[len(got)-1] != "line 50000" {
 			t.Fatalf("tail %d: %d lines, last %q", n, len(got), got[len(got)-1])
 		}
+	}
+}
+
+// A file without enough newlines is read back at most limit bytes, and
+// says so.
+func TestTailOffsetStopsAtTheLimit(t *testing.T) {
+	text := "first line\n" + strings.Repeat("x", 5000)
+	off, cut, err := tailOffset(strings.NewReader(text), int64(len(text)), 2, 1000)
+	if err != nil || !cut || off != int64(len(text)-1000) {
+		t.Fatalf("tailOffset = %d, %v, %v; want %d, cut", off, cut, err, len(text)-1000)
+	}
+	// Within the limit the lines are found as usual.
+	off, cut, err = tailOffset(strings.NewReader(text), int64(len(text)), 1, 10000)
+	if err != nil || cut || off != int64(len("first line\n")) {
+		t.Fatalf("tailOffset = %d, %v, %v; want the second line's start", off, cut, err)
 	}
 }
 
@@ -84,6 +99,9 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	}
 	if code, _ := get(b, "?tail=-3"); code != 400 {
 		t.Fatalf("bad tail: %d", code)
+	}
+	if code, body := get(a, "?follow=yes"); code != 400 || !strings.Contains(body, "follow") {
+		t.Fatalf("bad follow: %d %q", code, body)
 	}
 	resp, _ := http.Get(api(b, "/v1/shards/nope-0/logs"))
 	if resp.StatusCode != 404 {

@@ -109,6 +109,8 @@ type Node struct {
 	serveWG sync.WaitGroup
 	closed  chan struct{}
 	once    sync.Once
+	// followers holds a slot per open follow=1 log stream (maxFollowers).
+	followers chan struct{}
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -137,7 +139,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{}), kick: make(chan struct{}, 1)}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{}), kick: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
 	n.engines = cfg.Engines
 	if n.engines == nil {
 		n.engines = NewClaimEngines(cfg.Now)

@@ -263,8 +263,18 @@ func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func
 		carry = joinCapped(chunk, carry, &cut)
 		if start == 0 {
 			emit(carry, cut)
+			carry = nil
 		}
 		end = start
+	}
+	if len(lines) < n && len(carry) > 0 {
+		// The scan limit ended the search inside a line: show its end
+		// rather than nothing, with what is known of the cut (at least
+		// cut bytes, and it began somewhere in the end bytes not read).
+		s := fmt.Sprintf("[line cut: it starts more than %d bytes before its end, beyond the part searched]…%s", int64(len(carry))+cut, carry)
+		if match == nil || match(s) {
+			lines = append(lines, s)
+		}
 	}
 	slices.Reverse(lines)
 	return lines, scanned, nil

@@ -242,3 +242,16 @@ func BenchmarkTailNewlineFree(b *testing.B) {
 		}
 	}
 }
+
+// A last line longer than the whole scan is still shown (its end), not
+// "(no lines)".
+func TestTailLinesShowsALineLongerThanTheScan(t *testing.T) {
+	text := "old\n" + strings.Repeat("y", maxLogScan+logChunk)
+	got, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !strings.HasPrefix(got[0], "[line cut:") || !strings.HasSuffix(got[0], strings.Repeat("y", 100)) {
+		t.Fatalf("got %d lines: %.80q", len(got), got)
+	}
+}
