@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -85,6 +86,13 @@ func (n *Node) authorized(h http.HandlerFunc) http.HandlerFunc {
 		}
 		h(w, r)
 	}
+}
+
+// hasToken reports whether r carries the cluster token, writing nothing:
+// for reads that show more to token holders.
+func (n *Node) hasToken(r *http.Request) bool {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && n.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(n.cfg.Token)) == 1
 }
 
 // CheckToken writes the error and returns false unless r carries the
@@ -264,7 +272,62 @@ func (n *Node) handleDeployments(w http.ResponseWriter, r *http.Request) {
 	if out == nil {
 		out = []DeploymentInfo{}
 	}
+	// Reading needs no token, but env is where hub and registry secrets
+	// go, and args may carry an API key: without the token they are
+	// shown redacted.
+	if !n.hasToken(r) {
+		for i := range out {
+			out[i].Deployment = redactSpec(out[i].Deployment)
+		}
+	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// redacted replaces a secret-bearing value in what callers without the
+// token see.
+const redacted = "(redacted: send the cluster token to see it)"
+
+// redactSpec returns d with env values and the values of key-like
+// arguments (--api-key X, --hf-token=X, ...) redacted.
+func redactSpec(d placement.Deployment) placement.Deployment {
+	if len(d.Env) > 0 {
+		env := make(map[string]string, len(d.Env))
+		for k := range d.Env {
+			env[k] = redacted
+		}
+		d.Env = env
+	}
+	if len(d.Args) > 0 {
+		args := slices.Clone(d.Args)
+		for i := 0; i < len(args); i++ {
+			name, _, hasValue := strings.Cut(args[i], "=")
+			if !secretFlag(name) {
+				continue
+			}
+			if hasValue {
+				args[i] = name + "=" + redacted
+			} else if i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+				args[i+1] = redacted
+				i++
+			}
+		}
+		d.Args = args
+	}
+	return d
+}
+
+// secretFlag reports whether an engine flag's value is likely a secret.
+func secretFlag(name string) bool {
+	if !strings.HasPrefix(name, "-") {
+		return false
+	}
+	n := strings.ToLower(name)
+	for _, w := range []string{"key", "token", "secret", "password", "passwd", "credential"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // DecodeSpec reads a deployment from JSON or YAML.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 )
 
@@ -187,6 +188,37 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 			call(t, "GET", api(n, "/v1/plan"), "", nil, &p)
 			return p.Current && len(p.Deployments) == 1 && p.Deployments["chat"] == deps[0].SpecVersion, fmt.Sprintf("current=%v deployments=%v", p.Current, p.Deployments)
 		})
+	}
+}
+
+// Reading deployments needs no token, but env values and key-like
+// arguments are shown only to callers with it.
+func TestDeploymentSecretsNeedTheToken(t *testing.T) {
+	h := newHarness(t)
+	n := h.start("a")
+	spec := []byte(`{"name":"chat","model":"m","replicas":0,"env":{"HF_TOKEN":"hf_secret"},
+		"args":["--api-key","sk-secret","--max-model-len","4096","--hf-token=hf_other"]}`)
+	if code := call(t, "POST", api(n, "/v1/deployments"), testToken, spec, nil); code != 200 {
+		t.Fatalf("place: HTTP %d", code)
+	}
+	get := func(token string) placement.Deployment {
+		var deps []DeploymentInfo
+		if code := call(t, "GET", api(n, "/v1/deployments"), token, nil, &deps); code != 200 || len(deps) != 1 {
+			t.Fatalf("GET: HTTP %d, %d deployments", code, len(deps))
+		}
+		return deps[0].Deployment
+	}
+	anon := get("")
+	if v := anon.Env["HF_TOKEN"]; v == "" || strings.Contains(v, "secret") {
+		t.Errorf("without the token env HF_TOKEN = %q, want it redacted", v)
+	}
+	if strings.Contains(strings.Join(anon.Args, " "), "secret") || strings.Contains(strings.Join(anon.Args, " "), "hf_other") ||
+		anon.Args[0] != "--api-key" || anon.Args[2] != "--max-model-len" || anon.Args[3] != "4096" {
+		t.Errorf("without the token args = %q, want key values redacted and the rest kept", anon.Args)
+	}
+	full := get(testToken)
+	if full.Env["HF_TOKEN"] != "hf_secret" || full.Args[1] != "sk-secret" || full.Args[4] != "--hf-token=hf_other" {
+		t.Errorf("with the token: env %v args %q, want them whole", full.Env, full.Args)
 	}
 }
 
