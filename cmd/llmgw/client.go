@@ -69,13 +69,7 @@ func (cl *client) do(ctx context.Context, method, path string, body []byte, cont
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s: %s", resp.Status, e.Error)
-		}
-		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+		return apiError(method, path, resp.Status, raw)
 	}
 	if out == nil {
 		return nil
@@ -84,6 +78,18 @@ func (cl *client) do(ctx context.Context, method, path string, body []byte, cont
 		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// apiError turns a node's error answer ({"error": "..."}) into an error
+// that says what the node said.
+func apiError(method, path, status string, body []byte) error {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return fmt.Errorf("%s: %s", status, e.Error)
+	}
+	return fmt.Errorf("%s %s: %s", method, path, status)
 }
 
 func printJSON(w io.Writer, v any) error {

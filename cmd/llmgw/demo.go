@@ -50,6 +50,19 @@ func demoCommand() *cli.Command {
 }
 
 func demoUp(ctx context.Context, c *cli.Command) error {
+	n := int(c.Int("nodes"))
+	apiPort, gossipPort := int(c.Int("api-port")), int(c.Int("gossip-port"))
+	if n < 1 || n > 100 {
+		return usageError(fmt.Sprintf("--nodes %d: want 1-100", n))
+	}
+	for _, p := range []struct {
+		flag string
+		port int
+	}{{"--api-port", apiPort}, {"--gossip-port", gossipPort}} {
+		if p.port < 1 || p.port+n-1 > 65535 {
+			return usageError(fmt.Sprintf("%s %d: the %d nodes need ports %d-%d; want them within 1-65535", p.flag, p.port, n, p.port, p.port+n-1))
+		}
+	}
 	dir, err := filepath.Abs(c.String("dir"))
 	if err != nil {
 		return err
@@ -70,8 +83,6 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	n := int(c.Int("nodes"))
-	apiPort, gossipPort := int(c.Int("api-port")), int(c.Int("gossip-port"))
 	first := fmt.Sprintf("127.0.0.1:%d", gossipPort)
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("node-%d", i+1)

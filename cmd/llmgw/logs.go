@@ -44,7 +44,7 @@ func logsCommand() *cli.Command {
 			defer resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
 				b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-				return fmt.Errorf("%s: %s", resp.Status, b)
+				return apiError("GET", req.URL.Path, resp.Status, b)
 			}
 			_, err = io.Copy(c.Root().Writer, resp.Body)
 			if ctx.Err() != nil {

@@ -204,3 +204,16 @@ func TestDataDirTokenIsNeverReplaced(t *testing.T) {
 		t.Fatalf("second start: %q, %v; want the same token %q", again, err, tok)
 	}
 }
+
+func TestDemoUpRefusesBadSizes(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{{"--nodes", "0"}, {"--api-port", "65535", "--nodes", "3"}, {"--gossip-port", "0"}} {
+		_, err := run(t, append([]string{"demo", "up", "--dir", dir}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("demo up %v: %v, want an error naming %s", args, err, args[0])
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a refused demo wrote %d files", len(ents))
+	}
+}
