@@ -60,6 +60,7 @@ func newApp() *cli.Command {
 			nodesCommand(),
 			modelsCommand(),
 			shardsCommand(),
+			topCommand(),
 			logsCommand(),
 			versionCommand(),
 			demoCommand(),

@@ -10,11 +10,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor"
 )
 
 // run executes the CLI in-process with a fresh command tree.
@@ -215,5 +219,61 @@ func TestDemoUpRefusesBadSizes(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("a refused demo wrote %d files", len(ents))
+	}
+}
+
+// top --once draws one frame from /v1/cluster, /v1/deployments and
+// /v1/shards: every node, each model with its engines' summed load, and
+// each shard with its own.
+func TestTopDrawsOneFrame(t *testing.T) {
+	now := time.Now()
+	load := func(run, kv, gen float64) gossip.ShardLoad {
+		return gossip.ShardLoad{Running: run, Waiting: 1, KVCacheUsage: kv, GenerationTPS: gen, PromptTPS: 10, RatesValid: true, ScrapedAt: now}
+	}
+	answers := map[string]any{
+		"/v1/cluster": supervisor.ClusterInfo{Self: "n1", Members: []supervisor.MemberInfo{
+			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour)},
+			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3}},
+		}},
+		"/v1/deployments": []supervisor.DeploymentInfo{
+			{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 2},
+			{Deployment: placement.Deployment{Name: "big", Replicas: 1}, Why: []string{"big-0: needs 8 GPUs"}},
+		},
+		"/v1/shards": []supervisor.ShardInfo{
+			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: supervisor.StatusReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
+			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: supervisor.StatusReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
+			{ShardID: "big-0", Deployment: "big"},
+		},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, ok := answers[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(a)
+	}))
+	defer srv.Close()
+	out, err := run(t, "top", "--once", "--addr", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`nodes 1/2 alive\s+models 2\s+shards 2/3 ready`),
+		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-`),
+		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3\s`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+5\s+2\s+38%\s+20\s+100\s+-$`),
+		regexp.MustCompile(`(?m)^big\s+0/1\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
+		regexp.MustCompile(`(?m)^chat-0\s+n1\s+0\s+ready\s+valid\s+2\s+1\s+25%\s+60\s+0$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("frame lacks %s:\n%s", want, out)
+		}
+	}
+	if i, j := strings.Index(out, "chat-0 "), strings.Index(out, "chat-1 "); i < 0 || j < i {
+		t.Errorf("shards not in order:\n%s", out)
+	}
+	if _, err := run(t, "top", "--interval", "10ms", "--addr", srv.URL); err == nil || !strings.Contains(err.Error(), "--interval") {
+		t.Errorf("--interval 10ms: %v, want an error naming --interval", err)
 	}
 }

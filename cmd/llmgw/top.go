@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/supervisor"
+)
+
+func topCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "top",
+		Usage: "a live overview of the whole cluster from any node: nodes, models and shards with their load",
+		Flags: append(clientFlags(),
+			&cli.DurationFlag{Name: "interval", Value: 2 * time.Second, Usage: "time between refreshes"},
+			&cli.BoolFlag{Name: "once", Usage: "print one frame and exit"},
+		),
+		Action: func(ctx context.Context, c *cli.Command) error {
+			interval := c.Duration("interval")
+			if interval < 200*time.Millisecond {
+				return usageError(fmt.Sprintf("--interval %s: want at least 200ms", interval))
+			}
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			w := c.Root().Writer
+			if c.Bool("once") {
+				snap, err := fetchTop(ctx, cl)
+				if err != nil {
+					return err
+				}
+				renderTop(w, cl.base, snap, time.Now())
+				return nil
+			}
+			// On a terminal each frame replaces the last; into a pipe or
+			// a file, frames follow one another.
+			clear := isTerminal(w)
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for {
+				snap, err := fetchTop(ctx, cl)
+				if ctx.Err() != nil {
+					return nil
+				}
+				if clear {
+					fmt.Fprint(w, "\x1b[H\x1b[2J")
+				} else {
+					fmt.Fprintln(w)
+				}
+				if err != nil {
+					// The node may be restarting: say so and keep asking.
+					fmt.Fprintf(w, "llmgw top: %v (retrying every %s)\n", err, interval)
+				} else {
+					renderTop(w, cl.base, snap, time.Now())
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-tick.C:
+				}
+			}
+		},
+	}
+}
+
+// topSnapshot is what one frame shows: the cluster as the asked node sees it.
+type topSnapshot struct {
+	cluster supervisor.ClusterInfo
+	models  []supervisor.DeploymentInfo
+	shards  []supervisor.ShardInfo
+}
+
+func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
+	var s topSnapshot
+	if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &s.cluster); err != nil {
+		return s, err
+	}
+	if err := cl.do(ctx, "GET", "/v1/deployments", nil, "", &s.models); err != nil {
+		return s, err
+	}
+	if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &s.shards); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// renderTop writes one frame. Load figures come from each engine's own
+// /metrics as its node last scraped them, carried in the node records; a
+// dash means no valid reading yet (or a rate right after an engine
+// restart, whose counters started over).
+func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
+	alive, ready := 0, 0
+	for _, m := range s.cluster.Members {
+		if m.State == gossip.StateAlive {
+			alive++
+		}
+	}
+	for _, sh := range s.shards {
+		if sh.Status == supervisor.StatusReady {
+			ready++
+		}
+	}
+	fmt.Fprintf(w, "llmgw top  %s  via %s (%s)  nodes %d/%d alive  models %d  shards %d/%d ready\n\n",
+		now.Format("15:04:05"), s.cluster.Self, addr, alive, len(s.cluster.Members), len(s.models), ready, len(s.shards))
+
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tGPU MEMORY\tSHARDS\tXID (1h)\tRUNTIME\tAGE")
+	for _, m := range s.cluster.Members {
+		age := "-"
+		if !m.StartedAt.IsZero() {
+			age = shortDuration(now.Sub(m.StartedAt))
+		}
+		faults := "-"
+		if m.Probes.DriverFaultsRecent > 0 {
+			faults = fmt.Sprint(m.Probes.DriverFaultsRecent)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, m.State, gpuSummary(m.GPUs), gpuMemory(m.GPUs), len(m.Shards), faults, dash(m.Runtime), age)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	// Per model: the sum over its shards with a load reading (engines
+	// are scraped only while ready); KV cache is their mean.
+	type sum struct {
+		running, waiting, kv, prompt, gen float64
+		kvN                               int
+		rates                             bool
+	}
+	per := map[string]*sum{}
+	for _, sh := range s.shards {
+		m := per[sh.Deployment]
+		if m == nil {
+			m = &sum{}
+			per[sh.Deployment] = m
+		}
+		l := sh.Load
+		if l.ScrapedAt.IsZero() || l.Error != "" {
+			continue
+		}
+		m.running += l.Running
+		m.waiting += l.Waiting
+		m.kv += l.KVCacheUsage
+		m.kvN++
+		if l.RatesValid {
+			m.prompt += l.PromptTPS
+			m.gen += l.GenerationTPS
+			m.rates = true
+		}
+	}
+	fmt.Fprintln(tw, "MODEL\tREADY\tRUNNING\tWAITING\tKV CACHE\tPROMPT TOK/S\tGEN TOK/S\tWHY")
+	for _, d := range s.models {
+		m := per[d.Name]
+		if m == nil {
+			m = &sum{}
+		}
+		kv, prompt, gen := "-", "-", "-"
+		if m.kvN > 0 {
+			kv = fmt.Sprintf("%.0f%%", 100*m.kv/float64(m.kvN))
+		}
+		if m.rates {
+			prompt, gen = fmt.Sprintf("%.0f", m.prompt), fmt.Sprintf("%.0f", m.gen)
+		}
+		run, wait := "-", "-"
+		if m.kvN > 0 {
+			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
+		}
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, run, wait, kv, prompt, gen, dash(strings.Join(d.Why, "; ")))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	shards := append([]supervisor.ShardInfo(nil), s.shards...)
+	sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
+	fmt.Fprintln(tw, "SHARD\tNODE\tGPUS\tSTATUS\tLEASE\tRUNNING\tWAITING\tKV CACHE\tGEN TOK/S\tRESTARTS")
+	for _, sh := range shards {
+		l := sh.Load
+		run, wait, kv, gen := "-", "-", "-", "-"
+		if !l.ScrapedAt.IsZero() && l.Error == "" {
+			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
+			if l.RatesValid {
+				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
+			}
+		}
+		status := sh.Status
+		if sh.Draining {
+			status += " (draining)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", sh.ShardID, dash(sh.Node), ints(sh.GPUs), dash(status), sh.Lease, run, wait, kv, gen, sh.Restarts)
+	}
+	tw.Flush()
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
