@@ -174,7 +174,10 @@ func FileID(s State) string {
 // moved aside, and an unreadable dir is reported as one BadFile naming it.
 // Load removes temporary files left by an interrupted Save, so it must not
 // run while a Save in the same dir is in flight.
-func Load(dir string) (states []State, bad []BadFile) {
+func Load(dir string) (states []State, bad []BadFile) { return load(dir, os.ReadFile) }
+
+// load is Load with the file reader injected: tests make reads fail.
+func load(dir string, readFile func(string) ([]byte, error)) (states []State, bad []BadFile) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -195,14 +198,17 @@ func Load(dir string) (states []State, bad []BadFile) {
 			// still holds the previous state, so the temp file is noise.
 			_ = os.Remove(full)
 		case strings.HasPrefix(name, prefix) && strings.HasSuffix(name, suffix) && e.Type().IsRegular():
-			s, err := readState(full, strings.TrimSuffix(strings.TrimPrefix(name, prefix), suffix))
+			s, err := readState(readFile, full, strings.TrimSuffix(strings.TrimPrefix(name, prefix), suffix))
 			if err == nil {
 				states = append(states, s)
 				continue
 			}
 			b := BadFile{Path: full, Err: err}
-			var newer *newerFormatError
-			if !errors.As(err, &newer) {
+			// Only a file whose content is wrong is moved aside. A file
+			// that could not be read (EACCES, EIO, EMFILE) may be fine;
+			// neither is one a newer agent wrote.
+			var corrupt *corruptError
+			if errors.As(err, &corrupt) {
 				b.MovedTo = moveAside(dir, name, names)
 			}
 			bad = append(bad, b)
@@ -218,26 +224,41 @@ func (e *newerFormatError) Error() string {
 	return fmt.Sprintf("format_version %d is newer than this agent's %d; left in place", e.version, FormatVersion)
 }
 
-func readState(path, id string) (State, error) {
-	b, err := os.ReadFile(path)
+// corruptError marks a state file whose content is unusable.
+type corruptError struct{ err error }
+
+func (e *corruptError) Error() string { return "corrupt: " + e.err.Error() }
+func (e *corruptError) Unwrap() error { return e.err }
+
+func readState(readFile func(string) ([]byte, error), path, id string) (State, error) {
+	b, err := readFile(path)
 	if err != nil {
-		return State{}, err
+		return State{}, fmt.Errorf("read (left in place): %w", err)
 	}
+	s, err := decodeState(b, id)
+	var newer *newerFormatError
+	if err != nil && !errors.As(err, &newer) {
+		err = &corruptError{err}
+	}
+	return s, err
+}
+
+func decodeState(b []byte, id string) (State, error) {
 	var s State
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(&s); err != nil {
-		return State{}, fmt.Errorf("corrupt: %w", err)
+		return State{}, err
 	}
 	if dec.More() {
-		return State{}, errors.New("corrupt: data after the JSON object")
+		return State{}, errors.New("data after the JSON object")
 	}
 	switch {
 	case s.FormatVersion > FormatVersion:
 		return State{}, &newerFormatError{version: s.FormatVersion}
 	case s.FormatVersion < 1:
-		return State{}, fmt.Errorf("corrupt: format_version %d", s.FormatVersion)
+		return State{}, fmt.Errorf("format_version %d", s.FormatVersion)
 	case FileID(s) != id:
-		return State{}, fmt.Errorf("corrupt: engine %q (shard %q) in the file named for %q", FileID(s), s.ShardID, id)
+		return State{}, fmt.Errorf("engine %q (shard %q) in the file named for %q", FileID(s), s.ShardID, id)
 	}
 	return s, nil
 }

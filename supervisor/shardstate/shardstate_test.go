@@ -2,6 +2,7 @@ package shardstate
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -175,6 +176,23 @@ func TestCorruptFilesMovedAside(t *testing.T) {
 	states, bad = Load(dir)
 	if len(states) != 1 || len(bad) != 1 || filepath.Base(bad[0].Path) != "shard-future-0.json" {
 		t.Fatalf("second load: states %d bad %v", len(states), bad)
+	}
+}
+
+// A file that cannot be read this time (EACCES, EIO, too many open files)
+// may be fine: it is reported and left where it is, not moved aside.
+func TestUnreadableFileStaysInPlace(t *testing.T) {
+	dir := t.TempDir()
+	if err := Save(dir, sample("good-0")); err != nil {
+		t.Fatal(err)
+	}
+	eio := errors.New("input/output error")
+	states, bad := load(dir, func(string) ([]byte, error) { return nil, eio })
+	if len(states) != 0 || len(bad) != 1 || !errors.Is(bad[0].Err, eio) || bad[0].MovedTo != "" {
+		t.Fatalf("states %v bad %+v; want the file reported with its read error, not moved", states, bad)
+	}
+	if states, bad := Load(dir); len(states) != 1 || len(bad) != 0 {
+		t.Fatalf("the next load: states %v bad %v; want the file back", states, bad)
 	}
 }
 
