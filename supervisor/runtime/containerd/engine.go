@@ -127,6 +127,14 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		specOpts = append(specOpts, gpus)
 	}
 
+	// Creating and starting run to the end once begun, whatever the
+	// caller's ctx does: the daemon goes on with a request the client gave
+	// up on, so a cancel half-way leaves a lease, a half-made task, or a
+	// running container reported as failed (whose every restart then
+	// fails with "already runs"). The caller learns of the engine and
+	// stops it if it is no longer wanted.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer cancel()
 	ctr, err := r.c.NewContainer(ctx, cid,
 		client.WithImage(img),
 		client.WithSnapshotter(r.snapshotter),
@@ -157,8 +165,18 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	if err := task.Start(ctx); err != nil {
 		return fail("start task", err)
 	}
-	return r.engine(ctx, ctr)
+	e, err := r.engine(ctx, ctr)
+	if err != nil {
+		// It runs: say so, rather than report a failure for a live engine.
+		r.log.Warn("engine started; reading its state failed", "container", cid, "err", err)
+		return runtime.Engine{ID: spec.ID, Labels: spec.Labels(), State: runtime.StateRunning, PID: int(task.Pid()), StartedAt: time.Now()}, nil
+	}
+	return e, nil
 }
+
+// createTimeout bounds creating and starting one container (the image is
+// already in the content store by then).
+const createTimeout = 2 * time.Minute
 
 // replaceExited removes a stopped container that holds cid (the contract:
 // an exited engine is replaced), and a snapshot left by a container deleted
@@ -211,11 +229,11 @@ func (r *Runtime) engine(ctx context.Context, ctr client.Container) (runtime.Eng
 		return e, nil
 	}
 	if err != nil {
-		return runtime.Engine{}, err
+		return runtime.Engine{}, wrapNotFound(e.ID, err)
 	}
 	st, err := task.Status(ctx)
 	if err != nil {
-		return runtime.Engine{}, err
+		return runtime.Engine{}, wrapNotFound(e.ID, err)
 	}
 	switch st.Status {
 	case client.Running:

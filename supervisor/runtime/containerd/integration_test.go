@@ -626,3 +626,35 @@ func BenchmarkStartToReady(b *testing.B) {
 	b.ReportMetric(float64(direct.Milliseconds())/n, "direct-ms/op")
 	b.ReportMetric(float64(viaRuntime)/float64(direct), "ratio")
 }
+
+// TestIntegrationCancelledStartLeavesNoHalfEngine cancels Start at every
+// point of its run: whatever the moment, Start either reports a running
+// engine or fails having created nothing, and the next Start of the same
+// engine succeeds (a half-made one used to fail it with "already runs").
+func TestIntegrationCancelledStartLeavesNoHalfEngine(t *testing.T) {
+	r := daemonRuntime(t)
+	cleanNamespace(t, r)
+	importFakeImage(t, r)
+	spec := fakeSpec(t, "cancel", freePort(t))
+	for d := time.Duration(0); d <= 150*time.Millisecond; d += 10 * time.Millisecond {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		e, err := r.Start(ctx, spec)
+		cancel()
+		st, serr := r.Status(context.Background(), spec.ID)
+		switch {
+		case err == nil && (e.State != runtime.StateRunning || serr != nil || st.State != runtime.StateRunning):
+			t.Fatalf("cancel after %s: Start said %+v, Status says %+v, %v", d, e, st, serr)
+		case err != nil && !errors.Is(serr, runtime.ErrNotFound):
+			t.Fatalf("cancel after %s: Start failed (%v) but left %+v, %v", d, err, st, serr)
+		}
+		if err != nil {
+			// Nothing was made, so a Start that is let finish succeeds.
+			if _, err := r.Start(context.Background(), spec); err != nil {
+				t.Fatalf("after a Start cancelled at %s, the next Start failed: %v", d, err)
+			}
+		}
+		if err := r.Stop(context.Background(), spec.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
