@@ -152,9 +152,12 @@ func TestFailedStopIsRetried(t *testing.T) {
 	})
 	f.failStop.Store(false)
 	waitShard(t, r, "stopped once the runtime can", func(s []string) bool { return len(s) == 0 })
-	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Fatalf("engine pid %d still exists (kill 0: %v)", pid, err)
-	}
+	// Gone, and reaped: the runtime's waiter collects the exit a moment
+	// after Stop returns.
+	waitUntil(t, 5*time.Second, "the engine process is gone", func() (bool, string) {
+		err := syscall.Kill(pid, 0)
+		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill(%d, 0): %v", pid, err)
+	})
 }
 
 // An adopted engine that crashes before the restarted agent has heard the
