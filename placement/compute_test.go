@@ -696,3 +696,30 @@ func TestTieBreakIsRendezvous(t *testing.T) {
 		wantAssigned(t, Compute(v), "a-0", best, 0)
 	}
 }
+
+// A kept shard of the current version is planned with its spec's memory
+// per GPU even when its holder lost the figure (an agent restarted from an
+// older state file reports 0, "whole GPUs"): the next round counts the
+// right amount, and the rest of the GPU is usable again.
+func TestKeptShardGetsItsSpecsMemoryBack(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	a := mkDep("a", memGiB(20))
+	b := mkDep("b", memGiB(20))
+	held := hold("a-0", version(a), LeaseValid, 1, 0) // MemoryPerGPU lost: 0
+	view := View{
+		Nodes:       []Node{mkNode("n1", hgpus(1, h100, 80, false), holding(held))},
+		Deployments: []Deployment{a, b},
+	}
+	p := Compute(view)
+	got := find(p, "a-0")
+	if len(got) != 1 || !got[0].Kept || got[0].MemoryPerGPU != 20<<30 {
+		t.Fatalf("kept a-0 = %+v, want 20GiB per GPU", got)
+	}
+	// The node then reports what the plan told it; b fits beside a.
+	view = heldFromPlan(view, p, LeaseValid)
+	p = Compute(view)
+	if bs := find(p, "b-0"); len(bs) != 1 {
+		u, _ := unplaced(p, "b-0")
+		t.Fatalf("b-0 not placed beside a-0: %s", u.Reason)
+	}
+}

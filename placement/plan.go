@@ -66,12 +66,18 @@ func (p *planner) plan() Plan {
 }
 
 // heldAssignment keeps a held shard where it is, with what it was placed
-// with.
+// with. For the current spec version the memory per GPU is the spec's (the
+// version fixes it): a holder that lost the figure, an agent restarted from
+// an older state file, gets it back instead of keeping whole GPUs forever.
 func (p *planner) heldAssignment(r *replicaState, h holder) Assignment {
+	mem := h.held.MemoryPerGPU
+	if h.held.SpecVersion == r.dep.version {
+		mem = uint64(r.dep.d.GPUMemory)
+	}
 	return Assignment{
 		ShardID: h.held.ShardID, ReplicaID: r.id, Deployment: r.dep.d.Name,
 		SpecVersion: h.held.SpecVersion, Node: h.node.name,
-		GPUs: p.gpuList(h.held.GPUs), MemoryPerGPU: h.held.MemoryPerGPU,
+		GPUs: p.gpuList(h.held.GPUs), MemoryPerGPU: mem,
 		Kept: true,
 	}
 }

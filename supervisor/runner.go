@@ -271,7 +271,7 @@ func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) {
 	spec := placement.Deployment{Name: st.Spec.ServedModelName, Model: st.Spec.Model, Engine: st.Spec.Engine, Image: st.Spec.Image}
 	e := &engine{id: id, state: st, status: StatusStarting, stop: cancel, done: make(chan struct{}), orphan: orphan,
 		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment,
-			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices}, Spec: spec}}
+			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, MemoryPerGPU: st.Spec.MemoryPerGPU}, Spec: spec}}
 	e.state.PID = pid
 	r.mu.Lock()
 	r.engines[id] = e
@@ -338,7 +338,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		e := &engine{id: id, desired: d, planned: true, status: StatusStarting, stop: cancel, done: make(chan struct{}),
 			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
 				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
-					GPUIndices: d.GPUs, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
+					GPUIndices: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
 		r.engines[id] = e
 		r.wg.Add(1)
 		go r.watch(cctx, e, false)

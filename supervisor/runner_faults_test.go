@@ -245,3 +245,26 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 	foreign.Store(false)
 	waitShard(t, r, "ready once the engine owns its port", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 }
+
+// An adopted engine reports the memory per GPU it was placed with: with 0
+// ("whole GPUs") placement would count the rest of its GPUs as taken.
+func TestAdoptedEngineKeepsItsMemoryPerGPU(t *testing.T) {
+	env := newRunnerEnv(t)
+	d := desired("chat")
+	d.MemoryPerGPU = 20 << 30
+	r := env.open()
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	r.Close()
+	r2 := env.openUnsettled(func(*RunnerConfig) {})
+	defer func() {
+		r2.Settle()
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+		r2.Close()
+	}()
+	s, ok := shardOf(r2)
+	if !ok || s.MemoryPerGPU != 20<<30 {
+		t.Fatalf("adopted shard reports %d bytes per GPU, want %d", s.MemoryPerGPU, 20<<30)
+	}
+}

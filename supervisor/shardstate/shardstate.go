@@ -48,17 +48,21 @@ const (
 // runtime's handles.
 type Spec struct {
 	// Engine is the profile name (vllm, sglang, llamacpp, fake).
-	Engine          string   `json:"engine"`
-	ServedModelName string   `json:"served_model_name"`
-	Model           string   `json:"model,omitempty"`
-	Deployment      string   `json:"deployment,omitempty"`
-	GPUIndices      []int    `json:"gpu_indices"`
-	GPUUUIDs        []string `json:"gpu_uuids,omitempty"`
-	HTTPPort        int      `json:"http_port"`
-	ReplicaID       string   `json:"replica_id"`
-	SpecVersion     string   `json:"spec_version"`
-	Image           string   `json:"image,omitempty"`
-	Command         []string `json:"command,omitempty"`
+	Engine          string `json:"engine"`
+	ServedModelName string `json:"served_model_name"`
+	Model           string `json:"model,omitempty"`
+	Deployment      string `json:"deployment,omitempty"`
+	GPUIndices      []int  `json:"gpu_indices"`
+	// MemoryPerGPU is the memory the shard was placed with on each GPU
+	// (0: whole GPUs). An adopted engine reports it again, so placement
+	// does not count its GPUs as taken whole after an agent restart.
+	MemoryPerGPU uint64   `json:"memory_per_gpu_bytes,omitempty"`
+	GPUUUIDs     []string `json:"gpu_uuids,omitempty"`
+	HTTPPort     int      `json:"http_port"`
+	ReplicaID    string   `json:"replica_id"`
+	SpecVersion  string   `json:"spec_version"`
+	Image        string   `json:"image,omitempty"`
+	Command      []string `json:"command,omitempty"`
 	// Runtime is the runtime's name ("containerd" or "process"); EngineID
 	// is the runtime's ID for the engine, ContainerID the container's.
 	Runtime     string `json:"runtime,omitempty"`
