@@ -723,3 +723,60 @@ func TestKeptShardGetsItsSpecsMemoryBack(t *testing.T) {
 		t.Fatalf("b-0 not placed beside a-0: %s", u.Reason)
 	}
 }
+
+// Scaling down keeps the removed replicas serving, draining, until every
+// replica that remains is ready: 3→1 with replica 0's node dead must not
+// stop the two replicas that serve while replica 0 starts over.
+func TestScaleDownDrainsUntilTheRestIsReady(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	three, one := mkDep("a", replicas(3)), mkDep("a", replicas(1))
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(2, h100, 80, false)),
+			mkNode("n2", hgpus(2, h100, 80, false)),
+			mkNode("n3", hgpus(2, h100, 80, false)),
+		},
+		Deployments: []Deployment{three},
+	}
+	view = heldFromPlan(view, Compute(view), LeaseValid)
+	holderOf := func(shard string) string {
+		for _, n := range view.Nodes {
+			for _, s := range n.Shards {
+				if s.ShardID == shard {
+					return n.Name
+				}
+			}
+		}
+		return ""
+	}
+	// Replica 0's node dies; its lease lapses.
+	for i := range view.Nodes {
+		if view.Nodes[i].Name == holderOf("a-0") {
+			view.Nodes[i].Alive = false
+			for j := range view.Nodes[i].Shards {
+				view.Nodes[i].Shards[j].Lease = LeaseLapsed
+			}
+		}
+	}
+	view.Deployments = []Deployment{one}
+	p := Compute(view)
+	for _, id := range []string{"a-1", "a-2"} {
+		a := find(p, id)
+		if len(a) != 1 || !a[0].Draining || a[0].Node != holderOf(id) {
+			t.Fatalf("%s = %+v, want it kept draining where it serves", id, a)
+		}
+	}
+	a0 := find(p, "a-0")
+	if len(a0) != 1 || a0[0].Kept || a0[0].Draining {
+		t.Fatalf("a-0 = %+v, want it placed anew", a0)
+	}
+	// Once replica 0 serves again, the removed replicas go.
+	view = heldFromPlan(view, p, LeaseValid)
+	p = Compute(view)
+	if len(find(p, "a-1")) != 0 || len(find(p, "a-2")) != 0 {
+		t.Fatalf("removed replicas still planned once a-0 is ready: %+v", p.Assignments)
+	}
+	if a := find(p, "a-0"); len(a) != 1 || !a[0].Kept {
+		t.Fatalf("a-0 = %+v, want it kept", a)
+	}
+}

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -49,6 +50,12 @@ type depState struct {
 	// Placement order: larger gangs first.
 	weightHi, weightLo uint64
 
+	// removed are serving shards of replicas the deployment no longer has
+	// (scaled down), kept draining until every current replica is ready:
+	// replicas are numbered, so scaling 3→1 keeps replica 0, and stopping
+	// the others at once could leave nothing serving while 0 starts over.
+	removed []removedShard
+
 	penalized []*nodeState // nodes holding a shard of it (spread > 0)
 	funnelAt  int          // planner.version+1 when funnel is current
 	funnel    funnel
@@ -62,6 +69,12 @@ type depState struct {
 type labelReq struct {
 	key int   // position in planner.labelKeys
 	val int32 // value ID
+}
+
+// removedShard is a held shard of a replica beyond the deployment's count.
+type removedShard struct {
+	replica string
+	h       holder
 }
 
 type replicaState struct {
@@ -269,6 +282,7 @@ func (p *planner) judgeHeld() {
 		}
 	}
 	for _, d := range p.deps {
+		allReady := true
 		for _, r := range d.replicas {
 			ready := true
 			for _, s := range r.shards {
@@ -279,8 +293,15 @@ func (p *planner) judgeHeld() {
 			if ready {
 				r.drains = nil
 			}
+			allReady = allReady && ready
 			slices.SortFunc(r.drains, func(a, b holder) int { return strings.Compare(a.held.ShardID, b.held.ShardID) })
 		}
+		if allReady {
+			d.removed = nil
+		}
+		slices.SortFunc(d.removed, func(a, b removedShard) int {
+			return cmp.Or(strings.Compare(a.h.held.ShardID, b.h.held.ShardID), strings.Compare(a.h.held.SpecVersion, b.h.held.SpecVersion))
+		})
 	}
 }
 
@@ -307,8 +328,12 @@ func (p *planner) judgeOne(h holder) {
 		return
 	}
 	r := p.replicaOf(hs.ShardID)
-	if r == nil || hs.SpecVersion == r.dep.version {
-		return // deleted, scaled down, or not a shard ID of ours
+	if r == nil {
+		p.judgeRemoved(h)
+		return
+	}
+	if hs.SpecVersion == r.dep.version {
+		return // not a shard ID of ours
 	}
 	if !h.node.alive || !liveLease(hs.Lease) {
 		return
@@ -330,6 +355,39 @@ func (p *planner) judgeOne(h holder) {
 		}
 	}
 	r.drains = append(r.drains, h)
+}
+
+// judgeRemoved keeps a serving shard of a replica the deployment no longer
+// has, draining (see depState.removed). Shards of deleted deployments, and
+// IDs that are not ours, are simply not kept.
+func (p *planner) judgeRemoved(h holder) {
+	hs := h.held
+	if !h.node.alive || hs.Lease != LeaseValid || hs.Failing {
+		return
+	}
+	replica := hs.ShardID
+	if i := strings.LastIndex(replica, "-s"); i >= 0 && allDigits(replica[i+2:]) {
+		replica = replica[:i]
+	}
+	i := strings.LastIndexByte(replica, '-')
+	if i <= 0 || !allDigits(replica[i+1:]) {
+		return
+	}
+	name := replica[:i]
+	k, found := slices.BinarySearchFunc(p.deps, name, func(d *depState, name string) int { return strings.Compare(d.d.Name, name) })
+	if !found {
+		return
+	}
+	d := p.deps[k]
+	for j := range d.removed {
+		if d.removed[j].h.held.ShardID == hs.ShardID && d.removed[j].h.held.SpecVersion == hs.SpecVersion {
+			if h.before(d.removed[j].h) {
+				d.removed[j].h = h
+			}
+			return
+		}
+	}
+	d.removed = append(d.removed, removedShard{replica: replica, h: h})
 }
 
 func appendUnique(ns []*nodeState, n *nodeState) []*nodeState {

@@ -17,6 +17,14 @@ func (p *planner) plan() Plan {
 	// Walking replicas in the order of their IDs as strings ("d-0", "d-1",
 	// "d-10", "d-2") makes the final sort nearly a no-op.
 	for _, d := range p.deps {
+		for _, rm := range d.removed {
+			out.Assignments = append(out.Assignments, Assignment{
+				ShardID: rm.h.held.ShardID, ReplicaID: rm.replica, Deployment: d.d.Name,
+				SpecVersion: rm.h.held.SpecVersion, Node: rm.h.node.name,
+				GPUs: p.gpuList(rm.h.held.GPUs), MemoryPerGPU: rm.h.held.MemoryPerGPU,
+				Kept: true, Draining: true,
+			})
+		}
 		for _, i := range lexOrder(len(d.replicas)) {
 			r := d.replicas[i]
 			for _, h := range r.drains {

@@ -224,7 +224,9 @@ func (n *Node) Deployments() []DeploymentInfo {
 		ready := map[string]int{}
 		nodes := map[string]bool{}
 		for _, a := range plan.Assignments {
-			if a.Deployment != d.Name || a.SpecVersion != info.SpecVersion {
+			// Draining shards (an old spec, or replicas scaled away) serve
+			// until the current ones are ready; they are not what was asked.
+			if a.Deployment != d.Name || a.SpecVersion != info.SpecVersion || a.Draining {
 				continue
 			}
 			replicas[a.ReplicaID] = true

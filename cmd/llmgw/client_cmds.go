@@ -288,7 +288,7 @@ func shardsCommand() *cli.Command {
 				}
 				note := s.Reason
 				if s.Draining {
-					note = "draining (old spec, kept until its replacement is ready)"
+					note = "draining (old spec or scaled away; kept until the current replicas are ready)"
 				}
 				if s.LastExit != nil {
 					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))

@@ -309,7 +309,7 @@ func explain(sh supervisor.ShardInfo) shardWhy {
 		}
 	}
 	if sh.Draining {
-		w.Why += "; draining: an older spec version kept until its replacement is ready"
+		w.Why += "; draining: an older spec version or a replica scaled away, kept serving until the current replicas are ready"
 	}
 	return w
 }
