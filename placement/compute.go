@@ -170,13 +170,16 @@ func (g gang) plain() bool {
 // fail leaves a gang unplaced, except that a shard failing where it runs is
 // kept there after all: better a crashing engine than none.
 func (p *planner) fail(g gang, why string) {
-	if len(g.rep.drains) > 0 {
+	if len(g.rep.drains) > 0 && g.rep.drains[0].held.SpecVersion != g.rep.dep.version {
 		why = fmt.Sprintf("new version %s: %s; version %s keeps serving meanwhile",
 			g.rep.dep.version, why, g.rep.drains[0].held.SpecVersion)
 	}
 	for _, s := range g.missing {
 		if s.failing.ok() {
 			s.kept = s.failing
+			// Kept where it is after all: not also a drain of itself
+			// (a copy on a faulted GPU is one).
+			g.rep.drains = slices.DeleteFunc(g.rep.drains, func(h holder) bool { return h.held == s.failing.held })
 			continue
 		}
 		s.reason = why

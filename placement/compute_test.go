@@ -780,3 +780,41 @@ func TestScaleDownDrainsUntilTheRestIsReady(t *testing.T) {
 		t.Fatalf("a-0 = %+v, want it kept", a)
 	}
 }
+
+// A shard on a GPU with recent driver faults moves, surge-then-drain: the
+// faulted copy serves until its replacement is ready. With nowhere to go
+// it stays, once.
+func TestShardOnFaultedGPUMovesAfterItsReplacementIsReady(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	a := mkDep("a")
+	bad := hgpus(1, h100, 80, false)
+	bad[0].Faulted = true
+	n1 := mkNode("n1", bad, holding(hold("a-0", version(a), LeaseValid, 1, 0)))
+
+	alone := Compute(View{Nodes: []Node{n1}, Deployments: []Deployment{a}})
+	if got := find(alone, "a-0"); len(got) != 1 || !got[0].Kept || got[0].Draining || got[0].Node != "n1" {
+		t.Fatalf("with nowhere to go: %+v, want a-0 kept on n1 once", got)
+	}
+
+	view := View{Nodes: []Node{n1, mkNode("n2", hgpus(1, h100, 80, false))}, Deployments: []Deployment{a}}
+	p := Compute(view)
+	got := find(p, "a-0")
+	if len(got) != 2 {
+		t.Fatalf("round 1: %+v, want the faulted copy draining and a new one", got)
+	}
+	for _, g := range got {
+		if (g.Node == "n1") != g.Draining || (g.Node == "n2") == g.Kept {
+			t.Fatalf("round 1: %+v, want n1 draining and n2 newly placed", got)
+		}
+	}
+	// n2 starts its copy: n1's keeps serving.
+	view.Nodes[1].Shards = []HeldShard{hold("a-0", version(a), LeaseStarting, 2, 0)}
+	if got := find(Compute(view), "a-0"); len(got) != 2 {
+		t.Fatalf("round 2: %+v, want both copies until n2's is ready", got)
+	}
+	// n2's copy is ready: n1's goes.
+	view.Nodes[1].Shards[0].Lease = LeaseValid
+	if got := find(Compute(view), "a-0"); len(got) != 1 || got[0].Node != "n2" || !got[0].Kept {
+		t.Fatalf("round 3: %+v, want a-0 on n2 only", got)
+	}
+}

@@ -310,14 +310,22 @@ func (p *planner) judgeOne(h holder) {
 	s := p.shards[hs.ShardID]
 	if s != nil && hs.SpecVersion == s.rep.dep.version {
 		live := h.node.alive && liveLease(hs.Lease)
+		faulted := live && onFaultedGPU(h)
 		switch {
-		case live && hs.Failing:
+		case live && (hs.Failing || faulted):
 			// Restarting it elsewhere may help; if nothing else fits,
 			// placeGang keeps it here after all.
 			if !s.failing.ok() || h.before(s.failing) {
 				s.failing = h
 			}
 			s.exclude = appendUnique(s.exclude, h.node)
+			if faulted && !hs.Failing && hs.Lease == LeaseValid {
+				// A GPU with recent Xid faults may still answer /health
+				// (vLLM's does): move the shard, but keep this copy
+				// serving until the new one is ready, as a rolling update
+				// would.
+				s.rep.drains = append(s.rep.drains, h)
+			}
 		case hs.Failing:
 			s.avoid = appendUnique(s.avoid, h.node)
 		case live:
@@ -355,6 +363,19 @@ func (p *planner) judgeOne(h holder) {
 		}
 	}
 	r.drains = append(r.drains, h)
+}
+
+// onFaultedGPU reports whether a held shard sits on a GPU its node marks
+// faulted (recent Xid errors) or no longer has.
+func onFaultedGPU(h holder) bool {
+	gpus := h.node.node.GPUs
+	for _, idx := range h.held.GPUs {
+		i := slices.IndexFunc(gpus, func(g GPU) bool { return g.Index == idx })
+		if i < 0 || gpus[i].Faulted {
+			return true
+		}
+	}
+	return false
 }
 
 // judgeRemoved keeps a serving shard of a replica the deployment no longer
