@@ -81,6 +81,8 @@ func (p *planner) explain(d *depState, g gang, picked int) string {
 		why = fmt.Sprintf("no live node (%d in the view, none alive)", f.nodes)
 	case f.labeled == 0:
 		why = fmt.Sprintf("no live node matches labels %s (%s)", formatLabels(dd.Labels), checked(f.alive))
+	case f.typed == 0 && dd.GPUType == "":
+		why = fmt.Sprintf("no live node%s has any GPU (%s)", labelClause(dd.Labels), checked(f.labeled))
 	case f.typed == 0:
 		why = fmt.Sprintf("no live node%s has a GPU matching %q (%s; GPUs seen: %s)",
 			labelClause(dd.Labels), dd.GPUType, checked(f.labeled), p.gpuNamesSeen(d))
@@ -122,13 +124,21 @@ func wholeNote(d Deployment) string {
 	return fmt.Sprintf("; a whole GPU must hold no shard of ours and at most %s of other processes' memory", Bytes(wholeGPUForeignSlack))
 }
 
+// verb picks the singular or plural form for a count.
+func verb(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 func unusableNote(f *funnel) string {
 	var s string
 	if f.mig > 0 {
-		s += fmt.Sprintf("; %d MIG-enabled GPU%s take nothing new", f.mig, plural(f.mig))
+		s += fmt.Sprintf("; %d MIG-enabled GPU%s %s nothing new", f.mig, plural(f.mig), verb(f.mig, "takes", "take"))
 	}
 	if f.faulted > 0 {
-		s += fmt.Sprintf("; %d GPU%s with recent driver faults take nothing new", f.faulted, plural(f.faulted))
+		s += fmt.Sprintf("; %d GPU%s with recent driver faults %s nothing new", f.faulted, plural(f.faulted), verb(f.faulted, "takes", "take"))
 	}
 	return s
 }
