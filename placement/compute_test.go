@@ -822,3 +822,25 @@ func TestShardOnFaultedGPUMovesAfterItsReplacementIsReady(t *testing.T) {
 		t.Fatalf("round 3: %+v, want a-0 on n2 only", got)
 	}
 }
+
+// An old-version shard that serves (valid lease) drains on a spec change
+// even if its engine crashed often before: the flag clears only after a
+// stable stretch, and stopping it early would drop a serving replica.
+func TestServingOldVersionDrainsEvenIfFlaggedFailing(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	d1, d2 := mkDep("a"), mkDep("a", args("--x"))
+	old := hold("a-0", version(d1), LeaseValid, 1, 0)
+	old.Failing = true
+	view := View{
+		Nodes:       []Node{mkNode("n1", hgpus(1, h100, 80, false), holding(old)), mkNode("n2", hgpus(1, h100, 80, false))},
+		Deployments: []Deployment{d2},
+	}
+	p := Compute(view)
+	var drained bool
+	for _, a := range find(p, "a-0") {
+		drained = drained || (a.SpecVersion == version(d1) && a.Draining && a.Node == "n1")
+	}
+	if !drained {
+		t.Fatalf("a-0 = %+v, want the serving old version draining on n1", find(p, "a-0"))
+	}
+}

@@ -351,9 +351,11 @@ func (p *planner) judgeOne(h holder) {
 		// one shard ID on one node are harder on its supervisor.
 		s.avoid = appendUnique(s.avoid, h.node)
 	}
-	if hs.Lease != LeaseValid || hs.Failing {
+	if hs.Lease != LeaseValid {
 		return // not serving: nothing to keep it for
 	}
+	// A valid lease means it serves now, even if it crashed often before
+	// (Failing clears only after a stable stretch): it drains like any.
 	for i := range r.drains {
 		if r.drains[i].held.ShardID == hs.ShardID {
 			if h.before(r.drains[i]) {
