@@ -69,6 +69,11 @@ type RunnerConfig struct {
 	// ListenerOwner says which process among pid and its descendants
 	// listens on port (sockets.FS.Owner); default: the host's /proc.
 	ListenerOwner func(port, pid int) (owner int, found bool, err error)
+	// MaxLogBytes caps an engine's log file: past it the file is copied
+	// to <log>.1 (one generation) and emptied. 0: 256 MiB.
+	MaxLogBytes int64
+	// LogCheck is how often log sizes are checked. 0: 30 s.
+	LogCheck time.Duration
 	// LoadInterval is how often a ready engine's /metrics is scraped.
 	LoadInterval time.Duration
 	Logger       *slog.Logger
@@ -186,6 +191,12 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	if cfg.ListenerOwner == nil {
 		cfg.ListenerOwner = sockets.Host().Owner
 	}
+	if cfg.MaxLogBytes == 0 {
+		cfg.MaxLogBytes = 256 << 20
+	}
+	if cfg.LogCheck == 0 {
+		cfg.LogCheck = 30 * time.Second
+	}
 	if cfg.LoadInterval == 0 {
 		cfg.LoadInterval = 5 * time.Second
 	}
@@ -210,6 +221,8 @@ func NewRunner(ctx context.Context, cfg RunnerConfig) (*Runner, error) {
 	if err := r.adopt(ctx); err != nil {
 		return nil, err
 	}
+	r.wg.Add(1)
+	go r.logLoop()
 	return r, nil
 }
 
@@ -529,7 +542,7 @@ func (r *Runner) start(engineCtx context.Context, e *engine) error {
 	spec := runtime.EngineSpec{
 		ID: e.id, Node: r.cfg.Node, ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
 		Image: image, Command: cmd, Env: env, GPUIndices: d.GPUs, GPUUUIDs: uuids, HTTPPort: st.Spec.HTTPPort,
-		LogPath: filepath.Join(r.logDir, e.id+".log"), WeightsDir: r.cfg.WeightsDir,
+		LogPath: r.logPath(e.id), WeightsDir: r.cfg.WeightsDir,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
 	// Container images are pulled before the engine starts (vLLM's are
@@ -796,6 +809,10 @@ func (r *Runner) finish(e *engine) {
 		}
 	}
 	_ = shardstate.Remove(r.stateDir, shardstate.FileID(e.state))
+	// Its log goes with it: engine IDs change with every spec version, so
+	// kept logs would pile up with each rolling update.
+	_ = os.Remove(r.logPath(e.id))
+	_ = os.Remove(r.logPath(e.id) + ".1")
 	r.tracker.Forget(e.id)
 	r.mu.Lock()
 	delete(r.engines, e.id)

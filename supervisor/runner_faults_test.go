@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -266,5 +268,31 @@ func TestAdoptedEngineKeepsItsMemoryPerGPU(t *testing.T) {
 	s, ok := shardOf(r2)
 	if !ok || s.MemoryPerGPU != 20<<30 {
 		t.Fatalf("adopted shard reports %d bytes per GPU, want %d", s.MemoryPerGPU, 20<<30)
+	}
+}
+
+// An engine's log is capped while it runs (one generation kept) and
+// removed with the engine: logs are named per spec version, so kept ones
+// would pile up with every rolling update.
+func TestEngineLogIsCappedAndRemovedWithTheEngine(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *RunnerConfig) { c.MaxLogBytes, c.LogCheck = 1, 20*time.Millisecond })
+	defer r.Close()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	path, ok := r.LogPath("chat-0")
+	if !ok {
+		t.Fatal("no log path for a running engine")
+	}
+	waitUntil(t, 10*time.Second, "the log is capped into "+path+".1", func() (bool, string) {
+		st, err := os.Stat(path + ".1")
+		return err == nil && st.Size() > 0, fmt.Sprint(err)
+	})
+	r.Reconcile(context.Background(), nil)
+	waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+	for _, p := range []string{path, path + ".1"} {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s still there after its engine stopped (%v)", p, err)
+		}
 	}
 }
