@@ -68,8 +68,11 @@ type record struct {
 // child is an engine started by this Runtime value; its reaper goroutine
 // closes done after filling in the exit.
 type child struct {
-	pid      int
-	done     chan struct{}
+	pid  int
+	done chan struct{}
+	// reaped is closed once reap has written the exit into the record:
+	// Stop waits for it, so nothing touches the directory after Stop.
+	reaped   chan struct{}
 	exitCode int
 	exitedAt time.Time
 }
@@ -122,6 +125,16 @@ func New(dir string, opts ...Option) (*Runtime, error) {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	// Temp files of record writes a crash interrupted: the record itself
+	// is intact (atomicfile renames last), so they are noise. Under the
+	// directory lock: another runtime on this dir may be mid-write.
+	if unlock, err := r.lockDir(); err == nil {
+		tmps, _ := filepath.Glob(filepath.Join(dir, ".*.json.tmp-*"))
+		for _, t := range tmps {
+			_ = os.Remove(t)
+		}
+		unlock()
 	}
 	r.boot = bootID(r.proc)
 	return r, nil
@@ -181,11 +194,20 @@ func (r *Runtime) readRecord(id string) (record, error) {
 		return record{}, fmt.Errorf("process runtime: %w", err)
 	}
 	var rec record
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return record{}, fmt.Errorf("process runtime: record %s: %w", r.recordPath(id), err)
+	bad := json.Unmarshal(b, &rec)
+	if bad == nil && (rec.ID != id || rec.PID <= 0) {
+		bad = fmt.Errorf("id %q pid %d", rec.ID, rec.PID)
 	}
-	if rec.ID != id || rec.PID <= 0 {
-		return record{}, fmt.Errorf("process runtime: record %s: id %q pid %d", r.recordPath(id), rec.ID, rec.PID)
+	if bad != nil {
+		// A record that cannot be read would block its engine ID for
+		// good (every Start and Stop failing on it). Move it aside and
+		// treat the engine as unknown; what it ran, if anything, is an
+		// orphan for the agent to find by its labels or its port.
+		aside := r.recordPath(id) + ".corrupt"
+		if err := os.Rename(r.recordPath(id), aside); err != nil {
+			return record{}, fmt.Errorf("process runtime: record %s unusable (%v) and not moved aside: %w", r.recordPath(id), bad, err)
+		}
+		return record{}, fmt.Errorf("process runtime: engine %q: record unusable (%v), moved to %s: %w", id, bad, aside, runtime.ErrNotFound)
 	}
 	return rec, nil
 }
@@ -339,7 +361,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		_ = cmd.Wait()
 		return runtime.Engine{}, fmt.Errorf("process runtime: engine %q: write record: %w", spec.ID, err)
 	}
-	c := &child{pid: pid, done: make(chan struct{})}
+	c := &child{pid: pid, done: make(chan struct{}), reaped: make(chan struct{})}
 	r.children[spec.ID] = c
 	go r.reap(spec.ID, cmd, c)
 	return r.engine(rec), nil
@@ -362,6 +384,7 @@ func (r *Runtime) env(spec runtime.EngineSpec) []string {
 // reap waits for a child of this agent, so it does not linger as a zombie,
 // and records how it ended.
 func (r *Runtime) reap(id string, cmd *exec.Cmd, c *child) {
+	defer close(c.reaped) // after the unlocks below (defers run last first)
 	_ = cmd.Wait()
 	code := exitCode(cmd.ProcessState)
 	r.mu.Lock()
@@ -457,6 +480,18 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 			if !r.waitGone(context.Background(), rec, r.killTO) {
 				return fmt.Errorf("process runtime: engine %q (pgid %d) still has processes %s after SIGKILL", id, rec.PGID, r.killTO)
 			}
+		}
+	}
+
+	// If this runtime started the engine, its reaper records the exit;
+	// let it finish first, so the record is not written after Stop.
+	r.mu.Lock()
+	c, ok := r.children[id]
+	r.mu.Unlock()
+	if ok && c.pid == rec.PID {
+		select {
+		case <-c.reaped:
+		case <-time.After(r.killTO):
 		}
 	}
 

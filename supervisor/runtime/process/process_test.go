@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -410,4 +411,41 @@ func TestConformance(t *testing.T) {
 			return helperSpec(t, id, mode)
 		},
 	})
+}
+
+// A record that cannot be read is moved aside and its engine ID is free
+// again (it used to fail every Start and Stop of that ID for good); temp
+// files of interrupted record writes are cleared when a runtime opens the
+// directory.
+func TestCorruptRecordDoesNotBlockItsID(t *testing.T) {
+	dir := t.TempDir()
+	spec := helperSpec(t, "demo-0-v1", "sleep")
+	if err := os.WriteFile(filepath.Join(dir, spec.ID+".json"), []byte(`{"id": "demo-0-v1", "pid": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "."+spec.ID+".json.tmp-123")
+	if err := os.WriteFile(tmp, []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := newRuntime(t, dir)
+	stopAll(t, r)
+	if _, err := os.Stat(tmp); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("temp file of an interrupted write still there (%v)", err)
+	}
+	if _, err := r.Status(context.Background(), spec.ID); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("Status of a corrupt record = %v, want ErrNotFound", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, spec.ID+".json.corrupt")); err != nil {
+		t.Fatalf("corrupt record not kept aside: %v", err)
+	}
+	e, err := r.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start after a corrupt record: %v", err)
+	}
+	if err := r.Stop(context.Background(), spec.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(e.PID) {
+		t.Fatalf("pid %d still runs", e.PID)
+	}
 }
