@@ -13,7 +13,10 @@ import (
 	"path/filepath"
 )
 
-// Write replaces path with data, atomically and durably.
+// Write replaces path with data, atomically and durably. An error means the
+// old content is still in place, except when the last step, the directory
+// sync after the rename, fails: the new content is then in place but may
+// not survive a power cut.
 func Write(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")

@@ -129,8 +129,9 @@ func Path(dir, id string) (string, error) {
 }
 
 // Save writes s atomically as the state file of s.ShardID, stamping the
-// current FormatVersion. dir must exist. After an error the previous file,
-// if any, is intact.
+// current FormatVersion. dir must exist. After an error the file holds
+// either its previous content (or nothing, if there was none) or, when only
+// the final directory sync failed, the new content, not yet durable.
 //
 // The file is named after the engine (Spec.EngineID, "<shard>-<spec
 // version>") when it is set: during a rolling update the old and the new
