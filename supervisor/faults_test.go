@@ -39,7 +39,8 @@ func TestDriverFaultMarksSurviveAReadError(t *testing.T) {
 		return out
 	}
 	xid := host.DriverFault{Time: now.Add(-time.Minute), Message: "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus", Xid: 79, PCI: "0000:2a:00"}
-	reading = host.DriverFaults{Window: time.Hour, XidRecent: 1, XidTotal: 1, Newest: &xid, Faults: []host.DriverFault{xid}}
+	banner := host.DriverFault{Time: now.Add(-time.Second), Message: "NVRM: Persistence mode is deprecated and will be removed in a future release."}
+	reading = host.DriverFaults{Window: time.Hour, XidRecent: 1, XidTotal: 1, Newest: &banner, NewestXid: &xid, Faults: []host.DriverFault{xid, banner}}
 
 	gpus, probes := n.withFaults(context.Background(), fresh(), nil, gossip.ProbeSummary{})
 	if got := faulted(gpus); got[0] || !got[1] {

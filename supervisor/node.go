@@ -550,8 +550,8 @@ func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probe
 	gpus = host.MarkFaulted(gpus, f, n.cfg.Now())
 	probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
 	probes.LastDriverFault = ""
-	if f.Newest != nil {
-		probes.LastDriverFault = f.Newest.Message
+	if f.NewestXid != nil {
+		probes.LastDriverFault = f.NewestXid.Message
 	}
 	return gpus, probes
 }

@@ -51,8 +51,10 @@ type DriverFaults struct {
 	// XidTotal and XidRecent count the Xid lines among them.
 	XidTotal  int `json:"xid_total"`
 	XidRecent int `json:"xid_recent"`
-	// Newest is the latest dated line.
-	Newest *DriverFault `json:"newest,omitempty"`
+	// Newest is the latest dated line; NewestXid the latest dated Xid
+	// (the one to show beside an Xid count: Newest may be a banner).
+	Newest    *DriverFault `json:"newest,omitempty"`
+	NewestXid *DriverFault `json:"newest_xid,omitempty"`
 	// Faults are all matching lines in log order.
 	Faults []DriverFault `json:"faults,omitempty"`
 }
@@ -118,8 +120,10 @@ var (
 	dmesgRaw = regexp.MustCompile(`^\[\s*(\d+)\.(\d+)\] ?(.*)$`)
 	// journalctl -o short-iso: "2026-11-29T22:53:19+0000 host kernel: ...".
 	journalISO = regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:Z|[+-]\d\d:?\d\d)) \S+ kernel: ?(.*)$`)
-	// "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
-	xidLine = regexp.MustCompile(`Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)`)
+	// "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.",
+	// with MIG "Xid (PCI:0000:3b:00 GPU-I:05): 94, ..." (or GPU-I and
+	// GPU-CI), and from older drivers "Xid (0000:03:00): 14, ...".
+	xidLine = regexp.MustCompile(`Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)[^)]*\): (\d+)`)
 	// "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
 	gpuAddr = regexp.MustCompile(`GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])`)
 	// What `grep -iE 'nvrm|xid'` would keep.
@@ -155,6 +159,10 @@ func ParseDriverFaults(text string, now time.Time, window time.Duration, loc *ti
 		if !f.Time.IsZero() && (d.Newest == nil || !f.Time.Before(d.Newest.Time)) {
 			n := f
 			d.Newest = &n
+		}
+		if f.Xid != 0 && !f.Time.IsZero() && (d.NewestXid == nil || !f.Time.Before(d.NewestXid.Time)) {
+			n := f
+			d.NewestXid = &n
 		}
 	}
 	return d

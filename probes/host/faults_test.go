@@ -1,6 +1,7 @@
 package host
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -86,6 +87,30 @@ func TestParseDriverFaultsXid(t *testing.T) {
 	if !SamePCIDevice("0000:3b:00", "00000000:3B:00.0") || SamePCIDevice("0000:18:00", "0000:3b:00.0") ||
 		!SamePCIDevice("0000:3b:00.0", "0000:3b:00.0") || SamePCIDevice("", "0000:3b:00.0") {
 		t.Error("SamePCIDevice")
+	}
+}
+
+// Xid lines as MIG-enabled GPUs and older drivers print them are Xids too,
+// with their PCI address, and the newest Xid is told apart from the newest
+// line (which may be a harmless banner).
+func TestParseDriverFaultsXidForms(t *testing.T) {
+	now := time.Date(2026, 11, 29, 23, 15, 0, 0, time.UTC)
+	text := strings.Join([]string{
+		"[Sun Nov 29 23:10:00 2026] NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=1234, name=python, Contained ECC error.",
+		"[Sun Nov 29 23:11:00 2026] NVRM: Xid (PCI:0000:5c:00 GPU-I:01 GPU-CI:02): 95, pid=99, Uncontained ECC error.",
+		"[Sun Nov 29 23:12:00 2026] NVRM: Xid (0000:03:00): 14, Channel 00000001",
+		"[Sun Nov 29 23:13:00 2026] NVRM: Persistence mode is deprecated and will be removed in a future release.",
+	}, "\n")
+	d := ParseDriverFaults(text, now, 15*time.Minute, time.UTC, time.Time{})
+	var got []string
+	for _, f := range d.Faults {
+		got = append(got, fmt.Sprintf("%d@%s", f.Xid, f.PCI))
+	}
+	if want := []string{"94@0000:3b:00", "95@0000:5c:00", "14@0000:03:00", "0@"}; !slices.Equal(got, want) {
+		t.Errorf("xid@pci = %v, want %v", got, want)
+	}
+	if d.XidRecent != 3 || d.NewestXid == nil || d.NewestXid.Xid != 14 || d.Newest == nil || d.Newest.Xid != 0 {
+		t.Errorf("xid recent %d, newest xid %+v, newest %+v", d.XidRecent, d.NewestXid, d.Newest)
 	}
 }
 
