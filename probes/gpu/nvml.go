@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -176,7 +177,16 @@ func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (devi
 	if idx, ret := h.GetIndex(); ret == nvml.SUCCESS {
 		g.Index = idx
 	}
+	// A GPU lost after its handle was taken is kept, marked faulted, as
+	// when the handle itself reports it lost: it is there, and broken.
+	lost := func(what string, err error) (device, []GPUProcess, bool) {
+		warn("GPU %d: %s: %v", g.Index, what, err)
+		return device{gpu: placement.GPU{Index: g.Index, UUID: g.UUID, Name: g.Name, Faulted: true}}, nil, true
+	}
 	uuid, ret := h.GetUUID()
+	if ret == nvml.ERROR_GPU_IS_LOST {
+		return lost("UUID", ret)
+	}
 	if ret != nvml.SUCCESS {
 		warn("GPU %d left out: UUID: %v", i, ret)
 		return d, nil, false
@@ -189,6 +199,9 @@ func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (devi
 	}
 
 	total, used, err := n.memory(h)
+	if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+		return lost("memory", err)
+	}
 	if err != nil {
 		warn("GPU %d left out: %v", g.Index, err)
 		return d, nil, false

@@ -331,6 +331,27 @@ func TestNVMLLostGPU(t *testing.T) {
 	}
 }
 
+// A GPU lost after its handle was taken (UUID or memory queries answer
+// GPU_IS_LOST) is kept and marked faulted, not left out.
+func TestNVMLGPULostAfterHandle(t *testing.T) {
+	for _, where := range []string{"uuid", "memory"} {
+		h := newH200(t, symMemoryInfoV2)
+		switch where {
+		case "uuid":
+			h.dev.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+		case "memory":
+			h.dev.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) { return nvml.Memory_v2{}, nvml.ERROR_GPU_IS_LOST }
+		}
+		snap, err := NewNVML(h.lib).Discover(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.GPUs) != 1 || !snap.GPUs[0].Faulted {
+			t.Errorf("lost at %s: GPUs = %+v, want the GPU kept, faulted", where, snap.GPUs)
+		}
+	}
+}
+
 // No NVML library: an empty snapshot, no error, and nothing but Init is
 // ever called (every other Func of the mock is nil and would panic).
 func TestNVMLLibraryNotFound(t *testing.T) {
