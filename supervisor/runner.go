@@ -356,7 +356,10 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		r.wg.Add(1)
 		go r.watch(cctx, e, false)
 	}
-	r.notifyLocked()
+	// No notification: the caller reads Shards() right after this call,
+	// and Changes() wakes that same caller, so notifying here would make
+	// it reconcile again, forever (a busy loop on every idle node).
+	// Watchers notify when an engine's state really changes.
 }
 
 func (r *Runner) notifyLocked() {

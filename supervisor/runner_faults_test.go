@@ -296,3 +296,24 @@ func TestEngineLogIsCappedAndRemovedWithTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// Reconcile itself does not signal Changes(): the node's loop reconciles
+// on that signal, so a signal from every Reconcile made every idle node
+// spin (half a CPU each). Only real engine events signal.
+func TestReconcileDoesNotWakeItsCaller(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	defer r.Close()
+	select {
+	case <-r.Changes(): // whatever opening signalled
+	default:
+	}
+	for range 3 {
+		r.Reconcile(context.Background(), nil)
+	}
+	select {
+	case <-r.Changes():
+		t.Fatal("an idle Reconcile signalled Changes: the node loop would reconcile again at once, forever")
+	default:
+	}
+}

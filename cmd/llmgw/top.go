@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor"
 )
 
@@ -144,7 +145,9 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 			per[sh.Deployment] = m
 		}
 		l := sh.Load
-		if l.ScrapedAt.IsZero() || l.Error != "" {
+		// Only holders with a valid lease: a dead node's last record
+		// still carries its last reading, beside its replacement's.
+		if l.ScrapedAt.IsZero() || l.Error != "" || sh.Lease != placement.LeaseValid {
 			continue
 		}
 		m.running += l.Running
@@ -185,7 +188,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 	for _, sh := range shards {
 		l := sh.Load
 		run, wait, kv, gen := "-", "-", "-", "-"
-		if !l.ScrapedAt.IsZero() && l.Error == "" {
+		if !l.ScrapedAt.IsZero() && l.Error == "" && sh.Lease == placement.LeaseValid {
 			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
 			if l.RatesValid {
 				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
