@@ -57,6 +57,10 @@ type ShardRecord struct {
 	LastExit   *int      `json:"last_exit,omitempty"`
 	StartedAt  time.Time `json:"started_at,omitzero"`
 	Load       ShardLoad `json:"load,omitzero"`
+	// Error is why the last start failed (no such image, no engine
+	// binary), until a start succeeds: without it a shard in backoff says
+	// nothing about why.
+	Error string `json:"error,omitempty"`
 }
 
 // ProbeSummary is what the node's probes found worth telling the cluster.

@@ -213,6 +213,7 @@ type DeploymentInfo struct {
 func (n *Node) Deployments() []DeploymentInfo {
 	plan, view := n.Plan()
 	lease := leases(view)
+	members := n.cluster.Members()
 	var out []DeploymentInfo
 	for _, rec := range n.cluster.Deployments() {
 		if rec.Deleted || rec.Spec == nil {
@@ -248,6 +249,18 @@ func (n *Node) Deployments() []DeploymentInfo {
 		for _, u := range plan.Unplaced {
 			if u.Deployment == d.Name {
 				info.Why = append(info.Why, u.ShardID+": "+u.Reason)
+			}
+		}
+		// Placed but failing to start (a missing image or engine binary):
+		// the holder says why in its record.
+		for _, m := range members {
+			if m.Record == nil {
+				continue
+			}
+			for _, s := range m.Record.Shards {
+				if s.Deployment == d.Name && s.Error != "" {
+					info.Why = append(info.Why, fmt.Sprintf("%s on %s: start failed: %s", s.ShardID, m.Name, s.Error))
+				}
 			}
 		}
 		out = append(out, info)
@@ -535,6 +548,9 @@ func (n *Node) Shards() []ShardInfo {
 func fillHeld(si *ShardInfo, s gossip.ShardRecord) {
 	si.Status, si.URL, si.PID, si.Container = s.Status, s.URL, s.PID, s.Container
 	si.Restarts, si.LastExit, si.StartedAt, si.Load = s.Restarts, s.LastExit, s.StartedAt, s.Load
+	if s.Error != "" && si.Reason == "" {
+		si.Reason = "start failed: " + s.Error
+	}
 }
 
 func (n *Node) handleShards(w http.ResponseWriter, r *http.Request) {

@@ -139,6 +139,8 @@ type engine struct {
 	// portForeign: another process answers on the engine's port (logged
 	// once per episode; see ownsPort).
 	portForeign bool
+	// startErr is why the last start failed; cleared by a start that works.
+	startErr string
 	// orphan: found running with our labels but no state file. Without
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).
@@ -449,6 +451,9 @@ func (r *Runner) watch(ctx context.Context, e *engine, adopted bool) {
 					continue // no longer wanted: not a crash; the loop's top stops it
 				}
 				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
+				r.mu.Lock()
+				e.startErr = clipError(err.Error(), 300)
+				r.mu.Unlock()
 				retryAt = r.crashed(e, nil)
 			} else {
 				started = true
@@ -577,6 +582,7 @@ func (r *Runner) start(engineCtx context.Context, e *engine) error {
 	r.mu.Lock()
 	e.state = st
 	e.readySince = time.Time{}
+	e.startErr = ""
 	if e.status != StatusStopping {
 		e.status = StatusStarting
 	}
@@ -664,6 +670,14 @@ func (r *Runner) ownsPort(e *engine, pid int) bool {
 	e.portForeign = foreign
 	r.mu.Unlock()
 	return !foreign
+}
+
+// clipError keeps an error message short enough for a node record.
+func clipError(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // isPlanned reports whether the plan has given e its spec (see
@@ -843,7 +857,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, SpecVersion: st.Spec.SpecVersion,
 			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
 			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
-			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load,
+			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load, Error: e.startErr,
 		}
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -85,6 +86,10 @@ func TestStartFailuresStayFailing(t *testing.T) {
 		failingAt = s.Restarts
 		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
+	// The record says why, for `llmgw shards` and `models`.
+	if s, _ := shardOf(r); !strings.Contains(s.Error, "no-such-engine") {
+		t.Errorf("record error = %q, want the start failure naming the engine", s.Error)
+	}
 	// Many StableAfter periods later (each try is 40 ms apart), still failing.
 	waitUntil(t, 15*time.Second, "10 more failed starts, failing throughout", func() (bool, string) {
 		s, ok := shardOf(r)
