@@ -102,7 +102,7 @@ func (n *Node) checkToken(w http.ResponseWriter, r *http.Request) bool {
 	tok, ok := strings.CutPrefix(auth, "Bearer ")
 	if auth == "" || !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="llmgw"`)
-		writeError(w, http.StatusUnauthorized, "this call needs the cluster token: Authorization: Bearer <token> (llmgw reads it from --token-file or LLMGW_TOKEN)")
+		writeError(w, http.StatusUnauthorized, "this call needs the cluster token: Authorization: Bearer <token> (llmgw clients take it from --token, --token-file, LLMGW_TOKEN or LLMGW_TOKEN_FILE)")
 		return false
 	}
 	if n.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(n.cfg.Token)) != 1 {

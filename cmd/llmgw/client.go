@@ -20,8 +20,13 @@ func clientFlags() []cli.Flag {
 		&cli.StringFlag{Name: "addr", Value: "http://127.0.0.1:7070", Usage: "any node's API address", Sources: cli.EnvVars("LLMGW_ADDR")},
 		&cli.StringFlag{Name: "token", Usage: "cluster token for mutating calls", Sources: cli.EnvVars("LLMGW_TOKEN")},
 		&cli.StringFlag{Name: "token-file", Usage: "file holding the cluster token", Sources: cli.EnvVars("LLMGW_TOKEN_FILE")},
-		&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
 	}
+}
+
+// jsonClientFlags are clientFlags plus --json, for commands that print
+// something JSON can say (a log is text; logs has no --json).
+func jsonClientFlags() []cli.Flag {
+	return append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"})
 }
 
 type client struct {

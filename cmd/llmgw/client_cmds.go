@@ -22,7 +22,7 @@ func nodesCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "nodes",
 		Usage: "list the cluster's nodes as any node sees them",
-		Flags: clientFlags(),
+		Flags: jsonClientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			cl, err := newClient(c)
 			if err != nil {
@@ -96,7 +96,7 @@ func shortDuration(d time.Duration) string {
 }
 
 func placeCommand() *cli.Command {
-	flags := append(clientFlags(),
+	flags := append(jsonClientFlags(),
 		&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "read the deployment from a YAML or JSON file ('-' for stdin)"},
 		&cli.StringFlag{Name: "model", Usage: "model id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"},
 		&cli.StringFlag{Name: "engine", Usage: "engine profile: " + strings.Join(placement.EngineProfiles(), ", ") + " (default vllm)"},
@@ -195,7 +195,7 @@ func unplaceCommand() *cli.Command {
 		Name:      "unplace",
 		Usage:     "remove a deployment everywhere",
 		ArgsUsage: "NAME",
-		Flags:     clientFlags(),
+		Flags:     jsonClientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			if c.Args().Len() != 1 {
 				return usageError("NAME: want exactly one deployment name")
@@ -208,10 +208,14 @@ func unplaceCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if err := cl.do(ctx, "DELETE", "/v1/deployments/"+url.PathEscape(name), nil, "", nil); err != nil {
+			var out map[string]any
+			if err := cl.do(ctx, "DELETE", "/v1/deployments/"+url.PathEscape(name), nil, "", &out); err != nil {
 				return err
 			}
-			fmt.Fprintf(c.Root().Writer, "removed %s\n", c.Args().First())
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, out)
+			}
+			fmt.Fprintf(c.Root().Writer, "removed %s\n", name)
 			return nil
 		},
 	}
@@ -221,7 +225,7 @@ func modelsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "models",
 		Usage: "list deployments: how many replicas are placed and ready, where, and why not",
-		Flags: clientFlags(),
+		Flags: jsonClientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			cl, err := newClient(c)
 			if err != nil {
@@ -259,7 +263,7 @@ func shardsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "shards",
 		Usage: "list every shard: where it runs, its lease, engine status and restarts",
-		Flags: clientFlags(),
+		Flags: jsonClientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			cl, err := newClient(c)
 			if err != nil {

@@ -273,6 +273,15 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	if i, j := strings.Index(out, "chat-0 "), strings.Index(out, "chat-1 "); i < 0 || j < i {
 		t.Errorf("shards not in order:\n%s", out)
 	}
+	js, err := run(t, "top", "--once", "--json", "--addr", srv.URL)
+	var frame struct {
+		Cluster     supervisor.ClusterInfo      `json:"cluster"`
+		Deployments []supervisor.DeploymentInfo `json:"deployments"`
+		Shards      []supervisor.ShardInfo      `json:"shards"`
+	}
+	if err != nil || json.Unmarshal([]byte(js), &frame) != nil || len(frame.Shards) != 3 || len(frame.Cluster.Members) != 2 || len(frame.Deployments) != 2 {
+		t.Errorf("top --once --json: %v\n%s", err, js)
+	}
 	if _, err := run(t, "top", "--interval", "10ms", "--addr", srv.URL); err == nil || !strings.Contains(err.Error(), "--interval") {
 		t.Errorf("--interval 10ms: %v, want an error naming --interval", err)
 	}

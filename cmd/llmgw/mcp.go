@@ -38,7 +38,7 @@ func mcpCommand() *cli.Command {
 				return usageError(err.Error())
 			}
 			if cl.token == "" {
-				return usageError("the node's /mcp needs the cluster token: give --token-file (or LLMGW_TOKEN)")
+				return usageError("the node's /mcp needs the cluster token: give --token, --token-file, LLMGW_TOKEN or LLMGW_TOKEN_FILE")
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			err = mcpserver.Bridge(ctx, mcpserver.BridgeConfig{

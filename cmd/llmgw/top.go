@@ -21,7 +21,7 @@ func topCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "top",
 		Usage: "a live overview of the whole cluster from any node: nodes, models and shards with their load",
-		Flags: append(clientFlags(),
+		Flags: append(jsonClientFlags(),
 			&cli.DurationFlag{Name: "interval", Value: 2 * time.Second, Usage: "time between refreshes"},
 			&cli.BoolFlag{Name: "once", Usage: "print one frame and exit"},
 		),
@@ -35,17 +35,24 @@ func topCommand() *cli.Command {
 				return err
 			}
 			w := c.Root().Writer
+			draw := func(snap topSnapshot) error {
+				if c.Bool("json") {
+					// One object per frame (JSON lines when refreshed).
+					return printJSON(w, map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards})
+				}
+				renderTop(w, cl.base, snap, time.Now())
+				return nil
+			}
 			if c.Bool("once") {
 				snap, err := fetchTop(ctx, cl)
 				if err != nil {
 					return err
 				}
-				renderTop(w, cl.base, snap, time.Now())
-				return nil
+				return draw(snap)
 			}
 			// On a terminal each frame replaces the last; into a pipe or
 			// a file, frames follow one another.
-			clear := isTerminal(w)
+			clear := isTerminal(w) && !c.Bool("json")
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
@@ -55,14 +62,14 @@ func topCommand() *cli.Command {
 				}
 				if clear {
 					fmt.Fprint(w, "\x1b[H\x1b[2J")
-				} else {
+				} else if !c.Bool("json") {
 					fmt.Fprintln(w)
 				}
 				if err != nil {
 					// The node may be restarting: say so and keep asking.
-					fmt.Fprintf(w, "llmgw top: %v (retrying every %s)\n", err, interval)
-				} else {
-					renderTop(w, cl.base, snap, time.Now())
+					fmt.Fprintf(c.Root().ErrWriter, "llmgw top: %v (retrying every %s)\n", err, interval)
+				} else if err := draw(snap); err != nil {
+					return err
 				}
 				select {
 				case <-ctx.Done():

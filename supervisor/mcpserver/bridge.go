@@ -44,7 +44,7 @@ func Bridge(ctx context.Context, cfg BridgeConfig, t mcp.Transport) error {
 	if _, err := b.listTools(ctx, &mcp.ListToolsParams{}); err != nil {
 		hint := ""
 		if msg := err.Error(); strings.Contains(msg, "Unauthorized") || strings.Contains(msg, "Forbidden") {
-			hint = " (the node refused the cluster token: pass the cluster's token with --token-file or LLMGW_TOKEN)"
+			hint = " (the node refused the cluster token: pass the cluster's token with --token, --token-file, LLMGW_TOKEN or LLMGW_TOKEN_FILE)"
 		}
 		return fmt.Errorf("node MCP endpoint %s: %w%s", cfg.Endpoint, err, hint)
 	}
