@@ -15,6 +15,8 @@ build:
 # The scenarios assert failover budgets in wall-clock time, so they run on
 # their own after the other packages rather than beside them on a small box.
 test: build
+	@sock=$${LLMGW_TEST_CONTAINERD_SOCKET:-/run/containerd/containerd.sock}; [ -S "$$sock" ] || \
+		echo "note: no containerd socket at $$sock: the containerd integration tests will skip (start one with: eval \"\$$(.ci/containerd.sh start)\")"
 	$(GO) vet ./...
 	$(GO) test -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
 	$(GO) test -timeout 15m ./scenarios/

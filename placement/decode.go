@@ -25,6 +25,13 @@ func (e *UnknownFieldError) Error() string {
 	return fmt.Sprintf("unknown field %q; valid fields are %s", e.Field, strings.Join(e.Valid, ", "))
 }
 
+// DuplicateFieldError is a field given twice in one object.
+type DuplicateFieldError struct{ Field string }
+
+func (e *DuplicateFieldError) Error() string {
+	return fmt.Sprintf("%s: given more than once; give each field once", e.Field)
+}
+
 // deploymentField is one JSON field of Deployment: where it lives in the
 // struct and how to describe a good value when a bad one arrives.
 type deploymentField struct {
@@ -87,7 +94,7 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	// encoding/json keeps the last of two equal keys; a spec that says
 	// replicas twice is a mistake to point at, not to guess about.
 	if key, dup := duplicateKey(trimmed); dup {
-		return invalid(&FieldError{Field: key, Value: "given more than once", Want: "each field once"})
+		return invalid(&DuplicateFieldError{Field: key})
 	}
 	var raw map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(trimmed))

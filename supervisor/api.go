@@ -410,7 +410,15 @@ func (n *Node) handlePlace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
-	writeJSON(w, http.StatusOK, DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}})
+	info := DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
+	// Placing a spec that already runs (same version: only replicas or
+	// nothing changed) answers with what runs, not with zeros.
+	for _, d := range n.Deployments() {
+		if d.Name == spec.Name && d.SpecVersion == info.SpecVersion {
+			info.Placed, info.Ready, info.Nodes = min(d.Placed, spec.Replicas), min(d.Ready, spec.Replicas), d.Nodes
+		}
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (n *Node) handleUnplace(w http.ResponseWriter, r *http.Request) {

@@ -179,6 +179,11 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 		}
 		return strings.Count(p0, `"shard_id"`) == 2, p0
 	})
+	// Placing the same spec again answers with what runs, not with zeros.
+	var again DeploymentInfo
+	if code := call(t, "POST", api(nodes[2], "/v1/deployments"), testToken, spec, &again); code != 200 || again.Placed != 2 || again.Ready != 2 {
+		t.Fatalf("placing chat again: HTTP %d, placed %d ready %d; want 2 and 2", code, again.Placed, again.Ready)
+	}
 	// Each plan names the specs it was computed from, and says it is current.
 	var deps []DeploymentInfo
 	call(t, "GET", api(nodes[0], "/v1/deployments"), "", nil, &deps)

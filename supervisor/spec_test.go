@@ -16,7 +16,7 @@ func TestDecodeSpecRefusesWhatItWouldHalfApply(t *testing.T) {
 	}{
 		{"two YAML documents", "name: a\nmodel: m\n---\nname: b\nmodel: m\n", "application/yaml", "several YAML documents"},
 		{"a YAML key twice", "name: a\nmodel: m\nreplicas: 1\nreplicas: 2\n", "application/yaml", "replicas"},
-		{"a JSON key twice", `{"name":"a","model":"m","replicas":1,"replicas":2}`, "application/json", "replicas: invalid value \"given more than once\""},
+		{"a JSON key twice", `{"name":"a","model":"m","replicas":1,"replicas":2}`, "application/json", "replicas: given more than once"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeSpec([]byte(tc.body), tc.ctype)

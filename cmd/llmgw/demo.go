@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -71,7 +72,12 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 		return fmt.Errorf("--dir: %w", err)
 	}
 	if pids := demoPIDs(dir); len(pids) > 0 {
-		return failure(fmt.Sprintf("a demo cluster already runs from %s (pids %v); stop it with: make stop", dir, pids))
+		var list []string
+		for file, pid := range pids {
+			list = append(list, fmt.Sprintf("%s %d", strings.TrimSuffix(filepath.Base(file), ".pid"), pid))
+		}
+		sort.Strings(list)
+		return failure(fmt.Sprintf("a demo cluster already runs from %s (%s); stop it with: make stop", dir, strings.Join(list, ", ")))
 	}
 	tokenFile := filepath.Join(dir, "token")
 	if _, err := os.Stat(tokenFile); err != nil {
