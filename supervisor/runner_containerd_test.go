@@ -76,6 +76,7 @@ func TestRunnerOverContainerd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(r.Close)
 		r.Settle()
 		return r
 	}

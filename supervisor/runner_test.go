@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/load"
@@ -39,7 +40,8 @@ func TestMain(m *testing.M) {
 		err := fakeengine.Run(context.Background(), fakeengine.Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth})
 		os.Exit(fakeengine.ExitCode(err))
 	}
-	os.Exit(m.Run())
+	// Every test stops what it started: nodes, runners and their watchers.
+	goleak.VerifyTestMain(m)
 }
 
 type runnerEnv struct {
@@ -93,6 +95,7 @@ func (e *runnerEnv) openUnsettled(mutate func(*RunnerConfig)) *Runner {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.t.Cleanup(r.Close) // Close is idempotent; a test that forgets leaks no watcher
 	return r
 }
 

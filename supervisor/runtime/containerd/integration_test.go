@@ -43,6 +43,8 @@ import (
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/containerd/ctrtest"
 	"github.com/llmgw/llmgw/supervisor/runtime/runtimetest"
+
+	"go.uber.org/goleak"
 )
 
 const (
@@ -82,9 +84,11 @@ func fakeImageDir() string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	_ = os.RemoveAll(fakeImageDir())
-	os.Exit(code)
+	// The containerd client's connections close with the runtime.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		_ = os.RemoveAll(fakeImageDir())
+		os.Exit(code)
+	}))
 }
 
 // The image tar is built once per test binary; building it is the slow part.

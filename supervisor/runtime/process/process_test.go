@@ -17,6 +17,8 @@ import (
 
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/runtimetest"
+
+	"go.uber.org/goleak"
 )
 
 // The test binary doubles as the engine: with helperEnv set, TestMain runs
@@ -28,7 +30,8 @@ func TestMain(m *testing.M) {
 		helper(mode)
 		return
 	}
-	os.Exit(m.Run())
+	// Reapers end with their engines: every test stops what it started.
+	goleak.VerifyTestMain(m)
 }
 
 func helper(mode string) {
