@@ -7,7 +7,7 @@ DEMO    ?= $(CURDIR)/.demo
 # go-nvml's cgo bindings call functions the NVML header marks deprecated.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: build test bench run stop lint clean scenarios fuzz
+.PHONY: build test race bench run stop lint clean scenarios fuzz
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/llmgw
@@ -20,6 +20,11 @@ test: build
 	$(GO) vet ./...
 	$(GO) test -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
 	$(GO) test -timeout 15m ./scenarios/
+
+# The race detector over every package but the scenarios (whose nodes are
+# separate processes: build them with -race to check those, see README).
+race:
+	$(GO) test -race -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
 
 # Benchmarks: placement at scale, gossip propagation, runtime start-up and
 # the API under load. Benchmarks here are noisy: -count gives medians.
