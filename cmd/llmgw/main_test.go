@@ -286,3 +286,15 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		t.Errorf("--interval 10ms: %v, want an error naming --interval", err)
 	}
 }
+
+// A bad value that came from the environment says so: the flag it names
+// was never typed.
+func TestBadFlagFromTheEnvironmentNamesTheVariable(t *testing.T) {
+	t.Setenv("LLMGW_SIMULATE_GPUS", "lots")
+	if got := fromEnv("--simulate-gpus: bad"); got != "--simulate-gpus: bad (set by LLMGW_SIMULATE_GPUS)" {
+		t.Errorf("fromEnv = %q", got)
+	}
+	if got := fromEnv("--lease-ttl 0s: want at least 1s"); got != "--lease-ttl 0s: want at least 1s" {
+		t.Errorf("a flag not set by the environment: %q", got)
+	}
+}

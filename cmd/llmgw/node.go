@@ -165,10 +165,10 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg, err := nodeConfig(c, log)
 	if err != nil {
-		return usageError(err.Error())
+		return usageError(fromEnv(err.Error()))
 	}
 	if cfg.Token, err = loadToken(c.String("token-file"), cfg.DataDir, log); err != nil {
-		return usageError(err.Error())
+		return usageError(fromEnv(err.Error()))
 	}
 	runner, err := newRunner(ctx, c, cfg, log)
 	if err != nil {
@@ -303,6 +303,27 @@ func loadToken(file, dataDir string, log *slog.Logger) (string, error) {
 	}
 	log.Warn("no --token-file: generated a cluster token; every node of a cluster needs the same one", "path", p)
 	return tok, nil
+}
+
+// fromEnv adds where a bad flag's value came from when it was the
+// environment, not the command line: "--simulate-gpus: ..." names a flag
+// the user never typed if they set LLMGW_SIMULATE_GPUS.
+func fromEnv(msg string) string {
+	flag, _, _ := strings.Cut(strings.TrimPrefix(msg, "--"), " ")
+	flag = strings.TrimSuffix(flag, ":")
+	if !strings.HasPrefix(msg, "--") || flag == "" {
+		return msg
+	}
+	for _, a := range os.Args[1:] {
+		if a == "--"+flag || strings.HasPrefix(a, "--"+flag+"=") {
+			return msg
+		}
+	}
+	env := "LLMGW_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+	if os.Getenv(env) == "" {
+		return msg
+	}
+	return msg + " (set by " + env + ")"
 }
 
 func splitList(vals []string) []string {
