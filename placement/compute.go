@@ -170,16 +170,30 @@ func (g gang) plain() bool {
 // fail leaves a gang unplaced, except that a shard failing where it runs is
 // kept there after all: better a crashing engine than none.
 func (p *planner) fail(g gang, why string) {
-	if len(g.rep.drains) > 0 && g.rep.drains[0].held.SpecVersion != g.rep.dep.version {
-		why = fmt.Sprintf("new version %s: %s; version %s keeps serving meanwhile",
-			g.rep.dep.version, why, g.rep.drains[0].held.SpecVersion)
+	for _, h := range g.rep.drains {
+		if h.held.SpecVersion != g.rep.dep.version {
+			why = fmt.Sprintf("new version %s: %s; version %s keeps serving meanwhile",
+				g.rep.dep.version, why, h.held.SpecVersion)
+			break
+		}
+	}
+	if d := g.rep.dep; len(d.removed) > 0 {
+		// Replicas scaled away drain only while the ones asked for can be
+		// placed: when they hold the capacity a remaining replica needs,
+		// they go now (a moment with fewer copies beats never having the
+		// one asked for).
+		d.removed = nil
+		why += "; replicas scaled away are stopped to make room"
 	}
 	for _, s := range g.missing {
 		if s.failing.ok() {
 			s.kept = s.failing
-			// Kept where it is after all: not also a drain of itself
-			// (a copy on a faulted GPU is one).
-			g.rep.drains = slices.DeleteFunc(g.rep.drains, func(h holder) bool { return h.held == s.failing.held })
+			// Kept where it is after all: no copy of this shard at this
+			// version is also a drain (a copy on a faulted GPU is one, and
+			// so is a duplicate holder on another faulted GPU).
+			g.rep.drains = slices.DeleteFunc(g.rep.drains, func(h holder) bool {
+				return h.held.ShardID == s.id && h.held.SpecVersion == g.rep.dep.version
+			})
 			continue
 		}
 		s.reason = why

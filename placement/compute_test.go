@@ -844,3 +844,63 @@ func TestServingOldVersionDrainsEvenIfFlaggedFailing(t *testing.T) {
 		t.Fatalf("a-0 = %+v, want the serving old version draining on n1", find(p, "a-0"))
 	}
 }
+
+// Scaled-away replicas drain only while the replica asked for can be
+// placed: when they hold the only capacity it needs, they stop at once,
+// and it is placed the round after.
+func TestScaleDownReleasesCapacityTheRemainingReplicaNeeds(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	three, one := mkDep("a", replicas(3)), mkDep("a", replicas(1))
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", hgpus(1, h100, 80, false)),
+			mkNode("n2", hgpus(1, h100, 80, false)),
+			mkNode("n3", hgpus(1, h100, 80, false)),
+		},
+		Deployments: []Deployment{three},
+	}
+	view = heldFromPlan(view, Compute(view), LeaseValid)
+	for i := range view.Nodes {
+		if len(view.Nodes[i].Shards) > 0 && view.Nodes[i].Shards[0].ShardID == "a-0" {
+			view.Nodes[i].Alive = false
+			view.Nodes[i].Shards[0].Lease = LeaseLapsed
+		}
+	}
+	view.Deployments = []Deployment{one}
+	p := Compute(view)
+	if len(find(p, "a-1")) != 0 || len(find(p, "a-2")) != 0 {
+		t.Fatalf("removed replicas kept although a-0 has nowhere to go: %+v", p.Assignments)
+	}
+	u, ok := unplaced(p, "a-0")
+	if !ok || !strings.Contains(u.Reason, "stopped to make room") {
+		t.Fatalf("a-0 unplaced reason = %q, want it to say the removed replicas make room", u.Reason)
+	}
+	// Their nodes stop them; a-0 fits the round after.
+	for i := range view.Nodes {
+		if view.Nodes[i].Alive {
+			view.Nodes[i].Shards = nil
+		}
+	}
+	if got := find(Compute(view), "a-0"); len(got) != 1 {
+		t.Fatalf("a-0 not placed once the capacity is free: %+v", got)
+	}
+}
+
+// Two holders of one shard on faulted GPUs, nowhere else to go: one is
+// kept, and the other is not kept draining forever.
+func TestFaultedDuplicateDoesNotDrainForever(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	a := mkDep("a")
+	bad := func() []GPU { g := hgpus(1, h100, 80, false); g[0].Faulted = true; return g }
+	view := View{
+		Nodes: []Node{
+			mkNode("n1", bad(), holding(hold("a-0", version(a), LeaseValid, 1, 0))),
+			mkNode("n2", bad(), holding(hold("a-0", version(a), LeaseValid, 2, 0))),
+		},
+		Deployments: []Deployment{a},
+	}
+	got := find(Compute(view), "a-0")
+	if len(got) != 1 || got[0].Node != "n1" || got[0].Draining {
+		t.Fatalf("a-0 = %+v, want it kept once, on n1 (earliest claim)", got)
+	}
+}

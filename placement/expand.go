@@ -266,14 +266,19 @@ func allDigits(s string) bool {
 // kept draining, or neither (its supervisor then stops it).
 //
 // Kept: the current spec version on a live node with a valid or starting
-// lease, not failing; among duplicates the earliest claim wins. Stability
-// beats optimality: a kept shard stays even where placement would not put
-// it today (labels changed, foreign memory grew).
+// lease, not failing, on GPUs without recent faults; among duplicates the
+// earliest claim wins. Stability beats optimality: a kept shard stays even
+// where placement would not put it today (labels changed, foreign memory
+// grew).
 //
-// Draining: an older spec version, ready (valid lease), for a replica that
-// still exists, until every current-version shard of that replica is ready.
-// The test is per replica, not per shard, because a pipeline is only useful
-// whole.
+// Draining (serving, valid lease, until its replacement is ready):
+//   - an older spec version of a replica that still exists, until every
+//     current-version shard of that replica is ready (per replica, not per
+//     shard: a pipeline is only useful whole);
+//   - a current-version copy on a GPU with recent driver faults, likewise;
+//   - a shard of a replica the deployment no longer has (scaled down),
+//     until every remaining replica is ready, or at once if a remaining
+//     replica cannot be placed (see fail).
 func (p *planner) judgeHeld() {
 	for _, n := range p.nodes {
 		for i := range n.node.Shards {

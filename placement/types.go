@@ -121,8 +121,9 @@ type Assignment struct {
 	// Kept is true when the shard stays where a valid or starting lease
 	// already holds it.
 	Kept bool `json:"kept,omitempty"`
-	// Draining marks an old-version shard kept serving until its
-	// replacement is ready (surge, then drain).
+	// Draining marks a shard kept serving until what replaces it is ready
+	// (surge, then drain): an older spec version, a copy on a GPU with
+	// recent driver faults, or a replica scaled away.
 	Draining bool `json:"draining,omitempty"`
 }
 

@@ -234,7 +234,7 @@ func EngineID(shard, spec string) string { return shard + "-" + spec }
 func (r *Runner) adopt(ctx context.Context) error {
 	states, bad := shardstate.Load(r.stateDir)
 	for _, b := range bad {
-		r.log.Error("shard state file unusable; set aside", "err", b.Error())
+		r.log.Error("shard state file unusable", "err", b.Error()) // says whether it was moved aside
 	}
 	running, err := r.cfg.Runtime.List(ctx, r.cfg.Node)
 	if err != nil {

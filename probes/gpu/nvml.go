@@ -169,7 +169,8 @@ func (n *NVML) read(ctx context.Context) (Snapshot, error) {
 }
 
 // readDevice reads one device. ok is false when identity or memory could not
-// be read: a GPU without them cannot be placed on or told apart.
+// be read (a GPU without them cannot be placed on or told apart), except
+// for a GPU NVML reports lost: that one is kept, marked faulted.
 func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (device, []GPUProcess, bool) {
 	var d device
 	g := &d.gpu

@@ -95,7 +95,7 @@ type BadFile struct {
 	Path string
 	Err  error
 	// MovedTo is where the file was moved aside, empty if it was left in
-	// place (a newer format, or the move failed).
+	// place (unreadable this time, a newer format, or the move failed).
 	MovedTo string
 }
 
