@@ -65,6 +65,12 @@ func (f FS) Owner(port, root int) (pid int, found bool, err error) {
 	if len(inodes) == 0 {
 		return 0, false, ErrNoListener
 	}
+	// If root's descriptors cannot be seen (no such pid in our pid
+	// namespace, /proc mounted hidepid, a non-dumpable process), "not
+	// found" would mean "cannot tell", not "someone else's".
+	if _, err := os.ReadDir(filepath.Join(f.Root, strconv.Itoa(root), "fd")); err != nil {
+		return 0, false, fmt.Errorf("read the descriptors of pid %d: %w", root, err)
+	}
 	pid = f.holder(f.tree(root), inodes)
 	return pid, pid > 0, nil
 }

@@ -42,6 +42,15 @@ func TestOwnerRefusesAnotherProcess(t *testing.T) {
 	}
 }
 
+// A pid whose descriptors cannot be read is "cannot tell", an error, not
+// "someone else's".
+func TestOwnerCannotTellForAnInvisiblePid(t *testing.T) {
+	port := listen(t)
+	if _, found, err := Host().Owner(port, 1<<22+12345); err == nil || found {
+		t.Fatalf("Owner for a pid that does not exist: found=%v err=%v, want an error", found, err)
+	}
+}
+
 func TestOwnerSaysWhenNothingListens(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
