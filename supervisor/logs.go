@@ -66,9 +66,18 @@ func (r *Runner) logLoop() {
 		}
 		r.mu.Unlock()
 		for _, id := range ids {
-			if err := capLog(r.logPath(id), r.cfg.MaxLogBytes); err != nil {
-				r.log.Warn("cap engine log", "engine", id, "err", err)
+			// logMu orders this with finish removing the log: a cap must
+			// not recreate <log>.1 after the engine's logs are gone.
+			r.logMu.Lock()
+			r.mu.Lock()
+			_, live := r.engines[id]
+			r.mu.Unlock()
+			if live {
+				if err := capLog(r.logPath(id), r.cfg.MaxLogBytes); err != nil {
+					r.log.Warn("cap engine log", "engine", id, "err", err)
+				}
 			}
+			r.logMu.Unlock()
 		}
 	}
 }

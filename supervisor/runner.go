@@ -101,7 +101,10 @@ type Runner struct {
 
 	mu      sync.Mutex
 	engines map[string]*engine // by engine ID
-	ports   map[int]string
+	// logMu orders log capping with log removal (see logLoop, finish);
+	// taken before mu, never while holding it.
+	logMu sync.Mutex
+	ports map[int]string
 	// settled is false until the node has heard the cluster: until then a
 	// plan comes from a partial view, and acting on it would start
 	// duplicates or stop healthy engines.
@@ -826,11 +829,11 @@ func (r *Runner) finish(e *engine) {
 		}
 	}
 	_ = shardstate.Remove(r.stateDir, shardstate.FileID(e.state))
-	// Its log goes with it: engine IDs change with every spec version, so
-	// kept logs would pile up with each rolling update.
-	_ = os.Remove(r.logPath(e.id))
-	_ = os.Remove(r.logPath(e.id) + ".1")
 	r.tracker.Forget(e.id)
+	// Its log goes with it: engine IDs change with every spec version, so
+	// kept logs would pile up with each rolling update. Under logMu, and
+	// after the engine leaves r.engines, so a cap cannot bring .1 back.
+	r.logMu.Lock()
 	r.mu.Lock()
 	delete(r.engines, e.id)
 	for p, id := range r.ports {
@@ -840,6 +843,9 @@ func (r *Runner) finish(e *engine) {
 	}
 	r.notifyLocked()
 	r.mu.Unlock()
+	_ = os.Remove(r.logPath(e.id))
+	_ = os.Remove(r.logPath(e.id) + ".1")
+	r.logMu.Unlock()
 	r.log.Info("engine stopped", "shard", e.state.ShardID, "engine", e.id)
 }
 
