@@ -222,22 +222,31 @@ func (n *Node) Deployments() []DeploymentInfo {
 		d := rec.Spec.WithDefaults()
 		info := DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
 		replicas := map[string]bool{}
-		ready := map[string]int{}
+		serving := map[string]map[string]bool{} // replica → shards with a valid lease
 		nodes := map[string]bool{}
+		planned := map[string]bool{} // heldKey of every current-version assignment
 		for _, a := range plan.Assignments {
-			// Draining shards (an old spec, or replicas scaled away) serve
-			// until the current ones are ready; they are not what was asked.
-			if a.Deployment != d.Name || a.SpecVersion != info.SpecVersion || a.Draining {
+			if a.Deployment != d.Name || a.SpecVersion != info.SpecVersion {
 				continue
 			}
-			replicas[a.ReplicaID] = true
-			nodes[a.Node] = true
-			if lease[heldKey(a.Node, a.ShardID, a.SpecVersion)] == placement.LeaseValid {
-				ready[a.ReplicaID]++
+			k := heldKey(a.Node, a.ShardID, a.SpecVersion)
+			planned[k] = true
+			// Draining shards (replicas scaled away, a copy on a faulted
+			// GPU) are not what was asked for, so they are not "placed";
+			// but a copy on a faulted GPU still serves its replica.
+			if !a.Draining {
+				replicas[a.ReplicaID] = true
+				nodes[a.Node] = true
+			}
+			if lease[k] == placement.LeaseValid {
+				if serving[a.ReplicaID] == nil {
+					serving[a.ReplicaID] = map[string]bool{}
+				}
+				serving[a.ReplicaID][a.ShardID] = true
 			}
 		}
-		for _, c := range ready {
-			if c == d.PipelineParallel {
+		for r, shards := range serving {
+			if replicas[r] && len(shards) == d.PipelineParallel {
 				info.Ready++
 			}
 		}
@@ -252,13 +261,15 @@ func (n *Node) Deployments() []DeploymentInfo {
 			}
 		}
 		// Placed but failing to start (a missing image or engine binary):
-		// the holder says why in its record.
+		// the holder says why in its record. Only holders the plan still
+		// counts on: a dead node's last record, or an old version's, would
+		// keep an error that no longer holds.
 		for _, m := range members {
 			if m.Record == nil {
 				continue
 			}
 			for _, s := range m.Record.Shards {
-				if s.Deployment == d.Name && s.Error != "" {
+				if s.Deployment == d.Name && s.Error != "" && planned[heldKey(m.Name, s.ShardID, s.SpecVersion)] {
 					info.Why = append(info.Why, fmt.Sprintf("%s on %s: start failed: %s", s.ShardID, m.Name, s.Error))
 				}
 			}
