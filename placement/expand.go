@@ -237,10 +237,7 @@ func (p *planner) replicaOf(shardID string) *replicaState {
 	if s := p.shards[shardID]; s != nil {
 		return s.rep
 	}
-	replica := shardID
-	if i := strings.LastIndex(shardID, "-s"); i >= 0 && allDigits(shardID[i+2:]) {
-		replica = shardID[:i]
-	}
+	replica := replicaPart(shardID)
 	if s := p.shards[replica]; s != nil && s.rep.id == replica {
 		return s.rep
 	}
@@ -248,6 +245,15 @@ func (p *planner) replicaOf(shardID string) *replicaState {
 		return s.rep
 	}
 	return nil
+}
+
+// replicaPart is the replica ID of a shard ID: "<replica>-s<j>" or, with
+// one shard per replica, the ID itself.
+func replicaPart(shardID string) string {
+	if i := strings.LastIndex(shardID, "-s"); i >= 0 && allDigits(shardID[i+2:]) {
+		return shardID[:i]
+	}
+	return shardID
 }
 
 func allDigits(s string) bool {
@@ -393,10 +399,7 @@ func (p *planner) judgeRemoved(h holder) {
 	if !h.node.alive || hs.Lease != LeaseValid || hs.Failing {
 		return
 	}
-	replica := hs.ShardID
-	if i := strings.LastIndex(replica, "-s"); i >= 0 && allDigits(replica[i+2:]) {
-		replica = replica[:i]
-	}
+	replica := replicaPart(hs.ShardID)
 	i := strings.LastIndexByte(replica, '-')
 	if i <= 0 || !allDigits(replica[i+1:]) {
 		return

@@ -564,9 +564,16 @@ func (n *Node) Shards() []ShardInfo {
 	return out
 }
 
+// fillHeld copies what the holder reports; si.Lease is already judged.
 func fillHeld(si *ShardInfo, s gossip.ShardRecord) {
 	si.Status, si.URL, si.PID, si.Container = s.Status, s.URL, s.PID, s.Container
-	si.Restarts, si.LastExit, si.StartedAt, si.Load = s.Restarts, s.LastExit, s.StartedAt, s.Load
+	si.Restarts, si.LastExit, si.StartedAt = s.Restarts, s.LastExit, s.StartedAt
+	// Load only from a holder with a valid lease: a dead node's last
+	// record still carries its last reading, which every consumer (MCP
+	// load, the page, llmgw top) would otherwise add to its replacement's.
+	if si.Lease == placement.LeaseValid {
+		si.Load = s.Load
+	}
 	if s.Error != "" && si.Reason == "" {
 		si.Reason = "start failed: " + s.Error
 	}

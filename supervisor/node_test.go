@@ -103,6 +103,18 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() (boo
 	t.Fatalf("%s: not true within %v; last: %s", what, within, last)
 }
 
+// staysTrue asserts that cond holds at every poll for the whole window:
+// how a test shows that something does not happen (no restart, no
+// readiness). The window is an observation, not a wait for an event.
+func staysTrue(t *testing.T, window time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if ok, detail := cond(); !ok {
+			t.Fatalf("%s: broken: %s", what, detail)
+		}
+	}
+}
+
 func call(t *testing.T, method, url, token string, body []byte, out any) int {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, bytes.NewReader(body))

@@ -195,12 +195,10 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 		return ok && s.Restarts == 1 && s.Status == StatusBackoff, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
 	// Fifty backoffs' worth of polls: no restart without a plan.
-	for end := time.Now().Add(time.Second); time.Now().Before(end); {
-		if s, _ := shardOf(r2); s.Status != StatusBackoff || s.Restarts != 1 {
-			t.Fatalf("an adopted engine was restarted before the plan gave its spec: %+v", s)
-		}
-		time.Sleep(20 * time.Millisecond) // the observation window's poll, not a wait for an event
-	}
+	staysTrue(t, time.Second, "no restart of an adopted engine before the plan gives its spec", func() (bool, string) {
+		s, _ := shardOf(r2)
+		return s.Status == StatusBackoff && s.Restarts == 1, fmt.Sprintf("%s restarts=%d", s.Status, s.Restarts)
+	})
 	r2.Settle()
 	r2.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r2, "restarted from the plan", func([]string) bool { return readyPID(r2, "chat-0") > 0 })
@@ -243,12 +241,10 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
 	})
-	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
-		if s, _ := shardOf(r); s.Ready {
-			t.Fatal("ready although another process owns the port")
-		}
-		time.Sleep(20 * time.Millisecond) // the observation window's poll, not a wait for an event
-	}
+	staysTrue(t, 500*time.Millisecond, "not ready while another process owns the port", func() (bool, string) {
+		s, _ := shardOf(r)
+		return !s.Ready, s.Status
+	})
 	foreign.Store(false)
 	waitShard(t, r, "ready once the engine owns its port", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 }

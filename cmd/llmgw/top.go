@@ -13,7 +13,6 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor"
 )
 
@@ -151,10 +150,8 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 			m = &sum{}
 			per[sh.Deployment] = m
 		}
-		l := sh.Load
-		// Only holders with a valid lease: a dead node's last record
-		// still carries its last reading, beside its replacement's.
-		if l.ScrapedAt.IsZero() || l.Error != "" || sh.Lease != placement.LeaseValid {
+		l := sh.Load // the API gives load only for holders with a valid lease
+		if l.ScrapedAt.IsZero() || l.Error != "" {
 			continue
 		}
 		m.running += l.Running
@@ -195,7 +192,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 	for _, sh := range shards {
 		l := sh.Load
 		run, wait, kv, gen := "-", "-", "-", "-"
-		if !l.ScrapedAt.IsZero() && l.Error == "" && sh.Lease == placement.LeaseValid {
+		if !l.ScrapedAt.IsZero() && l.Error == "" {
 			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
 			if l.RatesValid {
 				gen = fmt.Sprintf("%.0f", l.GenerationTPS)

@@ -355,11 +355,6 @@ func (s *Server) load(_ context.Context, in loadIn) (any, error) {
 			r.AgeSeconds = &age
 		}
 		out.Shards = append(out.Shards, r)
-		if sh.Lease != placement.LeaseValid {
-			// A lapsed holder's last reading (a dead node's record) would
-			// count its load twice beside its replacement's.
-			continue
-		}
 		t := out.ByDeployment[sh.Deployment]
 		t.Running += sh.Load.Running
 		t.Waiting += sh.Load.Waiting

@@ -191,9 +191,6 @@ func build(n *supervisor.Node, now time.Time) data {
 	for _, s := range n.Shards() {
 		r := shardRow{ID: s.ShardID, Deployment: s.Deployment, Node: s.Node, Status: s.Status, Lease: string(s.Lease),
 			Restarts: s.Restarts, Reason: s.Reason, Load: loadText(s.Load, s.Status)}
-		if s.Lease == placement.LeaseLapsed && s.Node != "" {
-			r.Load = "stale (lease lapsed)"
-		}
 		if len(s.GPUs) > 0 {
 			r.GPUs = strings.Trim(fmt.Sprint(s.GPUs), "[]")
 		}
