@@ -28,8 +28,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/llmgw/llmgw/internal/atomicfile"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor/atomicfile"
 )
 
 // Config configures one node's gossip.

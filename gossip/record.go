@@ -34,6 +34,27 @@ type ShardLoad struct {
 	Error         string    `json:"error,omitempty"`
 }
 
+// ShardStatus is what a shard's engine is doing on its holder.
+type ShardStatus string
+
+// The statuses a holder reports in its record.
+const (
+	ShardStarting ShardStatus = "starting"
+	ShardReady    ShardStatus = "ready"
+	ShardCrashed  ShardStatus = "crashed"
+	ShardBackoff  ShardStatus = "backoff"
+	ShardStopping ShardStatus = "stopping"
+)
+
+// The statuses the read model gives shards that no holder reports. They
+// never travel in a record.
+const (
+	// ShardPending: planned on a node that does not hold it yet.
+	ShardPending ShardStatus = "pending"
+	// ShardUnplaced: placement found no room for it.
+	ShardUnplaced ShardStatus = "unplaced"
+)
+
 // ShardRecord is one shard a node holds, as that node reports it.
 type ShardRecord struct {
 	ShardID      string `json:"shard_id"`
@@ -42,9 +63,8 @@ type ShardRecord struct {
 	SpecVersion  string `json:"spec_version"`
 	GPUs         []int  `json:"gpus"`
 	MemoryPerGPU uint64 `json:"memory_per_gpu_bytes,omitempty"`
-	// Status is the engine's state on its node: starting, ready, crashed,
-	// backoff or stopping.
-	Status string `json:"status"`
+	// Status is the engine's state on its node.
+	Status ShardStatus `json:"status"`
 	// Ready is set only while the engine answers /health and lists its
 	// model; a record renewal then renews the shard's lease.
 	Ready      bool      `json:"ready"`

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // clusterCfg is what the cluster command fixed for every node it starts.
@@ -97,54 +97,6 @@ func (n *node) pid() int {
 	return n.cmd.Process.Pid
 }
 
-// freePort finds a port free for both TCP and UDP on loopback (memberlist
-// uses both on the same number). It picks below the kernel's ephemeral
-// range: a port the kernel handed out and took back (":0") is soon handed to
-// some outgoing connection of the nodes themselves, which then holds it
-// when the node binds.
-func freePort() (int, error) {
-	lo := ephemeralLow()
-	for range 200 {
-		port := 10000 + mrand.IntN(max(lo-10000, 1000))
-		if portsInUse[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			portsInUse[port] = true
-			return port, nil
-		}
-	}
-	return 0, errors.New("no free port on 127.0.0.1")
-}
-
-// portsInUse are ports this process handed out already (runs in one
-// process are sequential; nodes of an earlier run may linger in TIME_WAIT).
-var portsInUse = map[int]bool{}
-
-// ephemeralLow is the bottom of the kernel's ephemeral port range.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	v, err := strconv.Atoi(f[0])
-	if err != nil || v < 11000 {
-		return 32768
-	}
-	return v
-}
-
 func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 	if _, ok := r.byName[name]; ok {
 		return nil, usagef("node %s exists already", name)
@@ -152,11 +104,11 @@ func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 	if !keyRE.MatchString(name) {
 		return nil, usagef("node name %q: want lower-case letters, digits and '-'", name)
 	}
-	gp, err := freePort()
+	gp, err := r.opts.Ports.Next()
 	if err != nil {
 		return nil, err
 	}
-	ap, err := freePort()
+	ap, err := r.opts.Ports.Next()
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +222,7 @@ func (r *runner) waitHealthy(ctx context.Context, n *node, within time.Duration)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: API did not answer within %v", n.name, within)
 		}
-		if !sleepCtx(ctx, 25*time.Millisecond) {
+		if !clock.Sleep(ctx, 25*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -503,15 +455,4 @@ func (r *runner) observers(only []*node) []*node {
 		}
 	}
 	return out
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/sockets"
 )
 
@@ -36,7 +37,7 @@ func (r *runner) poll(within time.Duration, c func() (bool, string)) (bool, stri
 		if time.Now().After(deadline) || r.ctx.Err() != nil {
 			return false, last
 		}
-		sleepCtx(r.ctx, r.pollEvery)
+		clock.Sleep(r.ctx, r.pollEvery)
 	}
 }
 

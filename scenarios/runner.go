@@ -161,6 +161,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/probes/sockets"
 )
 
@@ -176,6 +177,10 @@ type Options struct {
 	Rewrite bool
 	// Out, when set, receives progress: each command with its timing.
 	Out io.Writer
+	// Ports hands out the nodes' ports. Share one between the runs of a
+	// process: ports of an earlier run's nodes may linger in TIME_WAIT.
+	// Nil: a picker of this run's own.
+	Ports *freeport.Picker
 }
 
 // Result is how one scenario went.
@@ -302,6 +307,9 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	}
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return res, err
+	}
+	if opts.Ports == nil {
+		opts.Ports = freeport.New()
 	}
 	r := &runner{
 		ctx: ctx, opts: opts, work: work, res: &res,

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/freeport"
 )
 
 var (
@@ -46,11 +48,12 @@ func TestScenarios(t *testing.T) {
 		t.Skip("no scenario selected")
 	}
 	bin := binary(t)
+	ports := freeport.New()
 	var results []Result
 	for _, f := range selected {
 		name := strings.TrimSuffix(filepath.Base(f), ".txt")
 		t.Run(name, func(t *testing.T) {
-			res, err := Run(t.Context(), Options{Binary: bin, WorkDir: *keepDir, Rewrite: *rewrite, Out: logWriter{t}}, f)
+			res, err := Run(t.Context(), Options{Binary: bin, WorkDir: *keepDir, Rewrite: *rewrite, Out: logWriter{t}, Ports: ports}, f)
 			results = append(results, res)
 			if res.Skipped {
 				t.Skip(res.Why)

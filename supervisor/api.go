@@ -498,7 +498,7 @@ type ShardInfo struct {
 	Node        string               `json:"node,omitempty"`
 	GPUs        []int                `json:"gpus"`
 	Lease       placement.LeaseState `json:"lease"`
-	Status      string               `json:"status"`
+	Status      gossip.ShardStatus   `json:"status"`
 	Draining    bool                 `json:"draining,omitempty"`
 	URL         string               `json:"url,omitempty"`
 	PID         int                  `json:"pid,omitempty"`
@@ -531,7 +531,7 @@ func (n *Node) Shards() []ShardInfo {
 	for _, a := range plan.Assignments {
 		k := heldKey(a.Node, a.ShardID, a.SpecVersion)
 		si := ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
-			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: "pending", Lease: lease[k]}
+			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: gossip.ShardPending, Lease: lease[k]}
 		if h, ok := held[k]; ok {
 			fillHeld(&si, h.rec)
 			delete(held, k)
@@ -550,7 +550,7 @@ func (n *Node) Shards() []ShardInfo {
 		out = append(out, si)
 	}
 	for _, u := range plan.Unplaced {
-		out = append(out, ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment, GPUs: []int{}, Status: "unplaced", Lease: placement.LeaseLapsed, Reason: u.Reason})
+		out = append(out, ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment, GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: placement.LeaseLapsed, Reason: u.Reason})
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].ShardID != out[j].ShardID {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/supervisor/engine"
 )
 
 func TestTailOffset(t *testing.T) {
@@ -59,14 +61,14 @@ func TestTailOffsetStopsAtTheLimit(t *testing.T) {
 
 // logEngines holds one shard with a log file, for the logs API.
 type logEngines struct {
-	*ClaimEngines
+	*engine.ClaimOnly
 	path string
 }
 
 func (l *logEngines) LogPath(shard string) (string, bool) { return l.path, shard == "x-0" }
 
 func (l *logEngines) Shards() []gossip.ShardRecord {
-	return []gossip.ShardRecord{{ShardID: "x-0", ReplicaID: "x-0", Deployment: "x", Status: StatusReady}}
+	return []gossip.ShardRecord{{ShardID: "x-0", ReplicaID: "x-0", Deployment: "x", Status: gossip.ShardReady}}
 }
 
 func TestLogsAreServedByAnyNode(t *testing.T) {
@@ -74,11 +76,11 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "x.log")
 	os.WriteFile(logPath, []byte("one\ntwo\nthree\n"), 0o600)
 	cfg := h.config("a")
-	cfg.Engines = &logEngines{ClaimEngines: NewClaimEngines(time.Now), path: logPath}
+	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(time.Now), path: logPath}
 	h.cfgs["a"] = cfg
 	a := h.start("a")
 	b := h.start("b", h.gossipAddr("a"))
-	waitUntil(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
 		node, _ := b.holderOf("x-0")
 		return node == "a", node
 	})
@@ -123,35 +125,5 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	buf := make([]byte, 5)
 	if _, err := io.ReadFull(fresp.Body, buf); err != nil || string(buf) != "four\n" {
 		t.Fatalf("follow: %q %v", buf, err)
-	}
-}
-
-// capLog keeps one generation and empties the log in place; a writer that
-// holds the file open with O_APPEND (our runtimes' engines, containerd's
-// shim) goes on writing at its new start.
-func TestCapLogCopiesAndEmptiesInPlace(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "e.log")
-	w, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	old := strings.Repeat("old line\n", 100)
-	w.WriteString(old)
-	if err := capLog(p, 10000); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(p + ".1"); !os.IsNotExist(err) {
-		t.Fatalf("a log under the limit was rotated (%v)", err)
-	}
-	if err := capLog(p, 100); err != nil {
-		t.Fatal(err)
-	}
-	w.WriteString("new line\n")
-	if b, _ := os.ReadFile(p + ".1"); string(b) != old {
-		t.Fatalf("generation .1 holds %d bytes, want the %d before the cap", len(b), len(old))
-	}
-	if b, _ := os.ReadFile(p); string(b) != "new line\n" {
-		t.Fatalf("log after the cap = %q, want only the new line", b)
 	}
 }

@@ -25,10 +25,12 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
-	"github.com/llmgw/llmgw/supervisor/atomicfile"
+	"github.com/llmgw/llmgw/supervisor/engine"
 )
 
 // Config is everything `llmgw node up` decides.
@@ -62,8 +64,8 @@ type Config struct {
 	// faults), and the counts travel in the node's record.
 	DriverFaults func(ctx context.Context) (host.DriverFaults, error)
 	LeaseTTL     time.Duration
-	// Engines runs shards; nil claims shards without running anything.
-	Engines Engines
+	// Runner runs shards; nil claims shards without running anything.
+	Runner Runner
 	// RuntimeName is advertised in the node's record ("none" when nil).
 	RuntimeName string
 	// AllowFrom, when non-empty, limits every HTTP request to these
@@ -83,7 +85,7 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	cluster *gossip.Cluster
-	engines Engines
+	runner  Runner
 	api     *http.Server
 	apiLn   net.Listener
 	started time.Time
@@ -140,9 +142,9 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{}), kick: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
-	n.engines = cfg.Engines
-	if n.engines == nil {
-		n.engines = NewClaimEngines(cfg.Now)
+	n.runner = cfg.Runner
+	if n.runner == nil {
+		n.runner = engine.NewClaimOnly(cfg.Now)
 	}
 	if cfg.GPUs == nil {
 		return nil, errors.New("supervisor: no GPU probe configured")
@@ -189,7 +191,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		AgentVersion: cfg.Version,
 		StartedAt:    n.started,
 		Probes:       probes,
-		Shards:       n.engines.Shards(),
+		Shards:       n.runner.Shards(),
 		Runtime:      cfg.RuntimeName,
 	}
 	if initial.Runtime == "" {
@@ -298,11 +300,11 @@ func (n *Node) stop(leave func() error) error {
 		defer cancel()
 		_ = n.api.Shutdown(ctx)
 		n.serveWG.Wait()
-		if c, ok := n.engines.(interface{ Close() }); ok {
+		if c, ok := n.runner.(closer); ok {
 			c.Close()
 		}
 		err = leave()
-		if c, ok := n.cfg.GPUs.(interface{ Close() error }); ok {
+		if c, ok := n.cfg.GPUs.(gpuCloser); ok {
 			_ = c.Close()
 		}
 		close(n.closed)
@@ -337,7 +339,7 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
 			warned = true
 		}
-		if !sleepCtx(ctx, backoff) {
+		if !clock.Sleep(ctx, backoff) {
 			return
 		}
 		backoff = min(backoff*2, 30*time.Second)
@@ -388,7 +390,7 @@ const settleTimeout = 10 * time.Second
 // know the other nodes), and a plan from a partial view would start
 // duplicates of shards that run elsewhere.
 func (n *Node) settle(why string) {
-	if s, ok := n.engines.(interface{ Settle() }); ok {
+	if s, ok := n.runner.(settler); ok {
 		if n.settled.CompareAndSwap(false, true) {
 			n.log.Info("engines may now follow the plan", "why", why)
 			s.Settle()
@@ -429,7 +431,7 @@ func (n *Node) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-n.cluster.Changes():
-		case <-n.engines.Changes():
+		case <-n.runner.Changes():
 		case <-n.kick:
 		case <-tick.C:
 		case <-renew.C:
@@ -446,14 +448,14 @@ func (n *Node) reconcile(ctx context.Context) {
 	for _, d := range view.Deployments {
 		specs[d.Name] = d.WithDefaults()
 	}
-	var mine []Desired
+	var mine []engine.Desired
 	for _, a := range plan.Assignments {
 		if a.Node == n.cfg.Name {
-			mine = append(mine, Desired{Assignment: a, Spec: specs[a.Deployment]})
+			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment]})
 		}
 	}
-	n.engines.Reconcile(ctx, mine)
-	shards := n.engines.Shards()
+	n.runner.Reconcile(ctx, mine)
+	shards := n.runner.Shards()
 	if n.shardsChanged(shards) {
 		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
 	}
@@ -565,7 +567,7 @@ func (n *Node) GPUSnapshot() gpu.Snapshot {
 
 func (n *Node) foreignAdjusted(s gpu.Snapshot) []placement.GPU {
 	own := map[int]bool{}
-	for _, p := range n.engines.OwnPIDs() {
+	for _, p := range n.runner.OwnPIDs() {
 		own[p] = true
 	}
 	return gpu.ForeignMemory(s, own)
@@ -673,17 +675,6 @@ func dedupe(peers []string, self string) []string {
 		}
 	}
 	return out
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // NewToken returns a random cluster token.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/freeport"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 )
@@ -32,25 +33,15 @@ func newHarness(t *testing.T) *harness {
 	return &harness{t: t, nodes: map[string]*Node{}, cfgs: map[string]Config{}}
 }
 
-// freePort finds a port free for both TCP and UDP on loopback, so a node
+// freePort finds a loopback port free for both TCP and UDP, so a node
 // can be restarted at the same gossip address.
 func freePort(t *testing.T) int {
 	t.Helper()
-	for i := 0; i < 20; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port")
-	return 0
+	return port
 }
 
 func (h *harness) config(name string, join ...string) Config {
@@ -87,32 +78,6 @@ func (h *harness) start(name string, join ...string) *Node {
 
 func (h *harness) gossipAddr(name string) string {
 	return fmt.Sprintf("127.0.0.1:%d", h.cfgs[name].BindPort)
-}
-
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true within %v; last: %s", what, within, last)
-}
-
-// staysTrue asserts that cond holds at every poll for the whole window:
-// how a test shows that something does not happen (no restart, no
-// readiness). The window is an observation, not a wait for an event.
-func staysTrue(t *testing.T, window time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if ok, detail := cond(); !ok {
-			t.Fatalf("%s: broken: %s", what, detail)
-		}
-	}
 }
 
 func call(t *testing.T, method, url, token string, body []byte, out any) int {
@@ -154,7 +119,7 @@ func threeNodes(t *testing.T) (*harness, []*Node) {
 	a := h.start("a")
 	nodes := []*Node{a, b, c}
 	for _, n := range nodes {
-		waitUntil(t, 15*time.Second, n.Name()+" sees 3 alive members", func() (bool, string) {
+		testwait.Until(t, 15*time.Second, n.Name()+" sees 3 alive members", func() (bool, string) {
 			var ci ClusterInfo
 			call(t, "GET", api(n, "/v1/cluster"), "", nil, &ci)
 			alive := 0
@@ -176,13 +141,13 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 		t.Fatalf("place: HTTP %d", code)
 	}
 	for _, n := range nodes {
-		waitUntil(t, 5*time.Second, n.Name()+" knows chat with 2 ready replicas", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.Name()+" knows chat with 2 ready replicas", func() (bool, string) {
 			var deps []DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			return len(deps) == 1 && deps[0].Name == "chat" && deps[0].Ready == 2 && len(deps[0].Nodes) == 2, fmt.Sprintf("%+v", deps)
 		})
 	}
-	waitUntil(t, 5*time.Second, "every node's /v1/plan is identical", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "every node's /v1/plan is identical", func() (bool, string) {
 		p0 := planJSON(t, nodes[0])
 		for _, n := range nodes[1:] {
 			if p := planJSON(t, n); p != p0 {
@@ -200,7 +165,7 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 	var deps []DeploymentInfo
 	call(t, "GET", api(nodes[0], "/v1/deployments"), "", nil, &deps)
 	for _, n := range nodes {
-		waitUntil(t, 5*time.Second, n.Name()+"'s plan is current and computed from chat", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.Name()+"'s plan is current and computed from chat", func() (bool, string) {
 			var p PlanInfo
 			call(t, "GET", api(n, "/v1/plan"), "", nil, &p)
 			return p.Current && len(p.Deployments) == 1 && p.Deployments["chat"] == deps[0].SpecVersion, fmt.Sprintf("current=%v deployments=%v", p.Current, p.Deployments)
@@ -294,7 +259,7 @@ func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
 	spec := []byte(`{"name":"big","model":"m","engine":"fake","replicas":2,"tensor_parallel":4}`)
 	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, spec, nil)
 	var victim string
-	waitUntil(t, 5*time.Second, "both replicas placed", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "both replicas placed", func() (bool, string) {
 		p, _ := nodes[0].Plan()
 		if len(p.Assignments) != 2 {
 			return false, fmt.Sprint(p)
@@ -312,7 +277,7 @@ func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
 	}
 	bound := nodes[0].cfg.Profile.DetectionBound(3) + nodes[0].cfg.LeaseTTL
 	for _, n := range survivors {
-		waitUntil(t, bound+2*time.Second, n.Name()+" re-places the dead node's shard", func() (bool, string) {
+		testwait.Until(t, bound+2*time.Second, n.Name()+" re-places the dead node's shard", func() (bool, string) {
 			p, _ := n.Plan()
 			nodesUsed := map[string]bool{}
 			for _, a := range p.Assignments {
@@ -326,7 +291,7 @@ func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
 func TestUnplaceRemovesShardsEverywhere(t *testing.T) {
 	_, nodes := threeNodes(t)
 	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, []byte(`{"name":"chat","model":"m","replicas":3}`), nil)
-	waitUntil(t, 5*time.Second, "3 shards held", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "3 shards held", func() (bool, string) {
 		held := 0
 		for _, n := range nodes {
 			held += len(n.Cluster().Local().Shards)
@@ -340,7 +305,7 @@ func TestUnplaceRemovesShardsEverywhere(t *testing.T) {
 		t.Fatalf("second unplace: HTTP %d, want 404", code)
 	}
 	for _, n := range nodes {
-		waitUntil(t, 5*time.Second, n.Name()+" holds nothing and shows nothing", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.Name()+" holds nothing and shows nothing", func() (bool, string) {
 			var shards []ShardInfo
 			call(t, "GET", api(n, "/v1/shards"), "", nil, &shards)
 			return len(n.Cluster().Local().Shards) == 0 && len(shards) == 0, fmt.Sprint(shards)
@@ -353,7 +318,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, []byte(`{"name":"one","model":"m"}`), nil)
 	call(t, "POST", api(nodes[1], "/v1/deployments"), testToken, []byte(`{"name":"two","model":"m"}`), nil)
 	call(t, "POST", api(nodes[1], "/v1/deployments"), testToken, []byte(`{"name":"gone","model":"m"}`), nil)
-	waitUntil(t, 5*time.Second, "c learns gone", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "c learns gone", func() (bool, string) {
 		_, ok := nodes[2].Cluster().Deployment("gone")
 		return ok, ""
 	})
@@ -361,7 +326,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 		t.Fatalf("unplace gone: HTTP %d", code)
 	}
 	for _, n := range nodes {
-		waitUntil(t, 5*time.Second, n.Name()+" knows both", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.Name()+" knows both", func() (bool, string) {
 			var deps []DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			return len(deps) == 2, fmt.Sprint(len(deps))
@@ -369,7 +334,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	}
 	// Every node remembers its peers in its data dir...
 	for _, n := range nodes {
-		waitUntil(t, 5*time.Second, n.Name()+" remembers 2 peers", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.Name()+" remembers 2 peers", func() (bool, string) {
 			b, _ := os.ReadFile(filepath.Join(n.cfg.DataDir, "node.json"))
 			var id identity
 			_ = json.Unmarshal(b, &id)
@@ -391,7 +356,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	b := h.start("b")
 	a := h.start("a")
 	for _, n := range []*Node{a, b, c} {
-		waitUntil(t, 10*time.Second, n.Name()+" knows one and two placed, not gone", func() (bool, string) {
+		testwait.Until(t, 10*time.Second, n.Name()+" knows one and two placed, not gone", func() (bool, string) {
 			var deps []DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			names := []string{}

@@ -63,18 +63,9 @@ func JudgeLease(holderAlive, renewedWithinTTL bool, s gossip.ShardRecord) placem
 		return placement.LeaseLapsed
 	case s.Ready:
 		return placement.LeaseValid
-	case s.Status == StatusStopping:
+	case s.Status == gossip.ShardStopping:
 		return placement.LeaseLapsed
 	default:
 		return placement.LeaseStarting
 	}
 }
-
-// Shard statuses a node reports for the engines it holds.
-const (
-	StatusStarting = "starting"
-	StatusReady    = "ready"
-	StatusCrashed  = "crashed"
-	StatusBackoff  = "backoff"
-	StatusStopping = "stopping"
-)

@@ -11,8 +11,8 @@ import (
 func TestLeaseJudgement(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ttl := 10 * time.Second
-	ready := gossip.ShardRecord{ShardID: "a-0", Ready: true, Status: StatusReady}
-	starting := gossip.ShardRecord{ShardID: "a-0", Status: StatusStarting}
+	ready := gossip.ShardRecord{ShardID: "a-0", Ready: true, Status: gossip.ShardReady}
+	starting := gossip.ShardRecord{ShardID: "a-0", Status: gossip.ShardStarting}
 	rec := func(epoch int64, s gossip.ShardRecord) *gossip.NodeRecord {
 		return &gossip.NodeRecord{Name: "n1", Version: gossip.Version{Epoch: epoch, Seq: 3}, Shards: []gossip.ShardRecord{s}}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor"
 )
@@ -287,7 +288,7 @@ func shardsCommand() *cli.Command {
 					who = fmt.Sprint(s.PID)
 				}
 				up := "-"
-				if !s.StartedAt.IsZero() && s.Status == supervisor.StatusReady {
+				if !s.StartedAt.IsZero() && s.Status == gossip.ShardReady {
 					up = shortDuration(time.Since(s.StartedAt))
 				}
 				note := s.Reason

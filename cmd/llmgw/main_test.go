@@ -240,8 +240,8 @@ func TestTopDrawsOneFrame(t *testing.T) {
 			{Deployment: placement.Deployment{Name: "big", Replicas: 1}, Why: []string{"big-0: needs 8 GPUs"}},
 		},
 		"/v1/shards": []supervisor.ShardInfo{
-			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: supervisor.StatusReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
-			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: supervisor.StatusReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
+			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
+			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
 			{ShardID: "big-0", Deployment: "big"},
 		},
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/nodemetrics"
 	"github.com/llmgw/llmgw/supervisor/page"
@@ -175,7 +176,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		return failure(err.Error())
 	}
 	if runner != nil {
-		cfg.Engines = runner
+		cfg.Runner = runner
 		cfg.RuntimeName = runner.RuntimeName()
 	}
 	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
@@ -364,7 +365,7 @@ func parsePortRange(v string) (int, int, error) {
 }
 
 // newRunner builds the engine runner for --runtime; nil for none.
-func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger) (*supervisor.Runner, error) {
+func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger) (*engine.Runner, error) {
 	rt, err := openRuntime(ctx, c, cfg, log)
 	if err != nil || rt == nil {
 		return nil, err
@@ -379,7 +380,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 		host = cfg.BindAddr
 	}
 	probe := cfg.GPUs
-	return supervisor.NewRunner(ctx, supervisor.RunnerConfig{
+	return engine.NewRunner(ctx, engine.Config{
 		Node: cfg.Name, Runtime: rt, DataDir: cfg.DataDir, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
 		GPUs: func() []placement.GPU {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/scenarios"
 )
 
@@ -34,7 +35,7 @@ func scenarioCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				opts := scenarios.Options{Binary: self, WorkDir: c.String("work-dir"), Rewrite: c.Bool("rewrite")}
+				opts := scenarios.Options{Binary: self, WorkDir: c.String("work-dir"), Rewrite: c.Bool("rewrite"), Ports: freeport.New()}
 				if !c.Bool("quiet") {
 					opts.Out = c.Root().Writer
 				}

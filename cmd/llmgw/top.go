@@ -113,7 +113,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		}
 	}
 	for _, sh := range s.shards {
-		if sh.Status == supervisor.StatusReady {
+		if sh.Status == gossip.ShardReady {
 			ready++
 		}
 	}
@@ -198,7 +198,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
 			}
 		}
-		status := sh.Status
+		status := string(sh.Status)
 		if sh.Draining {
 			status += " (draining)"
 		}

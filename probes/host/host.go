@@ -46,8 +46,8 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-// Engine is an engine process whose stacks engine_stacks may dump.
-type Engine struct {
+// EngineProcess is an engine process whose stacks engine_stacks may dump.
+type EngineProcess struct {
 	// Name says which engine it is (a shard ID) in the output, and is what
 	// Args.Name selects.
 	Name string
@@ -90,7 +90,7 @@ type Config struct {
 	// Containers lists what the container runtime runs, as text.
 	Containers func(ctx context.Context) (string, error)
 	// Engines lists this node's engine processes for engine_stacks.
-	Engines func(ctx context.Context) ([]Engine, error)
+	Engines func(ctx context.Context) ([]EngineProcess, error)
 	// GPU reads the GPUs for memory_accounting.
 	GPU func(ctx context.Context) (gpu.Snapshot, error)
 	// StackRounds and StackGap shape engine_stacks (DefaultStackRounds,

@@ -31,7 +31,7 @@ func engineStacksTool(c Config) Tool {
 			}
 			if a.Name != "" {
 				var names []string
-				var picked []Engine
+				var picked []EngineProcess
 				for _, e := range engines {
 					names = append(names, e.Name)
 					if e.Name == a.Name {

@@ -52,8 +52,8 @@ func TestEngineStacks(t *testing.T) {
 	})
 	cfg := Config{
 		Host: "n1", Runner: fr, Clock: clk, Sleep: clk.Sleep,
-		Engines: func(context.Context) ([]Engine, error) {
-			return []Engine{{Name: "chat-0", PID: 4100}, {Name: "embed-0", PID: 5200}}, nil
+		Engines: func(context.Context) ([]EngineProcess, error) {
+			return []EngineProcess{{Name: "chat-0", PID: 4100}, {Name: "embed-0", PID: 5200}}, nil
 		},
 	}
 	out := call(t, cfg, "engine_stacks", Args{})
@@ -103,7 +103,7 @@ func TestEngineStacksRoundsConfigured(t *testing.T) {
 	clk := &tickingClock{now: stampTime}
 	fr := newFakeRunner(t, map[string]result{"py-spy dump --pid 1 --subprocesses": {out: "x\n"}})
 	cfg := Config{Host: "n1", Runner: fr, Clock: clk, Sleep: clk.Sleep, StackRounds: 5, StackGap: 500 * time.Millisecond,
-		Engines: func(context.Context) ([]Engine, error) { return []Engine{{Name: "a", PID: 1}}, nil }}
+		Engines: func(context.Context) ([]EngineProcess, error) { return []EngineProcess{{Name: "a", PID: 1}}, nil }}
 	out := call(t, cfg, "engine_stacks", Args{})
 	if len(fr.Calls()) != 5 || len(clk.slept) != 4 || !strings.Contains(out, "5 rounds 500ms apart") {
 		t.Errorf("calls %d, slept %v\n%s", len(fr.Calls()), clk.slept, out)
@@ -115,7 +115,7 @@ func TestEngineStacksWithoutEnginesOrPySpy(t *testing.T) {
 	if out := call(t, cfg, "engine_stacks", Args{}); !strings.Contains(out, "no engine list is configured on n1") {
 		t.Errorf("nil Engines: %q", out)
 	}
-	cfg.Engines = func(context.Context) ([]Engine, error) { return nil, nil }
+	cfg.Engines = func(context.Context) ([]EngineProcess, error) { return nil, nil }
 	if out := call(t, cfg, "engine_stacks", Args{}); !strings.Contains(out, "no engines run on n1") {
 		t.Errorf("no engines: %q", out)
 	}
@@ -123,7 +123,7 @@ func TestEngineStacksWithoutEnginesOrPySpy(t *testing.T) {
 	fr.missing["py-spy"] = true
 	clk := &tickingClock{now: stampTime}
 	cfg = Config{Host: "n1", Runner: fr, Sleep: clk.Sleep,
-		Engines: func(context.Context) ([]Engine, error) { return []Engine{{Name: "a", PID: 1}}, nil }}
+		Engines: func(context.Context) ([]EngineProcess, error) { return []EngineProcess{{Name: "a", PID: 1}}, nil }}
 	if out := call(t, cfg, "engine_stacks", Args{}); !strings.Contains(out, "(py-spy is not installed on n1:") {
 		t.Errorf("no py-spy: %q", out)
 	}

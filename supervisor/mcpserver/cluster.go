@@ -68,7 +68,7 @@ type shardWhy struct {
 	Placed      bool                 `json:"placed"`
 	Node        string               `json:"node,omitempty"`
 	GPUs        []int                `json:"gpus,omitempty"`
-	Status      string               `json:"status"`
+	Status      gossip.ShardStatus   `json:"status"`
 	Lease       placement.LeaseState `json:"lease,omitempty"`
 	// Why is one sentence: where it runs and how it is doing, or why it
 	// runs nowhere.
@@ -93,7 +93,7 @@ type loadRow struct {
 	ShardID    string               `json:"shard_id"`
 	Deployment string               `json:"deployment"`
 	Node       string               `json:"node"`
-	Status     string               `json:"status"`
+	Status     gossip.ShardStatus   `json:"status"`
 	Lease      placement.LeaseState `json:"lease"`
 	Load       gossip.ShardLoad     `json:"load"`
 	// AgeSeconds is how old the scrape is as this node tells time; empty
@@ -232,7 +232,7 @@ func (s *Server) deployments(_ context.Context, in deploymentsIn) (any, error) {
 func (s *Server) shards(_ context.Context, in shardsIn) (any, error) {
 	out := shardsOut{Shards: []supervisor.ShardInfo{}}
 	for _, sh := range s.node.Shards() {
-		if (in.Deployment != "" && sh.Deployment != in.Deployment) || (in.Node != "" && sh.Node != in.Node) || (in.Status != "" && sh.Status != in.Status) {
+		if (in.Deployment != "" && sh.Deployment != in.Deployment) || (in.Node != "" && sh.Node != in.Node) || (in.Status != "" && sh.Status != gossip.ShardStatus(in.Status)) {
 			continue
 		}
 		out.Shards = append(out.Shards, sh)
@@ -287,13 +287,13 @@ func explain(sh supervisor.ShardInfo) shardWhy {
 	w := shardWhy{ShardID: sh.ShardID, Deployment: sh.Deployment, SpecVersion: sh.SpecVersion, Node: sh.Node,
 		GPUs: sh.GPUs, Status: sh.Status, Lease: sh.Lease, Placed: sh.Node != ""}
 	switch {
-	case sh.Status == "unplaced":
+	case sh.Status == gossip.ShardUnplaced:
 		w.Why = "placed nowhere: " + sh.Reason
 	case sh.Reason != "":
 		w.Why = fmt.Sprintf("held by %s: %s", sh.Node, sh.Reason)
 	case sh.Lease == placement.LeaseValid:
 		w.Why = fmt.Sprintf("runs on %s GPUs %v; engine %s, lease valid (routable)", sh.Node, sh.GPUs, sh.Status)
-	case sh.Status == "pending":
+	case sh.Status == gossip.ShardPending:
 		w.Why = fmt.Sprintf("placed on %s GPUs %v; %s has not reported the engine yet", sh.Node, sh.GPUs, sh.Node)
 	default:
 		lease := string(sh.Lease)
@@ -343,7 +343,7 @@ func (s *Server) load(_ context.Context, in loadIn) (any, error) {
 	out := loadOut{Shards: []loadRow{}, ByDeployment: map[string]loadTotal{}}
 	now := time.Now()
 	for _, sh := range s.node.Shards() {
-		if sh.Node == "" || sh.Status == "pending" {
+		if sh.Node == "" || sh.Status == gossip.ShardPending {
 			continue // nobody holds it, so nobody scraped it
 		}
 		if (in.Deployment != "" && sh.Deployment != in.Deployment) || (in.Node != "" && sh.Node != in.Node) {

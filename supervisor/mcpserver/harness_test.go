@@ -100,8 +100,8 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 		tn.mcp = Register(n, mux, Options{
 			Host: host.Config{
 				Host: "host-" + name, Runner: newCannedRunner("host-" + name), LogDir: logDir,
-				Engines: func(context.Context) ([]host.Engine, error) {
-					return []host.Engine{{Name: "llama-0", PID: os.Getpid()}}, nil
+				Engines: func(context.Context) ([]host.EngineProcess, error) {
+					return []host.EngineProcess{{Name: "llama-0", PID: os.Getpid()}}, nil
 				},
 				Sleep:    func(context.Context, time.Duration) error { return nil },
 				StackGap: time.Millisecond,

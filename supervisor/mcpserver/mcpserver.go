@@ -109,7 +109,7 @@ func New(n *supervisor.Node, opts Options) *Server {
 		hc.Host = n.Name()
 	}
 	if hc.Engines == nil {
-		hc.Engines = func(context.Context) ([]host.Engine, error) { return localEngines(n), nil }
+		hc.Engines = func(context.Context) ([]host.EngineProcess, error) { return localEngines(n), nil }
 	}
 	if hc.GPU == nil {
 		hc.GPU = func(context.Context) (gpu.Snapshot, error) { return n.GPUSnapshot(), nil }
@@ -152,11 +152,11 @@ func (s *Server) MCPServer() *mcp.Server { return s.srv }
 func (s *Server) ToolNames() []string { return slices.Clone(s.names) }
 
 // localEngines lists this node's engine processes from its own record.
-func localEngines(n *supervisor.Node) []host.Engine {
-	var out []host.Engine
+func localEngines(n *supervisor.Node) []host.EngineProcess {
+	var out []host.EngineProcess
 	for _, sh := range n.Cluster().Local().Shards {
 		if sh.PID > 0 {
-			out = append(out, host.Engine{Name: sh.ShardID, PID: sh.PID})
+			out = append(out, host.EngineProcess{Name: sh.ShardID, PID: sh.PID})
 		}
 	}
 	return out

@@ -165,7 +165,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		if lease == "" {
 			lease = "none"
 		}
-		shards[sl{s.Status, lease}]++
+		shards[sl{string(s.Status), lease}]++
 	}
 	for k, v := range shards {
 		gauge(ch, descShards, float64(v), k.status, k.lease)

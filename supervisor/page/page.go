@@ -189,14 +189,14 @@ func build(n *supervisor.Node, now time.Time) data {
 	}
 
 	for _, s := range n.Shards() {
-		r := shardRow{ID: s.ShardID, Deployment: s.Deployment, Node: s.Node, Status: s.Status, Lease: string(s.Lease),
+		r := shardRow{ID: s.ShardID, Deployment: s.Deployment, Node: s.Node, Status: string(s.Status), Lease: string(s.Lease),
 			Restarts: s.Restarts, Reason: s.Reason, Load: loadText(s.Load, s.Status)}
 		if len(s.GPUs) > 0 {
 			r.GPUs = strings.Trim(fmt.Sprint(s.GPUs), "[]")
 		}
 		r.StatusClass = statusClass(s.Status)
 		r.LeaseClass = leaseClass(s.Lease)
-		if r.Lease == "" || s.Status == "unplaced" {
+		if r.Lease == "" || s.Status == gossip.ShardUnplaced {
 			r.Lease, r.LeaseClass = "none", "dim"
 		}
 		d.Shards = append(d.Shards, r)
@@ -204,7 +204,7 @@ func build(n *supervisor.Node, now time.Time) data {
 		if s.Lease == placement.LeaseValid {
 			d.Summary.ShardsValid++
 		}
-		if s.Status == "unplaced" {
+		if s.Status == gossip.ShardUnplaced {
 			d.Summary.Unplaced++
 		}
 	}
@@ -228,12 +228,12 @@ func gpuCell(g placement.GPU) gpuRow {
 
 func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
-func loadText(l gossip.ShardLoad, status string) string {
+func loadText(l gossip.ShardLoad, status gossip.ShardStatus) string {
 	switch {
 	case l.Error != "":
 		return "scrape failed: " + l.Error
 	case l.ScrapedAt.IsZero():
-		if status == "ready" {
+		if status == gossip.ShardReady {
 			return "not scraped yet"
 		}
 		return ""
@@ -259,11 +259,11 @@ func stateClass(s gossip.MemberState) string {
 	return "bad"
 }
 
-func statusClass(s string) string {
+func statusClass(s gossip.ShardStatus) string {
 	switch s {
-	case "ready":
+	case gossip.ShardReady:
 		return "ok"
-	case "starting", "pending", "stopping":
+	case gossip.ShardStarting, gossip.ShardPending, gossip.ShardStopping:
 		return "warn"
 	}
 	return "bad"

@@ -28,7 +28,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmgw/llmgw/supervisor/atomicfile"
+	"github.com/llmgw/llmgw/internal/atomicfile"
 )
 
 // FormatVersion is the version of the file layout this package writes.

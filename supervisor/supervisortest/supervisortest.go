@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/supervisor"
 )
@@ -24,21 +24,11 @@ const Token = "supervisortest-token-0123456789abcdef"
 // binds both), so a node can be restarted at the same gossip address.
 func FreePort(tb testing.TB) int {
 	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
+	port, err := freeport.Loopback()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatal("no free port")
-	return 0
+	return port
 }
 
 // Config is a node named name with 4 simulated H100s, the local profile, a

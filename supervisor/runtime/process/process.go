@@ -34,7 +34,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/llmgw/llmgw/supervisor/atomicfile"
+	"github.com/llmgw/llmgw/internal/atomicfile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
 

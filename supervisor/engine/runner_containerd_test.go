@@ -1,4 +1,4 @@
-package supervisor
+package engine
 
 import (
 	"bytes"
@@ -68,7 +68,7 @@ func TestRunnerOverContainerd(t *testing.T) {
 
 	dataDir := t.TempDir()
 	newRunner := func(rt runtime.Runtime) *Runner {
-		r, err := NewRunner(context.Background(), RunnerConfig{
+		r, err := NewRunner(context.Background(), Config{
 			Node: "n1", Runtime: rt, DataDir: dataDir, Host: "127.0.0.1", Self: "/llmgw", SimulatedGPUs: true,
 			PortMin: 21100, PortMax: 21999, Poll: 100 * time.Millisecond, Grace: 2 * time.Second,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

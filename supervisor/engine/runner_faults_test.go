@@ -1,4 +1,4 @@
-package supervisor
+package engine
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
 )
@@ -56,13 +57,13 @@ func shardOf(r *Runner) (gossip.ShardRecord, bool) {
 // ever ready is crash-looping all the same: running long is not serving.
 func TestSlowLoaderThatDiesIsReportedFailing(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *RunnerConfig) {
+	r := env.openWith(func(c *Config) {
 		c.StableAfter = 200 * time.Millisecond
 		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
 	})
 	defer r.Close()
 	r.Reconcile(context.Background(), []Desired{desired("slow", "--fail-health", "--crash-after", "400ms")})
-	waitUntil(t, 15*time.Second, "the never-ready crash loop is reported failing", func() (bool, string) {
+	testwait.Until(t, 15*time.Second, "the never-ready crash loop is reported failing", func() (bool, string) {
 		s, ok := shardOf(r)
 		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
@@ -72,7 +73,7 @@ func TestSlowLoaderThatDiesIsReportedFailing(t *testing.T) {
 // first placed is not a stable run.
 func TestStartFailuresStayFailing(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *RunnerConfig) {
+	r := env.openWith(func(c *Config) {
 		c.StableAfter = 100 * time.Millisecond
 		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 40*time.Millisecond
 	})
@@ -81,7 +82,7 @@ func TestStartFailuresStayFailing(t *testing.T) {
 	d.Spec.Engine = "no-such-engine"
 	r.Reconcile(context.Background(), []Desired{d})
 	var failingAt int
-	waitUntil(t, 15*time.Second, "failing", func() (bool, string) {
+	testwait.Until(t, 15*time.Second, "failing", func() (bool, string) {
 		s, ok := shardOf(r)
 		failingAt = s.Restarts
 		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
@@ -91,7 +92,7 @@ func TestStartFailuresStayFailing(t *testing.T) {
 		t.Errorf("record error = %q, want the start failure naming the engine", s.Error)
 	}
 	// Many StableAfter periods later (each try is 40 ms apart), still failing.
-	waitUntil(t, 15*time.Second, "10 more failed starts, failing throughout", func() (bool, string) {
+	testwait.Until(t, 15*time.Second, "10 more failed starts, failing throughout", func() (bool, string) {
 		s, ok := shardOf(r)
 		if ok && !s.Failing {
 			t.Fatalf("failing cleared after %d failed starts: %+v", s.Restarts, s)
@@ -105,7 +106,7 @@ func TestStartFailuresStayFailing(t *testing.T) {
 func TestDeadEngineIsNotReadyWhileRuntimeStatusFails(t *testing.T) {
 	env := newRunnerEnv(t)
 	var f *faultyRuntime
-	r := env.openWith(func(c *RunnerConfig) {
+	r := env.openWith(func(c *Config) {
 		f = &faultyRuntime{Runtime: c.Runtime}
 		c.Runtime = f
 	})
@@ -122,7 +123,7 @@ func TestDeadEngineIsNotReadyWhileRuntimeStatusFails(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the dead engine is no longer ready", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "the dead engine is no longer ready", func() (bool, string) {
 		s, ok := shardOf(r)
 		return ok && !s.Ready, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
@@ -137,7 +138,7 @@ func TestDeadEngineIsNotReadyWhileRuntimeStatusFails(t *testing.T) {
 func TestFailedStopIsRetried(t *testing.T) {
 	env := newRunnerEnv(t)
 	var f *faultyRuntime
-	r := env.openWith(func(c *RunnerConfig) {
+	r := env.openWith(func(c *Config) {
 		f = &faultyRuntime{Runtime: c.Runtime}
 		c.Runtime = f
 		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
@@ -149,7 +150,7 @@ func TestFailedStopIsRetried(t *testing.T) {
 	f.failStop.Store(true)
 	before := f.stopCalls.Load()
 	r.Reconcile(context.Background(), nil)
-	waitUntil(t, 10*time.Second, "three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
 		files, _ := filepath.Glob(filepath.Join(env.dir, "shards", "shard-*.json"))
 		s, ok := shardOf(r)
 		if !ok || len(files) != 1 {
@@ -161,7 +162,7 @@ func TestFailedStopIsRetried(t *testing.T) {
 	waitShard(t, r, "stopped once the runtime can", func(s []string) bool { return len(s) == 0 })
 	// Gone, and reaped: the runtime's waiter collects the exit a moment
 	// after Stop returns.
-	waitUntil(t, 5*time.Second, "the engine process is gone", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "the engine process is gone", func() (bool, string) {
 		err := syscall.Kill(pid, 0)
 		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill(%d, 0): %v", pid, err)
 	})
@@ -181,7 +182,7 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 	want := states[0].Spec.Command
 	r.Close()
 
-	r2 := env.openUnsettled(func(c *RunnerConfig) { c.BackoffMin = 20 * time.Millisecond })
+	r2 := env.openUnsettled(func(c *Config) { c.BackoffMin = 20 * time.Millisecond })
 	defer func() {
 		r2.Reconcile(context.Background(), nil)
 		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
@@ -190,14 +191,14 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the crash is seen", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "the crash is seen", func() (bool, string) {
 		s, ok := shardOf(r2)
-		return ok && s.Restarts == 1 && s.Status == StatusBackoff, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
+		return ok && s.Restarts == 1 && s.Status == gossip.ShardBackoff, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
 	// Fifty backoffs' worth of polls: no restart without a plan.
-	staysTrue(t, time.Second, "no restart of an adopted engine before the plan gives its spec", func() (bool, string) {
+	testwait.StaysTrue(t, time.Second, "no restart of an adopted engine before the plan gives its spec", func() (bool, string) {
 		s, _ := shardOf(r2)
-		return s.Status == StatusBackoff && s.Restarts == 1, fmt.Sprintf("%s restarts=%d", s.Status, s.Restarts)
+		return s.Status == gossip.ShardBackoff && s.Restarts == 1, fmt.Sprintf("%s restarts=%d", s.Status, s.Restarts)
 	})
 	r2.Settle()
 	r2.Reconcile(context.Background(), []Desired{d})
@@ -214,7 +215,7 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 	env := newRunnerEnv(t)
 	var foreign atomic.Bool
 	foreign.Store(true)
-	r := env.openWith(func(c *RunnerConfig) {
+	r := env.openWith(func(c *Config) {
 		real := c.ListenerOwner
 		c.ListenerOwner = func(port, pid int) (int, bool, error) {
 			if foreign.Load() {
@@ -229,7 +230,7 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 	defer r.Close()
 	r.Reconcile(context.Background(), []Desired{desired("chat")})
 	// The engine answers /health and /v1/models, and still is not ready.
-	waitUntil(t, 10*time.Second, "the engine answers on its port", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "the engine answers on its port", func() (bool, string) {
 		s, ok := shardOf(r)
 		if !ok || s.URL == "" {
 			return false, "no URL yet"
@@ -241,9 +242,9 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
 	})
-	staysTrue(t, 500*time.Millisecond, "not ready while another process owns the port", func() (bool, string) {
+	testwait.StaysTrue(t, 500*time.Millisecond, "not ready while another process owns the port", func() (bool, string) {
 		s, _ := shardOf(r)
-		return !s.Ready, s.Status
+		return !s.Ready, string(s.Status)
 	})
 	foreign.Store(false)
 	waitShard(t, r, "ready once the engine owns its port", func([]string) bool { return readyPID(r, "chat-0") > 0 })
@@ -259,7 +260,7 @@ func TestAdoptedEngineKeepsItsMemoryPerGPU(t *testing.T) {
 	r.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	r.Close()
-	r2 := env.openUnsettled(func(*RunnerConfig) {})
+	r2 := env.openUnsettled(func(*Config) {})
 	defer func() {
 		r2.Settle()
 		r2.Reconcile(context.Background(), nil)
@@ -277,7 +278,7 @@ func TestAdoptedEngineKeepsItsMemoryPerGPU(t *testing.T) {
 // would pile up with every rolling update.
 func TestEngineLogIsCappedAndRemovedWithTheEngine(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *RunnerConfig) { c.MaxLogBytes, c.LogCheck = 1, 20*time.Millisecond })
+	r := env.openWith(func(c *Config) { c.MaxLogBytes, c.LogCheck = 1, 20*time.Millisecond })
 	defer r.Close()
 	r.Reconcile(context.Background(), []Desired{desired("chat")})
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
@@ -285,7 +286,7 @@ func TestEngineLogIsCappedAndRemovedWithTheEngine(t *testing.T) {
 	if !ok {
 		t.Fatal("no log path for a running engine")
 	}
-	waitUntil(t, 10*time.Second, "the log is capped into "+path+".1", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "the log is capped into "+path+".1", func() (bool, string) {
 		st, err := os.Stat(path + ".1")
 		return err == nil && st.Size() > 0, fmt.Sprint(err)
 	})

@@ -1,8 +1,7 @@
-package supervisor
+package engine
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/fakeengine"
@@ -28,19 +29,10 @@ import (
 // profile runs `<self> engine fake --model M --port P ...`, and the runner's
 // tests point Self at this binary.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == "engine" && os.Args[2] == "fake" {
-		fs := flag.NewFlagSet("fake", flag.ExitOnError)
-		model := fs.String("model", "", "")
-		port := fs.Int("port", 0, "")
-		host := fs.String("host", "", "")
-		crash := fs.Duration("crash-after", 0, "")
-		code := fs.Int("exit-code", 1, "")
-		failHealth := fs.Bool("fail-health", false, "")
-		_ = fs.Parse(os.Args[3:])
-		err := fakeengine.Run(context.Background(), fakeengine.Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth})
-		os.Exit(fakeengine.ExitCode(err))
+	if code, ok := fakeengine.MainForTests(os.Args[1:]); ok {
+		os.Exit(code)
 	}
-	// Every test stops what it started: nodes, runners and their watchers.
+	// Every test stops what it started: runners and their watchers.
 	goleak.VerifyTestMain(m)
 }
 
@@ -60,9 +52,9 @@ func newRunnerEnv(t *testing.T) *runnerEnv {
 
 // open builds a runner over the process runtime in the env's data dir, as
 // an agent (re)start would.
-func (e *runnerEnv) open() *Runner { return e.openWith(func(*RunnerConfig) {}) }
+func (e *runnerEnv) open() *Runner { return e.openWith(func(*Config) {}) }
 
-func (e *runnerEnv) openWith(mutate func(*RunnerConfig)) *Runner {
+func (e *runnerEnv) openWith(mutate func(*Config)) *Runner {
 	e.t.Helper()
 	r := e.openUnsettled(mutate)
 	r.Settle()
@@ -70,7 +62,7 @@ func (e *runnerEnv) openWith(mutate func(*RunnerConfig)) *Runner {
 }
 
 // openUnsettled is openWith for an agent that has not heard the cluster yet.
-func (e *runnerEnv) openUnsettled(mutate func(*RunnerConfig)) *Runner {
+func (e *runnerEnv) openUnsettled(mutate func(*Config)) *Runner {
 	e.t.Helper()
 	rt, err := process.New(filepath.Join(e.dir, "runtime"))
 	if err != nil {
@@ -84,7 +76,7 @@ func (e *runnerEnv) openUnsettled(mutate func(*RunnerConfig)) *Runner {
 			_ = rt.Stop(context.Background(), x.ID, time.Second)
 		}
 	})
-	cfg := RunnerConfig{
+	cfg := Config{
 		Node: "n1", Runtime: rt, DataDir: e.dir, Host: "127.0.0.1", Self: e.self, SimulatedGPUs: true,
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3, LoadInterval: 100 * time.Millisecond,
@@ -107,7 +99,7 @@ func desired(name string, args ...string) Desired {
 
 func waitShard(t *testing.T, r *Runner, what string, cond func(s []string) bool) {
 	t.Helper()
-	waitUntil(t, 15*time.Second, what, func() (bool, string) {
+	testwait.Until(t, 15*time.Second, what, func() (bool, string) {
 		var desc []string
 		for _, s := range r.Shards() {
 			desc = append(desc, fmt.Sprintf("%s:%s:ready=%v:pid=%d:restarts=%d", s.ShardID, s.Status, s.Ready, s.PID, s.Restarts))
@@ -192,7 +184,7 @@ func TestCrashLoopBacksOffAndIsReportedFailing(t *testing.T) {
 	// Between tries the engine is removed, so it holds no GPU.
 	waitShard(t, r, "in backoff with no engine running", func([]string) bool {
 		s := r.Shards()
-		return len(s) == 1 && s[0].Status == StatusBackoff && !s[0].Ready
+		return len(s) == 1 && s[0].Status == gossip.ShardBackoff && !s[0].Ready
 	})
 }
 
@@ -218,7 +210,7 @@ func TestTruncatedStateFileDoesNotStopTheAgent(t *testing.T) {
 func TestUnsettledRunnerStartsNothing(t *testing.T) {
 	env := newRunnerEnv(t)
 	rt, _ := process.New(filepath.Join(env.dir, "runtime"))
-	r, err := NewRunner(context.Background(), RunnerConfig{Node: "n1", Runtime: rt, DataDir: env.dir, Self: env.self, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	r, err := NewRunner(context.Background(), Config{Node: "n1", Runtime: rt, DataDir: env.dir, Self: env.self, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +233,7 @@ func TestEngineLoadReachesTheShardRecord(t *testing.T) {
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	url := r.Shards()[0].URL
 	body := `{"model":"chat","messages":[{"role":"user","content":"one two three"}]}`
-	waitUntil(t, 10*time.Second, "generation rate seen", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "generation rate seen", func() (bool, string) {
 		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err == nil {
 			resp.Body.Close()
@@ -249,35 +241,6 @@ func TestEngineLoadReachesTheShardRecord(t *testing.T) {
 		l := r.Shards()[0].Load
 		return l.RatesValid && l.GenerationTPS > 0 && !l.ScrapedAt.IsZero(), fmt.Sprintf("%+v", l)
 	})
-}
-
-// A graceful leave (SIGTERM) must never stop engines: the next agent
-// adopts them. Before the fix, a last reconcile after the node marked
-// itself leaving planned nothing here and stopped them, about one time in
-// four.
-func TestGracefulLeaveKeepsEngines(t *testing.T) {
-	env := newRunnerEnv(t)
-	h := newHarness(t)
-	cfg := h.config("a")
-	for round := 0; round < 4; round++ {
-		r := env.open()
-		cfg.Engines = r
-		n, err := Start(context.Background(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if round == 0 {
-			call(t, "POST", api(n, "/v1/deployments"), testToken, []byte(`{"name":"chat","model":"m","engine":"fake"}`), nil)
-		}
-		waitShard(t, r, "engine ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
-		pid := readyPID(r, "chat-0")
-		if err := n.Leave(time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(pid, 0); err != nil {
-			t.Fatalf("round %d: the engine (pid %d) died with a graceful leave: %v", round, pid, err)
-		}
-	}
 }
 
 // An engine found running without its state file claims nothing (its port,
@@ -314,7 +277,7 @@ func TestEngineWithoutStateFileIsReplaced(t *testing.T) {
 // timeout instead of holding its shard forever.
 func TestEngineNeverReadyIsRestartedAfterTheStartTimeout(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *RunnerConfig) { c.StartTimeout = 300 * time.Millisecond })
+	r := env.openWith(func(c *Config) { c.StartTimeout = 300 * time.Millisecond })
 	defer func() {
 		r.Reconcile(context.Background(), nil)
 		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })

@@ -1,0 +1,98 @@
+// Package freeport hands out loopback ports that are free for both TCP and
+// UDP, for tests and for the scenario runner, which start real nodes
+// (memberlist binds both protocols on one number) on one machine.
+package freeport
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Picker hands out ports it has not handed out before. It picks below the
+// kernel's ephemeral range: a port the kernel handed out and took back
+// (":0") is soon handed to some outgoing connection of the nodes
+// themselves, which then holds it when the node binds. A Picker is safe for
+// concurrent use.
+type Picker struct {
+	mu    sync.Mutex
+	given map[int]bool
+	low   int
+}
+
+// New returns a Picker.
+func New() *Picker { return &Picker{given: map[int]bool{}, low: ephemeralLow()} }
+
+// Next returns a port free on 127.0.0.1 for TCP and UDP.
+func (p *Picker) Next() (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range 200 {
+		port := 10000 + rand.IntN(max(p.low-10000, 1000))
+		if p.given[port] {
+			continue
+		}
+		if !free(port) {
+			continue
+		}
+		p.given[port] = true
+		return port, nil
+	}
+	return 0, errors.New("no free port on 127.0.0.1")
+}
+
+// Loopback returns a port the kernel just handed out on 127.0.0.1 that is
+// free for UDP too. Ports from one process do not repeat soon, so it needs
+// no memory; tests use it for nodes they start and stop themselves.
+func Loopback() (int, error) {
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port on 127.0.0.1")
+}
+
+func free(port int) bool {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+	l.Close()
+	if err != nil {
+		return false
+	}
+	u.Close()
+	return true
+}
+
+// ephemeralLow is the bottom of the kernel's ephemeral port range.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	v, err := strconv.Atoi(f[0])
+	if err != nil || v < 11000 {
+		return 32768
+	}
+	return v
+}

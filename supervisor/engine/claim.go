@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+)
+
+// ClaimOnly claims every shard the plan gives this node and reports it
+// ready at once, running nothing. It exercises the placement and lease
+// protocol where no engines should run (`--runtime none`).
+type ClaimOnly struct {
+	now     func() time.Time
+	mu      sync.Mutex
+	held    map[string]gossip.ShardRecord
+	changes chan struct{}
+}
+
+// NewClaimOnly returns a runner that only claims.
+func NewClaimOnly(now func() time.Time) *ClaimOnly {
+	return &ClaimOnly{now: now, held: map[string]gossip.ShardRecord{}, changes: make(chan struct{}, 1)}
+}
+
+func shardKey(shard, spec string) string { return shard + "@" + spec }
+
+// Reconcile implements supervisor.Runner.
+func (c *ClaimOnly) Reconcile(_ context.Context, desired []Desired) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[string]bool{}
+	for _, d := range desired {
+		k := shardKey(d.ShardID, d.SpecVersion)
+		want[k] = true
+		if _, ok := c.held[k]; ok {
+			continue
+		}
+		c.held[k] = gossip.ShardRecord{
+			ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
+			GPUs: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, Status: gossip.ShardReady, Ready: true,
+			ClaimStamp: c.now().UnixNano(), StartedAt: c.now(),
+		}
+	}
+	for k := range c.held {
+		if !want[k] {
+			delete(c.held, k)
+		}
+	}
+}
+
+// Shards implements supervisor.Runner.
+func (c *ClaimOnly) Shards() []gossip.ShardRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]gossip.ShardRecord, 0, len(c.held))
+	for _, s := range c.held {
+		out = append(out, s)
+	}
+	SortShards(out)
+	return out
+}
+
+// Changes implements supervisor.Runner.
+func (c *ClaimOnly) Changes() <-chan struct{} { return c.changes }
+
+// OwnPIDs implements supervisor.Runner.
+func (c *ClaimOnly) OwnPIDs() []int { return nil }
+
+// SortShards orders shard records by shard ID, then spec version.
+func SortShards(s []gossip.ShardRecord) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].ShardID != s[j].ShardID {
+			return s[i].ShardID < s[j].ShardID
+		}
+		return s[i].SpecVersion < s[j].SpecVersion
+	})
+}

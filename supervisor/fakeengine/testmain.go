@@ -1,0 +1,27 @@
+package fakeengine
+
+import (
+	"context"
+	"flag"
+)
+
+// MainForTests lets a test binary stand in for `llmgw engine fake`: the
+// fake profile runs `<self> engine fake --model M --port P ...`, and tests
+// of the engine runner point Self at their own binary. Given the binary's
+// arguments, it runs the engine and returns its exit code with true when
+// they ask for the fake engine, and returns false at once otherwise.
+func MainForTests(args []string) (int, bool) {
+	if len(args) < 2 || args[0] != "engine" || args[1] != "fake" {
+		return 0, false
+	}
+	fs := flag.NewFlagSet("fake", flag.ExitOnError)
+	model := fs.String("model", "", "")
+	port := fs.Int("port", 0, "")
+	host := fs.String("host", "", "")
+	crash := fs.Duration("crash-after", 0, "")
+	code := fs.Int("exit-code", 1, "")
+	failHealth := fs.Bool("fail-health", false, "")
+	_ = fs.Parse(args[2:])
+	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth})
+	return ExitCode(err), true
+}
