@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/host"
 )
@@ -21,8 +22,7 @@ func TestDriverFaultMarksSurviveAReadError(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	var reading host.DriverFaults
 	var readErr error
-	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), cfg: Config{
-		Now:          func() time.Time { return now },
+	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.Func(func() time.Time { return now }), cfg: Config{
 		DriverFaults: func(context.Context) (host.DriverFaults, error) { return reading, readErr },
 	}}
 	fresh := func() []placement.GPU {

@@ -8,29 +8,24 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
-	"reflect"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/internal/atomicfile"
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/engine"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Config is everything `llmgw node up` decides.
@@ -73,7 +68,9 @@ type Config struct {
 	AllowFrom []*net.IPNet
 	Version   string
 	Logger    *slog.Logger
-	Now       func() time.Time
+	// Clock is the node's one clock: leases, backoffs and the record's
+	// times are judged by it (default: the system clock).
+	Clock clock.Clock
 	// TestHooks enables /v1/test/partition. TEST ONLY.
 	TestHooks bool
 	// Extra registers additional HTTP handlers (MCP, metrics) on the mux.
@@ -90,20 +87,22 @@ type Node struct {
 	apiLn   net.Listener
 	started time.Time
 
-	mu       sync.Mutex
-	plan     placement.Plan
-	view     placement.View
-	planAt   time.Time
-	gpuSnap  gpu.Snapshot
-	dropped  map[string]bool // test partition rules
-	reconDur time.Duration
+	clock clock.Clock
+
+	mu      sync.Mutex
+	gpuSnap gpu.Snapshot
+	dropped map[string]bool // test partition rules
+
+	// snap is the read model of the last reconcile pass (see Status).
+	snap atomic.Pointer[status.Snapshot]
 
 	// id is what node.json holds; the join loop keeps its peers current.
 	id      identity
 	settled atomic.Bool
 	// loadPublished is when shard load last went out in the record.
 	loadPublished time.Time
-	kick          chan struct{}
+	// wake makes the control loop reconcile now (the node settled).
+	wake chan struct{}
 
 	cancel context.CancelFunc
 	// wg holds the control, join and GPU loops; serveWG the HTTP server.
@@ -119,8 +118,8 @@ type Node struct {
 // for HTTP and gossip, and starts the control loop. On error nothing is
 // left running.
 func Start(ctx context.Context, cfg Config) (n *Node, err error) {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -137,14 +136,16 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
-	id, err := loadIdentity(cfg.DataDir, cfg.Name, cfg.Now)
+	id, err := loadIdentity(cfg.DataDir, cfg.Name, cfg.Clock.Now)
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.Name), started: cfg.Now(), dropped: map[string]bool{}, closed: make(chan struct{}), kick: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
+	n = &Node{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
+		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
+	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
 	if n.runner == nil {
-		n.runner = engine.NewClaimOnly(cfg.Now)
+		n.runner = engine.NewClaimOnly(cfg.Clock.Now)
 	}
 	if cfg.GPUs == nil {
 		return nil, errors.New("supervisor: no GPU probe configured")
@@ -175,7 +176,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
-		Now: cfg.Now, DataDir: cfg.DataDir, APIAddr: n.AdvertisedAPI(),
+		Now: cfg.Clock.Now, DataDir: cfg.DataDir, APIAddr: n.AdvertisedAPI(),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped
@@ -263,16 +264,23 @@ func (n *Node) AdvertisedAPI() string {
 // GossipAddr is the address peers dial for gossip.
 func (n *Node) GossipAddr() string { return n.cluster.Address() }
 
+// GossipStats are the node's gossip traffic counters.
+func (n *Node) GossipStats() gossip.Stats { return n.cluster.Stats() }
+
 // Cluster exposes the gossip state (read-mostly) to handlers in other
 // packages, such as MCP.
 func (n *Node) Cluster() *gossip.Cluster { return n.cluster }
 
-// Plan returns the last plan this node computed and the view it used.
-func (n *Node) Plan() (placement.Plan, placement.View) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.plan, n.view
-}
+// Status is the read model of the node's last reconcile pass: what the
+// API, the page, the metrics and MCP show. Read it with the reader's own
+// now (see status.Snapshot).
+func (n *Node) Status() *status.Snapshot { return n.snap.Load() }
+
+// Now is the node's clock, for readers of Status.
+func (n *Node) Now() time.Time { return n.clock.Now() }
+
+// Plan returns the last plan this node computed.
+func (n *Node) Plan() placement.Plan { return n.Status().Plan() }
 
 // Leave leaves the cluster gracefully and stops the node. Engines keep
 // running: a restarted agent adopts them.
@@ -310,371 +318,6 @@ func (n *Node) stop(leave func() error) error {
 		close(n.closed)
 	})
 	return err
-}
-
-// joinLoop joins the given peers, retrying with exponential backoff until
-// one answers, so nodes can start in any order. Later, it keeps dialling
-// members it believes dead: after a partition heals memberlist alone would
-// stop talking to the other side once its gossip-to-the-dead window passed.
-func (n *Node) joinLoop(ctx context.Context, peers []string) {
-	defer n.wg.Done()
-	peers = dedupe(peers, n.cluster.Address())
-	backoff := 250 * time.Millisecond
-	warned := false
-	if len(peers) == 0 {
-		n.settle("no peers to join: this node starts the cluster")
-	}
-	giveUp := time.Now().Add(settleTimeout)
-	for len(peers) > 0 {
-		num, err := n.cluster.Join(peers)
-		if err == nil {
-			n.log.Info("joined cluster", "contacted", num, "members", n.cluster.NumMembers())
-			n.settle("joined")
-			break
-		}
-		if time.Now().After(giveUp) {
-			n.settle("no peer answered within " + settleTimeout.String() + "; acting on what this node knows")
-		}
-		if !warned {
-			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
-			warned = true
-		}
-		if !clock.Sleep(ctx, backoff) {
-			return
-		}
-		backoff = min(backoff*2, 30*time.Second)
-	}
-	tick := time.NewTicker(n.reconnectInterval())
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		// Dead members are dialled at once, not one after another: each
-		// unanswered dial takes memberlist's TCP timeout, and a stop waits
-		// for this loop.
-		var wg sync.WaitGroup
-		for _, m := range n.cluster.Members() {
-			if m.State != gossip.StateDead || m.Address == "" || n.cfg.Now().Sub(m.Since) > reconnectFor {
-				continue
-			}
-			wg.Go(func() {
-				if ctx.Err() != nil {
-					return
-				}
-				// name/addr: memberlist then knows whom it dials, and a
-				// node it would refuse (a partition rule) is not dialled.
-				if _, err := n.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
-					n.log.Info("reconnected to a member believed dead", "member", m.Name)
-				}
-			})
-		}
-		wg.Wait()
-		n.rememberPeers()
-	}
-}
-
-// reconnectFor bounds how long a dead member is dialled again: long enough
-// for a partition to heal or a machine to be repaired (Serf's reconnect
-// timeout is the same day), not forever for a node that was retired.
-const reconnectFor = 24 * time.Hour
-
-// settleTimeout bounds how long a node that cannot reach any peer waits
-// before it starts and stops engines on its own view.
-const settleTimeout = 10 * time.Second
-
-// settle lets the engines act on the plan. Until the node has exchanged
-// state with a peer its view is partial (after a restart it may not even
-// know the other nodes), and a plan from a partial view would start
-// duplicates of shards that run elsewhere.
-func (n *Node) settle(why string) {
-	if s, ok := n.runner.(settler); ok {
-		if n.settled.CompareAndSwap(false, true) {
-			n.log.Info("engines may now follow the plan", "why", why)
-			s.Settle()
-			n.poke()
-		}
-	}
-}
-
-func (n *Node) poke() {
-	select {
-	case n.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (n *Node) reconnectInterval() time.Duration {
-	if n.cfg.Profile.Name == "local" {
-		return time.Second
-	}
-	return 10 * time.Second
-}
-
-// loop is the control loop: on every gossip or engine change, and on a
-// tick, it recomputes the plan and reconciles this node's engines; on the
-// renew tick it renews this node's leases.
-func (n *Node) loop(ctx context.Context) {
-	defer n.wg.Done()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
-	defer renew.Stop()
-	for {
-		if ctx.Err() != nil {
-			return
-		}
-		n.reconcile(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-n.cluster.Changes():
-		case <-n.runner.Changes():
-		case <-n.kick:
-		case <-tick.C:
-		case <-renew.C:
-			n.cluster.Renew()
-		}
-	}
-}
-
-func (n *Node) reconcile(ctx context.Context) {
-	start := time.Now()
-	view := BuildView(n.cluster.Members(), n.cluster.Deployments(), n.cfg.Now(), n.cfg.LeaseTTL)
-	plan := placement.Compute(view)
-	specs := map[string]placement.Deployment{}
-	for _, d := range view.Deployments {
-		specs[d.Name] = d.WithDefaults()
-	}
-	var mine []engine.Desired
-	for _, a := range plan.Assignments {
-		if a.Node == n.cfg.Name {
-			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment]})
-		}
-	}
-	n.runner.Reconcile(ctx, mine)
-	shards := n.runner.Shards()
-	if n.shardsChanged(shards) {
-		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
-	}
-	n.mu.Lock()
-	n.plan, n.view, n.planAt = plan, view, n.cfg.Now()
-	n.reconDur = time.Since(start)
-	n.mu.Unlock()
-}
-
-// loadPublishInterval spaces record updates that only carry new engine
-// load: every change of content is a full record sent to the cluster, and
-// load changes at every scrape.
-const loadPublishInterval = 15 * time.Second
-
-// shardsChanged says whether this node's record must be republished:
-// always when anything but load changed, and for load alone at most every
-// loadPublishInterval.
-func (n *Node) shardsChanged(cur []gossip.ShardRecord) bool {
-	old := n.cluster.Local().Shards
-	if reflect.DeepEqual(cur, old) {
-		return false
-	}
-	if len(cur) == len(old) {
-		same := true
-		for i := range cur {
-			a, b := cur[i], old[i]
-			a.Load, b.Load = gossip.ShardLoad{}, gossip.ShardLoad{}
-			if !reflect.DeepEqual(a, b) {
-				same = false
-				break
-			}
-		}
-		if same && n.cfg.Now().Sub(n.loadPublished) < loadPublishInterval {
-			return false
-		}
-	}
-	n.loadPublished = n.cfg.Now()
-	return true
-}
-
-// ReconcileDuration is how long the last reconcile pass took.
-func (n *Node) ReconcileDuration() time.Duration {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.reconDur
-}
-
-func (n *Node) gpuLoop(ctx context.Context) {
-	defer n.wg.Done()
-	tick := time.NewTicker(n.cfg.GPUInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		snap, err := n.cfg.GPUs.Discover(ctx)
-		if err != nil {
-			n.log.Warn("GPU re-read failed; keeping the last reading", "err", err)
-			continue
-		}
-		local := n.cluster.Local()
-		gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), local.GPUs, local.Probes)
-		n.mu.Lock()
-		n.gpuSnap = snap
-		n.mu.Unlock()
-		if gpuChanged(n.cluster.Local().GPUs, gpus) || probes != n.cluster.Local().Probes {
-			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs, r.Probes = gpus, probes })
-		}
-	}
-}
-
-// withFaults marks the GPUs with recent driver faults and updates the
-// fault counts in probes. When the kernel log cannot be read this time, the
-// marks of the last reading (prev) stay: a read error must not make a
-// faulting GPU placeable again.
-func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probes gossip.ProbeSummary) ([]placement.GPU, gossip.ProbeSummary) {
-	if n.cfg.DriverFaults == nil || n.cfg.GPUsSimulated {
-		return gpus, probes
-	}
-	f, err := n.cfg.DriverFaults(ctx)
-	if err != nil {
-		n.log.Warn("reading driver faults failed; keeping the last fault marks", "err", err)
-		for i := range gpus {
-			for _, p := range prev {
-				if p.UUID == gpus[i].UUID && p.Faulted {
-					gpus[i].Faulted = true
-				}
-			}
-		}
-		return gpus, probes
-	}
-	gpus = host.MarkFaulted(gpus, f, n.cfg.Now())
-	probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
-	probes.LastDriverFault = ""
-	if f.NewestXid != nil {
-		probes.LastDriverFault = f.NewestXid.Message
-	}
-	return gpus, probes
-}
-
-// GPUSnapshot is the last GPU reading.
-func (n *Node) GPUSnapshot() gpu.Snapshot {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.gpuSnap
-}
-
-func (n *Node) foreignAdjusted(s gpu.Snapshot) []placement.GPU {
-	own := map[int]bool{}
-	for _, p := range n.runner.OwnPIDs() {
-		own[p] = true
-	}
-	return gpu.ForeignMemory(s, own)
-}
-
-// gpuChanged ignores memory churn under 256 MiB: re-gossiping every
-// allocator wobble would flood the cluster for no placement decision.
-func gpuChanged(old, cur []placement.GPU) bool {
-	if len(old) != len(cur) {
-		return true
-	}
-	const q = 256 << 20
-	for i := range old {
-		a, b := old[i], cur[i]
-		if a.UUID != b.UUID || a.Faulted != b.Faulted || a.MIG != b.MIG || a.MemoryTotal != b.MemoryTotal ||
-			a.MemoryUsed/q != b.MemoryUsed/q || a.MemoryForeign/q != b.MemoryForeign/q {
-			return true
-		}
-	}
-	return false
-}
-
-// identity is what a node remembers across restarts.
-type identity struct {
-	Name  string   `json:"name"`
-	Epoch int64    `json:"epoch"`
-	Peers []string `json:"peers,omitempty"`
-}
-
-// loadIdentity reads node.json, checks the name, and bumps the boot epoch
-// so this run's records are newer than any the cluster still holds from the
-// last run, even if the clock went backwards in between.
-func loadIdentity(dir, name string, now func() time.Time) (identity, error) {
-	p := filepath.Join(dir, "node.json")
-	var id identity
-	b, err := os.ReadFile(p)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return id, fmt.Errorf("--data-dir: read %s: %w", p, err)
-	default:
-		if err := json.Unmarshal(b, &id); err != nil {
-			return id, fmt.Errorf("--data-dir: %s is corrupt (%v); move it aside to start as a new node", p, err)
-		}
-		if id.Name != "" && id.Name != name {
-			return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir, id.Name)
-		}
-	}
-	id.Name = name
-	id.Epoch = max(id.Epoch+1, now().UnixNano())
-	out, _ := json.MarshalIndent(id, "", "  ")
-	if err := atomicfile.Write(p, out, 0o600); err != nil {
-		return id, fmt.Errorf("--data-dir: %w", err)
-	}
-	return id, nil
-}
-
-// rememberPeers saves the gossip addresses of live members, so a restart
-// finds the cluster without --join.
-func (n *Node) rememberPeers() {
-	var peers []string
-	for _, m := range n.cluster.Members() {
-		if m.Name != n.cfg.Name && m.State == gossip.StateAlive && m.Address != "" {
-			peers = append(peers, m.Address)
-		}
-	}
-	// Only the join loop calls this, so n.id needs no lock.
-	if len(peers) == 0 || slices.Equal(n.id.Peers, peers) {
-		return
-	}
-	n.id.Peers = peers
-	out, _ := json.MarshalIndent(n.id, "", "  ")
-	if err := atomicfile.Write(filepath.Join(n.cfg.DataDir, "node.json"), out, 0o600); err != nil {
-		n.log.Warn("remember peers", "err", err)
-	}
-}
-
-// ValidateJoin checks a --join value without contacting it.
-func ValidateJoin(addr string) error {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" {
-		return fmt.Errorf("--join %q: want host:port, e.g. 10.0.0.2:7946", addr)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		return fmt.Errorf("--join %q: port must be 1-65535", addr)
-	}
-	// A name that does not resolve is a typo, not a peer that is still
-	// booting: fail now. An address that resolves but does not answer is
-	// retried in the background.
-	if net.ParseIP(host) == nil {
-		if _, err := net.LookupHost(host); err != nil {
-			return fmt.Errorf("--join %q: host does not resolve: %v", addr, err)
-		}
-	}
-	return nil
-}
-
-func dedupe(peers []string, self string) []string {
-	seen := map[string]bool{self: true}
-	var out []string
-	for _, p := range peers {
-		if p = strings.TrimSpace(p); p != "" && !seen[p] {
-			seen[p] = true
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // NewToken returns a random cluster token.

@@ -19,6 +19,7 @@ import (
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 const testToken = "test-token-0123456789abcdef"
@@ -120,7 +121,7 @@ func threeNodes(t *testing.T) (*harness, []*Node) {
 	nodes := []*Node{a, b, c}
 	for _, n := range nodes {
 		testwait.Until(t, 15*time.Second, n.Name()+" sees 3 alive members", func() (bool, string) {
-			var ci ClusterInfo
+			var ci status.ClusterInfo
 			call(t, "GET", api(n, "/v1/cluster"), "", nil, &ci)
 			alive := 0
 			for _, m := range ci.Members {
@@ -142,7 +143,7 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 	}
 	for _, n := range nodes {
 		testwait.Until(t, 5*time.Second, n.Name()+" knows chat with 2 ready replicas", func() (bool, string) {
-			var deps []DeploymentInfo
+			var deps []status.DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			return len(deps) == 1 && deps[0].Name == "chat" && deps[0].Ready == 2 && len(deps[0].Nodes) == 2, fmt.Sprintf("%+v", deps)
 		})
@@ -157,12 +158,12 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 		return strings.Count(p0, `"shard_id"`) == 2, p0
 	})
 	// Placing the same spec again answers with what runs, not with zeros.
-	var again DeploymentInfo
+	var again status.DeploymentInfo
 	if code := call(t, "POST", api(nodes[2], "/v1/deployments"), testToken, spec, &again); code != 200 || again.Placed != 2 || again.Ready != 2 {
 		t.Fatalf("placing chat again: HTTP %d, placed %d ready %d; want 2 and 2", code, again.Placed, again.Ready)
 	}
 	// Each plan names the specs it was computed from, and says it is current.
-	var deps []DeploymentInfo
+	var deps []status.DeploymentInfo
 	call(t, "GET", api(nodes[0], "/v1/deployments"), "", nil, &deps)
 	for _, n := range nodes {
 		testwait.Until(t, 5*time.Second, n.Name()+"'s plan is current and computed from chat", func() (bool, string) {
@@ -184,7 +185,7 @@ func TestDeploymentSecretsNeedTheToken(t *testing.T) {
 		t.Fatalf("place: HTTP %d", code)
 	}
 	get := func(token string) placement.Deployment {
-		var deps []DeploymentInfo
+		var deps []status.DeploymentInfo
 		if code := call(t, "GET", api(n, "/v1/deployments"), token, nil, &deps); code != 200 || len(deps) != 1 {
 			t.Fatalf("GET: HTTP %d, %d deployments", code, len(deps))
 		}
@@ -217,7 +218,7 @@ func TestMutationsNeedTheToken(t *testing.T) {
 	if code := call(t, "DELETE", api(n, "/v1/deployments/chat"), "", nil, nil); code != http.StatusUnauthorized {
 		t.Fatalf("unplace without token: HTTP %d, want 401", code)
 	}
-	var deps []DeploymentInfo
+	var deps []status.DeploymentInfo
 	call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 	if len(deps) != 0 {
 		t.Fatalf("refused calls changed state: %+v", deps)
@@ -246,7 +247,7 @@ func TestInvalidSpecNamesTheFieldAndChangesNothing(t *testing.T) {
 			t.Errorf("%s: HTTP %d %s; want 400 naming %q", body, resp.StatusCode, raw, field)
 		}
 	}
-	var deps []DeploymentInfo
+	var deps []status.DeploymentInfo
 	call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 	if len(deps) != 0 {
 		t.Fatalf("invalid specs changed state: %+v", deps)
@@ -260,7 +261,7 @@ func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
 	call(t, "POST", api(nodes[0], "/v1/deployments"), testToken, spec, nil)
 	var victim string
 	testwait.Until(t, 5*time.Second, "both replicas placed", func() (bool, string) {
-		p, _ := nodes[0].Plan()
+		p := nodes[0].Plan()
 		if len(p.Assignments) != 2 {
 			return false, fmt.Sprint(p)
 		}
@@ -278,7 +279,7 @@ func TestKilledNodesShardsMoveToLiveNodes(t *testing.T) {
 	bound := nodes[0].cfg.Profile.DetectionBound(3) + nodes[0].cfg.LeaseTTL
 	for _, n := range survivors {
 		testwait.Until(t, bound+2*time.Second, n.Name()+" re-places the dead node's shard", func() (bool, string) {
-			p, _ := n.Plan()
+			p := n.Plan()
 			nodesUsed := map[string]bool{}
 			for _, a := range p.Assignments {
 				nodesUsed[a.Node] = true
@@ -306,7 +307,7 @@ func TestUnplaceRemovesShardsEverywhere(t *testing.T) {
 	}
 	for _, n := range nodes {
 		testwait.Until(t, 5*time.Second, n.Name()+" holds nothing and shows nothing", func() (bool, string) {
-			var shards []ShardInfo
+			var shards []status.ShardInfo
 			call(t, "GET", api(n, "/v1/shards"), "", nil, &shards)
 			return len(n.Cluster().Local().Shards) == 0 && len(shards) == 0, fmt.Sprint(shards)
 		})
@@ -327,7 +328,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	}
 	for _, n := range nodes {
 		testwait.Until(t, 5*time.Second, n.Name()+" knows both", func() (bool, string) {
-			var deps []DeploymentInfo
+			var deps []status.DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			return len(deps) == 2, fmt.Sprint(len(deps))
 		})
@@ -357,7 +358,7 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	a := h.start("a")
 	for _, n := range []*Node{a, b, c} {
 		testwait.Until(t, 10*time.Second, n.Name()+" knows one and two placed, not gone", func() (bool, string) {
-			var deps []DeploymentInfo
+			var deps []status.DeploymentInfo
 			call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
 			names := []string{}
 			placed := 0

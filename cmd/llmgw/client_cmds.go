@@ -16,7 +16,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 func nodesCommand() *cli.Command {
@@ -29,7 +29,7 @@ func nodesCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var info supervisor.ClusterInfo
+			var info status.ClusterInfo
 			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
 				return err
 			}
@@ -125,7 +125,7 @@ func placeCommand() *cli.Command {
 			if err != nil {
 				return usageError(err.Error())
 			}
-			var out supervisor.DeploymentInfo
+			var out status.DeploymentInfo
 			if err := cl.do(ctx, "POST", "/v1/deployments", body, ctype, &out); err != nil {
 				return err
 			}
@@ -232,7 +232,7 @@ func modelsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var deps []supervisor.DeploymentInfo
+			var deps []status.DeploymentInfo
 			if err := cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps); err != nil {
 				return err
 			}
@@ -270,7 +270,7 @@ func shardsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var shards []supervisor.ShardInfo
+			var shards []status.ShardInfo
 			if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err != nil {
 				return err
 			}

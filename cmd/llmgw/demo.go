@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // demoCommand runs a whole cluster on this machine: real `llmgw node up`
@@ -173,7 +174,7 @@ func poll(ctx context.Context, within time.Duration, check func() (done bool, st
 func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) (string, error) {
 	var url string
 	err := poll(ctx, within, func() (bool, string) {
-		var shards []supervisor.ShardInfo
+		var shards []status.ShardInfo
 		if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err != nil {
 			return false, err.Error()
 		}
@@ -195,7 +196,7 @@ func waitServing(ctx context.Context, cl *client, name string, want int, within 
 func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {
 	cl := &client{base: addr, http: &http.Client{Timeout: 2 * time.Second}}
 	err := poll(ctx, within, func() (bool, string) {
-		var info supervisor.ClusterInfo
+		var info status.ClusterInfo
 		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
 			return false, err.Error()
 		}
@@ -273,7 +274,7 @@ func drainDemo(ctx context.Context, dir string, c *cli.Command) {
 		addr = strings.TrimSpace(string(b))
 	}
 	cl := &client{base: addr, token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 2 * time.Second}}
-	var deps []supervisor.DeploymentInfo
+	var deps []status.DeploymentInfo
 	if cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps) != nil {
 		return
 	}
@@ -281,7 +282,7 @@ func drainDemo(ctx context.Context, dir string, c *cli.Command) {
 		_ = cl.do(ctx, "DELETE", "/v1/deployments/"+d.Name, nil, "", nil)
 	}
 	err = poll(ctx, 20*time.Second, func() (bool, string) {
-		var info supervisor.ClusterInfo
+		var info status.ClusterInfo
 		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
 			return true, "" // the nodes are gone already
 		}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // run executes the CLI in-process with a fresh command tree.
@@ -231,15 +231,15 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		return gossip.ShardLoad{Running: run, Waiting: 1, KVCacheUsage: kv, GenerationTPS: gen, PromptTPS: 10, RatesValid: true, ScrapedAt: now}
 	}
 	answers := map[string]any{
-		"/v1/cluster": supervisor.ClusterInfo{Self: "n1", Members: []supervisor.MemberInfo{
+		"/v1/cluster": status.ClusterInfo{Self: "n1", Members: []status.MemberInfo{
 			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour)},
 			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3}},
 		}},
-		"/v1/deployments": []supervisor.DeploymentInfo{
+		"/v1/deployments": []status.DeploymentInfo{
 			{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 2},
 			{Deployment: placement.Deployment{Name: "big", Replicas: 1}, Why: []string{"big-0: needs 8 GPUs"}},
 		},
-		"/v1/shards": []supervisor.ShardInfo{
+		"/v1/shards": []status.ShardInfo{
 			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
 			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
 			{ShardID: "big-0", Deployment: "big"},
@@ -275,9 +275,9 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	js, err := run(t, "top", "--once", "--json", "--addr", srv.URL)
 	var frame struct {
-		Cluster     supervisor.ClusterInfo      `json:"cluster"`
-		Deployments []supervisor.DeploymentInfo `json:"deployments"`
-		Shards      []supervisor.ShardInfo      `json:"shards"`
+		Cluster     status.ClusterInfo      `json:"cluster"`
+		Deployments []status.DeploymentInfo `json:"deployments"`
+		Shards      []status.ShardInfo      `json:"shards"`
 	}
 	if err != nil || json.Unmarshal([]byte(js), &frame) != nil || len(frame.Shards) != 3 || len(frame.Cluster.Members) != 2 || len(frame.Deployments) != 2 {
 		t.Errorf("top --once --json: %v\n%s", err, js)

@@ -13,7 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 func topCommand() *cli.Command {
@@ -82,9 +82,9 @@ func topCommand() *cli.Command {
 
 // topSnapshot is what one frame shows: the cluster as the asked node sees it.
 type topSnapshot struct {
-	cluster supervisor.ClusterInfo
-	models  []supervisor.DeploymentInfo
-	shards  []supervisor.ShardInfo
+	cluster status.ClusterInfo
+	models  []status.DeploymentInfo
+	shards  []status.ShardInfo
 }
 
 func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
@@ -186,7 +186,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 	tw.Flush()
 	fmt.Fprintln(w)
 
-	shards := append([]supervisor.ShardInfo(nil), s.shards...)
+	shards := append([]status.ShardInfo(nil), s.shards...)
 	sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
 	fmt.Fprintln(tw, "SHARD\tNODE\tGPUS\tSTATUS\tLEASE\tRUNNING\tWAITING\tKV CACHE\tGEN TOK/S\tRESTARTS")
 	for _, sh := range shards {

@@ -14,6 +14,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // The cluster tools answer from this node's view. Their results are JSON
@@ -27,7 +28,7 @@ type nodesIn struct {
 }
 
 type nodeOut struct {
-	supervisor.MemberInfo
+	status.MemberInfo
 	// ShardsHeld replaces the record's shard list; the shards tool has it.
 	ShardsHeld int  `json:"shards_held"`
 	Self       bool `json:"self,omitempty"`
@@ -43,7 +44,7 @@ type deploymentsIn struct {
 }
 
 type deploymentsOut struct {
-	Deployments []supervisor.DeploymentInfo `json:"deployments"`
+	Deployments []status.DeploymentInfo `json:"deployments"`
 }
 
 type shardsIn struct {
@@ -53,7 +54,7 @@ type shardsIn struct {
 }
 
 type shardsOut struct {
-	Shards []supervisor.ShardInfo `json:"shards"`
+	Shards []status.ShardInfo `json:"shards"`
 }
 
 type whyNotIn struct {
@@ -187,16 +188,16 @@ func (s *Server) addClusterTools() {
 func ptr[T any](v T) *T { return &v }
 
 func (s *Server) nodes(_ context.Context, in nodesIn) (any, error) {
-	out := nodesOut{Self: s.node.Name(), Nodes: []nodeOut{}}
+	out := nodesOut{Self: s.self(), Nodes: []nodeOut{}}
 	var names []string
-	for _, m := range s.node.Members() {
+	for _, m := range s.node.Status().Members() {
 		names = append(names, m.Name)
 		if in.Name != "" && m.Name != in.Name {
 			continue
 		}
 		held := len(m.Shards)
 		m.Shards = nil
-		out.Nodes = append(out.Nodes, nodeOut{MemberInfo: m, ShardsHeld: held, Self: m.Name == s.node.Name()})
+		out.Nodes = append(out.Nodes, nodeOut{MemberInfo: m, ShardsHeld: held, Self: m.Name == s.self()})
 	}
 	if in.Name != "" && len(out.Nodes) == 0 {
 		return nil, fmt.Errorf("no node named %q; nodes: %s", in.Name, strings.Join(names, ", "))
@@ -206,7 +207,7 @@ func (s *Server) nodes(_ context.Context, in nodesIn) (any, error) {
 
 func (s *Server) deploymentNames() string {
 	var names []string
-	for _, d := range s.node.Deployments() {
+	for _, d := range s.node.Status().Deployments(s.node.Now()) {
 		names = append(names, d.Name)
 	}
 	if len(names) == 0 {
@@ -217,8 +218,8 @@ func (s *Server) deploymentNames() string {
 }
 
 func (s *Server) deployments(_ context.Context, in deploymentsIn) (any, error) {
-	out := deploymentsOut{Deployments: []supervisor.DeploymentInfo{}}
-	for _, d := range s.node.Deployments() {
+	out := deploymentsOut{Deployments: []status.DeploymentInfo{}}
+	for _, d := range s.node.Status().Deployments(s.node.Now()) {
 		if in.Name == "" || d.Name == in.Name {
 			out.Deployments = append(out.Deployments, d)
 		}
@@ -230,8 +231,8 @@ func (s *Server) deployments(_ context.Context, in deploymentsIn) (any, error) {
 }
 
 func (s *Server) shards(_ context.Context, in shardsIn) (any, error) {
-	out := shardsOut{Shards: []supervisor.ShardInfo{}}
-	for _, sh := range s.node.Shards() {
+	out := shardsOut{Shards: []status.ShardInfo{}}
+	for _, sh := range s.node.Status().Shards(s.node.Now()) {
 		if (in.Deployment != "" && sh.Deployment != in.Deployment) || (in.Node != "" && sh.Node != in.Node) || (in.Status != "" && sh.Status != gossip.ShardStatus(in.Status)) {
 			continue
 		}
@@ -247,8 +248,8 @@ func (s *Server) whyNot(_ context.Context, in whyNotIn) (any, error) {
 	case in.Deployment != "" && in.Shard != "":
 		return nil, errors.New("give deployment or shard, not both")
 	}
-	var rows []supervisor.ShardInfo
-	for _, sh := range s.node.Shards() {
+	var rows []status.ShardInfo
+	for _, sh := range s.node.Status().Shards(s.node.Now()) {
 		if (in.Shard != "" && sh.ShardID == in.Shard) || (in.Deployment != "" && sh.Deployment == in.Deployment) {
 			rows = append(rows, sh)
 		}
@@ -262,7 +263,7 @@ func (s *Server) whyNot(_ context.Context, in whyNotIn) (any, error) {
 		dep = rows[0].Deployment
 	}
 	found := false
-	for _, d := range s.node.Deployments() {
+	for _, d := range s.node.Status().Deployments(s.node.Now()) {
 		if d.Name == dep {
 			found = true
 			out.Deployment, out.Placed, out.Ready = d.Name, d.Placed, d.Ready
@@ -283,7 +284,7 @@ func (s *Server) whyNot(_ context.Context, in whyNotIn) (any, error) {
 }
 
 // explain says in one sentence where a shard runs and how, or why nowhere.
-func explain(sh supervisor.ShardInfo) shardWhy {
+func explain(sh status.ShardInfo) shardWhy {
 	w := shardWhy{ShardID: sh.ShardID, Deployment: sh.Deployment, SpecVersion: sh.SpecVersion, Node: sh.Node,
 		GPUs: sh.GPUs, Status: sh.Status, Lease: sh.Lease, Placed: sh.Node != ""}
 	switch {
@@ -341,8 +342,8 @@ func summarize(in whyNotIn, out whyNotOut, known bool) string {
 
 func (s *Server) load(_ context.Context, in loadIn) (any, error) {
 	out := loadOut{Shards: []loadRow{}, ByDeployment: map[string]loadTotal{}}
-	now := time.Now()
-	for _, sh := range s.node.Shards() {
+	now := s.node.Now()
+	for _, sh := range s.node.Status().Shards(now) {
 		if sh.Node == "" || sh.Status == gossip.ShardPending {
 			continue // nobody holds it, so nobody scraped it
 		}
@@ -378,12 +379,12 @@ func (s *Server) place(_ context.Context, in placeIn) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec refused: %w", err)
 	}
-	rec, err := s.node.Cluster().PutDeployment(spec)
+	info, err := s.node.Place(spec)
 	if err != nil {
-		return nil, fmt.Errorf("store deployment %s: %w", spec.Name, err)
+		return nil, err
 	}
-	s.log.Info("deployment placed over MCP", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
-	return placeOut{Placed: spec.Name, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Spec: spec,
+	s.log.Info("deployment placed over MCP", "name", spec.Name)
+	return placeOut{Placed: spec.Name, SpecVersion: info.SpecVersion, Stamp: info.Stamp, Spec: spec,
 		Next: "every node now places it alike; call why_not with deployment " + spec.Name + " to see where it runs"}, nil
 }
 
@@ -391,12 +392,11 @@ func (s *Server) unplace(_ context.Context, in unplaceIn) (any, error) {
 	if in.Name == "" {
 		return nil, fmt.Errorf("name a deployment; deployments: %s", s.deploymentNames())
 	}
-	_, ok, err := s.node.Cluster().DeleteDeployment(in.Name)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("remove deployment %s: %w", in.Name, err)
-	case !ok:
+	switch err := s.node.Unplace(in.Name); {
+	case errors.Is(err, supervisor.ErrNoDeployment):
 		return nil, fmt.Errorf("no deployment named %q; deployments: %s", in.Name, s.deploymentNames())
+	case err != nil:
+		return nil, err
 	}
 	s.log.Info("deployment removed over MCP", "name", in.Name)
 	return unplaceOut{Removed: in.Name}, nil

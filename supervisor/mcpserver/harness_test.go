@@ -122,7 +122,7 @@ func waitAlive(tb testing.TB, nodes ...*testNode) {
 		ok := true
 		for _, a := range nodes {
 			seen := map[string]bool{}
-			for _, m := range a.node.Members() {
+			for _, m := range a.node.Status().Members() {
 				if m.State == gossip.StateAlive && m.API != "" {
 					seen[m.Name] = true
 				}

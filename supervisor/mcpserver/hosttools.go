@@ -64,7 +64,7 @@ func (s *Server) addHostTools(tools []host.Tool) {
 		mcp.AddTool(s.srv, &mcp.Tool{Name: name, Description: desc, InputSchema: schema, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 			func(ctx context.Context, req *mcp.CallToolRequest, in hostIn) (*mcp.CallToolResult, any, error) {
 				start := time.Now()
-				if in.Node != "" && in.Node != s.node.Name() {
+				if in.Node != "" && in.Node != s.self() {
 					res, err := s.forward(ctx, req, in.Node)
 					s.observe(name, "forwarded", start, err != nil || (res != nil && res.IsError))
 					return res, nil, err
@@ -72,7 +72,7 @@ func (s *Server) addHostTools(tools []host.Tool) {
 				out, err := run(ctx, in.args())
 				s.observe(name, "local", start, err != nil)
 				if err != nil {
-					return nil, nil, fmt.Errorf("%s on %s: %w", name, s.node.Name(), err)
+					return nil, nil, fmt.Errorf("%s on %s: %w", name, s.self(), err)
 				}
 				return textResult(out), nil, nil
 			})

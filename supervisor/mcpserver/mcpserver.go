@@ -28,9 +28,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Path is where Register serves MCP.
@@ -66,10 +67,33 @@ type Options struct {
 	Version string
 }
 
+// Reader is the node's read model and clock.
+type Reader interface {
+	Status() *status.Snapshot
+	Now() time.Time
+}
+
+// Placer changes what the cluster runs, through the same validated path
+// as the node's HTTP API.
+type Placer interface {
+	Place(spec placement.Deployment) (status.DeploymentInfo, error)
+	Unplace(name string) error
+}
+
+// Node is what the MCP server needs of its node (*supervisor.Node): the
+// read model, place and unplace, the last GPU reading for the gpu tool, and
+// the token check that guards /mcp.
+type Node interface {
+	Reader
+	Placer
+	GPUSnapshot() gpu.Snapshot
+	RequireToken(h http.Handler) http.Handler
+}
+
 // Server is the MCP endpoint of one node. It is also a
 // prometheus.Collector of its tool calls (see metrics.go).
 type Server struct {
-	node    *supervisor.Node
+	node    Node
 	opts    Options
 	log     *slog.Logger
 	srv     *mcp.Server
@@ -82,14 +106,14 @@ type Server struct {
 
 // Register adds /mcp to mux, guarded by the cluster token, and returns the
 // server so its call metrics can be registered (nodemetrics.Options).
-func Register(n *supervisor.Node, mux *http.ServeMux, opts Options) *Server {
+func Register(n Node, mux *http.ServeMux, opts Options) *Server {
 	s := New(n, opts)
 	mux.Handle(Path, s.Handler())
 	return s
 }
 
 // New builds the server without registering it.
-func New(n *supervisor.Node, opts Options) *Server {
+func New(n Node, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -106,7 +130,7 @@ func New(n *supervisor.Node, opts Options) *Server {
 	}
 	hc := opts.Host
 	if hc.Host == "" {
-		hc.Host = n.Name()
+		hc.Host = n.Status().Self()
 	}
 	if hc.Engines == nil {
 		hc.Engines = func(context.Context) ([]host.EngineProcess, error) { return localEngines(n), nil }
@@ -118,7 +142,7 @@ func New(n *supervisor.Node, opts Options) *Server {
 		node: n, opts: opts, log: opts.Logger.With("component", "mcp"),
 		hc: opts.HTTPClient, calls: newCallHistogram(),
 	}
-	s.srv = mcp.NewServer(&mcp.Implementation{Name: "llmgw", Title: "llmgw node " + n.Name(), Version: opts.Version}, &mcp.ServerOptions{
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "llmgw", Title: "llmgw node " + n.Status().Self(), Version: opts.Version}, &mcp.ServerOptions{
 		Instructions: "llmgw cluster tools. Host tools (meminfo, gpu, processes, ...) run on this node, or on the node " +
 			"named by their optional `node` argument (see `nodes`). Cluster tools answer from this node's gossip " +
 			"view, which every node shares: nodes, deployments, shards, why_not, load; place and unplace change " +
@@ -151,10 +175,15 @@ func (s *Server) MCPServer() *mcp.Server { return s.srv }
 // ToolNames lists every tool this server offers.
 func (s *Server) ToolNames() []string { return slices.Clone(s.names) }
 
+// self is this node's name.
+func (s *Server) self() string { return s.node.Status().Self() }
+
 // localEngines lists this node's engine processes from its own record.
-func localEngines(n *supervisor.Node) []host.EngineProcess {
+func localEngines(n Reader) []host.EngineProcess {
+	snap := n.Status()
+	self, _ := snap.Member(snap.Self())
 	var out []host.EngineProcess
-	for _, sh := range n.Cluster().Local().Shards {
+	for _, sh := range self.Shards {
 		if sh.PID > 0 {
 			out = append(out, host.EngineProcess{Name: sh.ShardID, PID: sh.PID})
 		}
@@ -170,9 +199,9 @@ type peer struct {
 // lookup finds a node to forward to. It fails, naming the live nodes, when
 // target is unknown, dead, left, or has no API address.
 func (s *Server) lookup(target string) (peer, error) {
-	members := s.node.Members()
+	members := s.node.Status().Members()
 	var live []string
-	var found *supervisor.MemberInfo
+	var found *status.MemberInfo
 	for i, m := range members {
 		if reachable(m.State) && m.API != "" {
 			live = append(live, m.Name)
@@ -221,7 +250,7 @@ func (s *Server) forward(ctx context.Context, req *mcp.CallToolRequest, target s
 		in = req.Extra.Header
 	}
 	if by := in.Get(forwardedHeader); by != "" {
-		return nil, fmt.Errorf("node %s forwarded a call for %q to this node (%s); not forwarding it again (the two nodes disagree about addresses; ask %s directly)", by, target, s.node.Name(), target)
+		return nil, fmt.Errorf("node %s forwarded a call for %q to this node (%s); not forwarding it again (the two nodes disagree about addresses; ask %s directly)", by, target, s.self(), target)
 	}
 	p, err := s.lookup(target)
 	if err != nil {
@@ -231,7 +260,7 @@ func (s *Server) forward(ctx context.Context, req *mcp.CallToolRequest, target s
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	set := http.Header{forwardedHeader: {s.node.Name()}}
+	set := http.Header{forwardedHeader: {s.self()}}
 	if a := in.Get("Authorization"); a != "" {
 		set.Set("Authorization", a)
 	}

@@ -263,7 +263,7 @@ func TestClusterTools(t *testing.T) {
 		t.Fatalf("unplace: %s", text(res))
 	}
 	waitFor(t, "huge gone from bravo's view", func() bool {
-		return len(bravo.node.Deployments()) == 1
+		return len(bravo.node.Status().Deployments(bravo.node.Now())) == 1
 	})
 }
 
@@ -359,7 +359,7 @@ func TestUnknownOrGoneNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "alpha sees bravo gone", func() bool {
-		for _, m := range alpha.node.Members() {
+		for _, m := range alpha.node.Status().Members() {
 			if m.Name == "bravo" {
 				return !reachable(m.State)
 			}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,13 +25,13 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Options add what the node itself does not expose.
 type Options struct {
 	// ScrapeErrors counts failed engine /metrics scrapes on this node
-	// (supervisor.Runner.ScrapeErrors). Nil: the metric is left out.
+	// (engine.Runner.ScrapeErrors). Nil: the metric is left out.
 	ScrapeErrors func() uint64
 	// Collectors are registered too, e.g. the MCP server's tool-call
 	// durations (*mcpserver.Server).
@@ -39,8 +40,16 @@ type Options struct {
 	NoProcessMetrics bool
 }
 
+// Source is what the metrics are read from (*supervisor.Node): the node's
+// read model, its clock, and its gossip traffic counters.
+type Source interface {
+	Status() *status.Snapshot
+	Now() time.Time
+	GossipStats() gossip.Stats
+}
+
 // Register adds GET /metrics to mux and returns the registry behind it.
-func Register(n *supervisor.Node, mux *http.ServeMux, opts Options) *prometheus.Registry {
+func Register(n Source, mux *http.ServeMux, opts Options) *prometheus.Registry {
 	reg := NewRegistry(n, opts)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorHandling:       promhttp.ContinueOnError,
@@ -51,7 +60,7 @@ func Register(n *supervisor.Node, mux *http.ServeMux, opts Options) *prometheus.
 }
 
 // NewRegistry builds the node's registry without serving it.
-func NewRegistry(n *supervisor.Node, opts Options) *prometheus.Registry {
+func NewRegistry(n Source, opts Options) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&nodeCollector{n: n, scrapeErrors: opts.ScrapeErrors})
 	if !opts.NoProcessMetrics {
@@ -110,7 +119,7 @@ var (
 
 // nodeCollector reads everything from the node at scrape time.
 type nodeCollector struct {
-	n            *supervisor.Node
+	n            Source
 	scrapeErrors func() uint64
 }
 
@@ -134,23 +143,19 @@ func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels 
 }
 
 func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
-	n := c.n
+	snap, now := c.n.Status(), c.n.Now()
 	// Every state appears, at 0 when empty, so a vanished series is never
 	// mistaken for a count that went to zero.
 	members := map[gossip.MemberState]int{gossip.StateAlive: 0, gossip.StateSuspect: 0, gossip.StateDead: 0, gossip.StateLeft: 0, gossip.StateUnknown: 0}
-	var self *supervisor.MemberInfo
-	all := n.Members()
-	for i, m := range all {
+	all := snap.Members()
+	for _, m := range all {
 		members[m.State]++
-		if m.Name == n.Name() {
-			self = &all[i]
-		}
 	}
 	for s, v := range members {
 		gauge(ch, descMembers, float64(v), string(s))
 	}
 
-	deps := n.Deployments()
+	deps := snap.Deployments(now)
 	gauge(ch, descDeployments, float64(len(deps)))
 	for _, d := range deps {
 		gauge(ch, descReplicas, float64(d.Replicas), d.Name, "wanted")
@@ -160,7 +165,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 
 	type sl struct{ status, lease string }
 	shards := map[sl]int{}
-	for _, s := range n.Shards() {
+	for _, s := range snap.Shards(now) {
 		lease := string(s.Lease)
 		if lease == "" {
 			lease = "none"
@@ -171,15 +176,15 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, descShards, float64(v), k.status, k.lease)
 	}
 
-	gauge(ch, descReconcile, n.ReconcileDuration().Seconds())
-	st := n.Cluster().Stats()
+	gauge(ch, descReconcile, snap.ReconcileTook().Seconds())
+	st := c.n.GossipStats()
 	counter(ch, descGossip, float64(st.Sent), "sent")
 	counter(ch, descGossip, float64(st.Received), "received")
 	counter(ch, descGossip, float64(st.Dropped), "dropped")
 	gauge(ch, descGossipMembers, float64(st.Members))
 
-	if self != nil {
-		c.collectSelf(ch, *self)
+	if self, ok := snap.Member(snap.Self()); ok {
+		c.collectSelf(ch, self)
 	}
 	if c.scrapeErrors != nil {
 		counter(ch, descScrapeErrors, float64(c.scrapeErrors()))
@@ -188,7 +193,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 
 // collectSelf reports this node's GPUs and engines from its own record,
 // which is what it gossips to everyone else.
-func (c *nodeCollector) collectSelf(ch chan<- prometheus.Metric, self supervisor.MemberInfo) {
+func (c *nodeCollector) collectSelf(ch chan<- prometheus.Metric, self status.MemberInfo) {
 	gpus := slices.Clone(self.GPUs)
 	slices.SortFunc(gpus, func(a, b placement.GPU) int { return a.Index - b.Index })
 	for _, g := range gpus {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // RefreshSeconds is how often the page reloads itself.
@@ -32,16 +32,23 @@ var pageHTML string
 
 var tmpl = template.Must(template.New("page").Parse(pageHTML))
 
-// Register adds GET / (exactly; other paths stay 404) to mux.
-func Register(n *supervisor.Node, mux *http.ServeMux) {
-	mux.Handle("GET /{$}", Handler(n))
+// Source is what the page is drawn from: a node's read model and its
+// clock (*supervisor.Node).
+type Source interface {
+	Status() *status.Snapshot
+	Now() time.Time
 }
 
-// Handler draws the page for n.
-func Handler(n *supervisor.Node) http.Handler {
+// Register adds GET / (exactly; other paths stay 404) to mux.
+func Register(src Source, mux *http.ServeMux) {
+	mux.Handle("GET /{$}", Handler(src))
+}
+
+// Handler draws the page from src.
+func Handler(src Source) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var buf bytes.Buffer
-		if err := tmpl.Execute(&buf, build(n, time.Now())); err != nil {
+		if err := tmpl.Execute(&buf, build(src.Status(), src.Now())); err != nil {
 			http.Error(w, "draw the cluster page: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -113,11 +120,10 @@ type shardRow struct {
 	Reason                     string
 }
 
-func build(n *supervisor.Node, now time.Time) data {
-	d := data{Self: n.Name(), Now: now.UTC().Format("2006-01-02 15:04:05Z"), Refresh: RefreshSeconds}
-	members := n.Members()
-	for _, m := range members {
-		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: stateClass(m.State), Self: m.Name == n.Name(),
+func build(snap *status.Snapshot, now time.Time) data {
+	d := data{Self: snap.Self(), Now: now.UTC().Format("2006-01-02 15:04:05Z"), Refresh: RefreshSeconds}
+	for _, m := range snap.Members() {
+		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: stateClass(m.State), Self: m.Name == snap.Self(),
 			Agent: m.AgentVersion, Runtime: m.Runtime, Shards: len(m.Shards), Simulated: m.Probes.GPUsSimulated}
 		if m.API != "" {
 			row.Link = "http://" + m.API + "/"
@@ -162,7 +168,7 @@ func build(n *supervisor.Node, now time.Time) data {
 		}
 	}
 
-	for _, dep := range n.Deployments() {
+	for _, dep := range snap.Deployments(now) {
 		r := depRow{Name: dep.Name, Model: dep.Model, Engine: dep.Engine, Wanted: dep.Replicas, Placed: dep.Placed, Ready: dep.Ready,
 			Nodes: strings.Join(dep.Nodes, ", "), Why: dep.Why}
 		r.Shape = fmt.Sprintf("%d GPU", dep.TensorParallel)
@@ -188,7 +194,7 @@ func build(n *supervisor.Node, now time.Time) data {
 		d.Summary.Deployments++
 	}
 
-	for _, s := range n.Shards() {
+	for _, s := range snap.Shards(now) {
 		r := shardRow{ID: s.ShardID, Deployment: s.Deployment, Node: s.Node, Status: string(s.Status), Lease: string(s.Lease),
 			Restarts: s.Restarts, Reason: s.Reason, Load: loadText(s.Load, s.Status)}
 		if len(s.GPUs) > 0 {

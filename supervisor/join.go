@@ -1,0 +1,210 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/clock"
+)
+
+// joinLoop joins the given peers, retrying with exponential backoff until
+// one answers, so nodes can start in any order. Later, it keeps dialling
+// members it believes dead: after a partition heals memberlist alone would
+// stop talking to the other side once its gossip-to-the-dead window passed.
+func (n *Node) joinLoop(ctx context.Context, peers []string) {
+	defer n.wg.Done()
+	peers = dedupe(peers, n.cluster.Address())
+	backoff := 250 * time.Millisecond
+	warned := false
+	if len(peers) == 0 {
+		n.settle("no peers to join: this node starts the cluster")
+	}
+	giveUp := n.clock.Now().Add(settleTimeout)
+	for len(peers) > 0 {
+		num, err := n.cluster.Join(peers)
+		if err == nil {
+			n.log.Info("joined cluster", "contacted", num, "members", n.cluster.NumMembers())
+			n.settle("joined")
+			break
+		}
+		if n.clock.Now().After(giveUp) {
+			n.settle("no peer answered within " + settleTimeout.String() + "; acting on what this node knows")
+		}
+		if !warned {
+			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
+			warned = true
+		}
+		if !clock.Sleep(ctx, backoff) {
+			return
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+	tick := time.NewTicker(n.reconnectInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		// Dead members are dialled at once, not one after another: each
+		// unanswered dial takes memberlist's TCP timeout, and a stop waits
+		// for this loop.
+		var wg sync.WaitGroup
+		for _, m := range n.cluster.Members() {
+			if m.State != gossip.StateDead || m.Address == "" || n.clock.Now().Sub(m.Since) > reconnectFor {
+				continue
+			}
+			wg.Go(func() {
+				if ctx.Err() != nil {
+					return
+				}
+				// name/addr: memberlist then knows whom it dials, and a
+				// node it would refuse (a partition rule) is not dialled.
+				if _, err := n.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
+					n.log.Info("reconnected to a member believed dead", "member", m.Name)
+				}
+			})
+		}
+		wg.Wait()
+		n.rememberPeers()
+	}
+}
+
+// reconnectFor bounds how long a dead member is dialled again: long enough
+// for a partition to heal or a machine to be repaired (Serf's reconnect
+// timeout is the same day), not forever for a node that was retired.
+const reconnectFor = 24 * time.Hour
+
+// settleTimeout bounds how long a node that cannot reach any peer waits
+// before it starts and stops engines on its own view.
+const settleTimeout = 10 * time.Second
+
+// settle lets the engines act on the plan. Until the node has exchanged
+// state with a peer its view is partial (after a restart it may not even
+// know the other nodes), and a plan from a partial view would start
+// duplicates of shards that run elsewhere.
+func (n *Node) settle(why string) {
+	if s, ok := n.runner.(settler); ok {
+		if n.settled.CompareAndSwap(false, true) {
+			n.log.Info("engines may now follow the plan", "why", why)
+			s.Settle()
+			n.wakeLoop()
+		}
+	}
+}
+
+// wakeLoop makes the control loop reconcile now rather than at its next
+// tick or event.
+func (n *Node) wakeLoop() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) reconnectInterval() time.Duration {
+	if n.cfg.Profile.Name == "local" {
+		return time.Second
+	}
+	return 10 * time.Second
+}
+
+// ValidateJoin checks a --join value without contacting it.
+func ValidateJoin(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("--join %q: want host:port, e.g. 10.0.0.2:7946", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("--join %q: port must be 1-65535", addr)
+	}
+	// A name that does not resolve is a typo, not a peer that is still
+	// booting: fail now. An address that resolves but does not answer is
+	// retried in the background.
+	if net.ParseIP(host) == nil {
+		if _, err := net.LookupHost(host); err != nil {
+			return fmt.Errorf("--join %q: host does not resolve: %v", addr, err)
+		}
+	}
+	return nil
+}
+
+func dedupe(peers []string, self string) []string {
+	seen := map[string]bool{self: true}
+	var out []string
+	for _, p := range peers {
+		if p = strings.TrimSpace(p); p != "" && !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// identity is what a node remembers across restarts.
+type identity struct {
+	Name  string   `json:"name"`
+	Epoch int64    `json:"epoch"`
+	Peers []string `json:"peers,omitempty"`
+}
+
+// loadIdentity reads node.json, checks the name, and bumps the boot epoch
+// so this run's records are newer than any the cluster still holds from the
+// last run, even if the clock went backwards in between.
+func loadIdentity(dir, name string, now func() time.Time) (identity, error) {
+	p := filepath.Join(dir, "node.json")
+	var id identity
+	b, err := os.ReadFile(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return id, fmt.Errorf("--data-dir: read %s: %w", p, err)
+	default:
+		if err := json.Unmarshal(b, &id); err != nil {
+			return id, fmt.Errorf("--data-dir: %s is corrupt (%v); move it aside to start as a new node", p, err)
+		}
+		if id.Name != "" && id.Name != name {
+			return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir, id.Name)
+		}
+	}
+	id.Name = name
+	id.Epoch = max(id.Epoch+1, now().UnixNano())
+	out, _ := json.MarshalIndent(id, "", "  ")
+	if err := atomicfile.Write(p, out, 0o600); err != nil {
+		return id, fmt.Errorf("--data-dir: %w", err)
+	}
+	return id, nil
+}
+
+// rememberPeers saves the gossip addresses of live members, so a restart
+// finds the cluster without --join.
+func (n *Node) rememberPeers() {
+	var peers []string
+	for _, m := range n.cluster.Members() {
+		if m.Name != n.cfg.Name && m.State == gossip.StateAlive && m.Address != "" {
+			peers = append(peers, m.Address)
+		}
+	}
+	// Only the join loop calls this, so n.id needs no lock.
+	if len(peers) == 0 || slices.Equal(n.id.Peers, peers) {
+		return
+	}
+	n.id.Peers = peers
+	out, _ := json.MarshalIndent(n.id, "", "  ")
+	if err := atomicfile.Write(filepath.Join(n.cfg.DataDir, "node.json"), out, 0o600); err != nil {
+		n.log.Warn("remember peers", "err", err)
+	}
+}

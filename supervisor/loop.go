@@ -1,0 +1,191 @@
+package supervisor
+
+import (
+	"context"
+	"reflect"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/probes/host"
+	"github.com/llmgw/llmgw/supervisor/engine"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// loop is the control loop: on every gossip or engine change, and on a
+// tick, it recomputes the plan and reconciles this node's engines; on the
+// renew tick it renews this node's leases.
+func (n *Node) loop(ctx context.Context) {
+	defer n.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
+	defer renew.Stop()
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		n.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.cluster.Changes():
+		case <-n.runner.Changes():
+		case <-n.wake:
+		case <-tick.C:
+		case <-renew.C:
+			n.cluster.Renew()
+		}
+	}
+}
+
+// reconcile is one pass of the loop: view, plan, this node's part to the
+// runner, what the runner holds into this node's record, and the read
+// model of it all for the node's readers.
+func (n *Node) reconcile(ctx context.Context) {
+	start := time.Now()
+	now := n.clock.Now()
+	members := n.cluster.Members()
+	deps := n.cluster.Deployments()
+	view := BuildView(members, deps, now, n.cfg.LeaseTTL)
+	plan := placement.Compute(view)
+	specs := map[string]placement.Deployment{}
+	for _, d := range view.Deployments {
+		specs[d.Name] = d.WithDefaults()
+	}
+	var mine []engine.Desired
+	for _, a := range plan.Assignments {
+		if a.Node == n.cfg.Name {
+			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment]})
+		}
+	}
+	n.runner.Reconcile(ctx, mine)
+	shards := n.runner.Shards()
+	if n.recordNeedsShards(shards) {
+		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
+		// Readers see what this node now holds, not the record before.
+		members = n.cluster.Members()
+	}
+	n.snap.Store(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
+		Members: members, Deployments: deps, ReconcileTook: time.Since(start)}))
+}
+
+// loadPublishInterval spaces record updates that only carry new engine
+// load: every change of content is a full record sent to the cluster, and
+// load changes at every scrape.
+const loadPublishInterval = 15 * time.Second
+
+// recordNeedsShards says whether this node's record must be republished
+// with the shards cur: always when anything but load changed, and for load
+// alone at most every loadPublishInterval. It notes the time of a
+// publication it allows.
+func (n *Node) recordNeedsShards(cur []gossip.ShardRecord) bool {
+	old := n.cluster.Local().Shards
+	if reflect.DeepEqual(cur, old) {
+		return false
+	}
+	if len(cur) == len(old) {
+		same := true
+		for i := range cur {
+			a, b := cur[i], old[i]
+			a.Load, b.Load = gossip.ShardLoad{}, gossip.ShardLoad{}
+			if !reflect.DeepEqual(a, b) {
+				same = false
+				break
+			}
+		}
+		if same && n.clock.Now().Sub(n.loadPublished) < loadPublishInterval {
+			return false
+		}
+	}
+	n.loadPublished = n.clock.Now()
+	return true
+}
+
+func (n *Node) gpuLoop(ctx context.Context) {
+	defer n.wg.Done()
+	tick := time.NewTicker(n.cfg.GPUInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		snap, err := n.cfg.GPUs.Discover(ctx)
+		if err != nil {
+			n.log.Warn("GPU re-read failed; keeping the last reading", "err", err)
+			continue
+		}
+		local := n.cluster.Local()
+		gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), local.GPUs, local.Probes)
+		n.mu.Lock()
+		n.gpuSnap = snap
+		n.mu.Unlock()
+		if gpuChanged(n.cluster.Local().GPUs, gpus) || probes != n.cluster.Local().Probes {
+			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs, r.Probes = gpus, probes })
+		}
+	}
+}
+
+// withFaults marks the GPUs with recent driver faults and updates the
+// fault counts in probes. When the kernel log cannot be read this time, the
+// marks of the last reading (prev) stay: a read error must not make a
+// faulting GPU placeable again.
+func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probes gossip.ProbeSummary) ([]placement.GPU, gossip.ProbeSummary) {
+	if n.cfg.DriverFaults == nil || n.cfg.GPUsSimulated {
+		return gpus, probes
+	}
+	f, err := n.cfg.DriverFaults(ctx)
+	if err != nil {
+		n.log.Warn("reading driver faults failed; keeping the last fault marks", "err", err)
+		for i := range gpus {
+			for _, p := range prev {
+				if p.UUID == gpus[i].UUID && p.Faulted {
+					gpus[i].Faulted = true
+				}
+			}
+		}
+		return gpus, probes
+	}
+	gpus = host.MarkFaulted(gpus, f, n.clock.Now())
+	probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
+	probes.LastDriverFault = ""
+	if f.NewestXid != nil {
+		probes.LastDriverFault = f.NewestXid.Message
+	}
+	return gpus, probes
+}
+
+// GPUSnapshot is the last GPU reading.
+func (n *Node) GPUSnapshot() gpu.Snapshot {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gpuSnap
+}
+
+func (n *Node) foreignAdjusted(s gpu.Snapshot) []placement.GPU {
+	own := map[int]bool{}
+	for _, p := range n.runner.OwnPIDs() {
+		own[p] = true
+	}
+	return gpu.ForeignMemory(s, own)
+}
+
+// gpuChanged ignores memory churn under 256 MiB: re-gossiping every
+// allocator wobble would flood the cluster for no placement decision.
+func gpuChanged(old, cur []placement.GPU) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	const q = 256 << 20
+	for i := range old {
+		a, b := old[i], cur[i]
+		if a.UUID != b.UUID || a.Faulted != b.Faulted || a.MIG != b.MIG || a.MemoryTotal != b.MemoryTotal ||
+			a.MemoryUsed/q != b.MemoryUsed/q || a.MemoryForeign/q != b.MemoryForeign/q {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,52 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// ErrNoDeployment is returned (wrapped) by Unplace for a name that no live
+// deployment has.
+var ErrNoDeployment = errors.New("no such deployment")
+
+// Place makes spec the cluster's newest wish for its name: validated,
+// persisted here, then gossiped. It is the one way in for every interface
+// (the HTTP API, MCP), so each gets the same checks. An invalid spec is an
+// error wrapping placement.ErrInvalidDeployment and changes nothing.
+//
+// The answer says what runs already when the spec's version is running
+// (only replicas, or nothing, changed), and zeros for a new version.
+func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
+	if err := spec.WithDefaults().Validate(); err != nil {
+		return status.DeploymentInfo{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
+	}
+	rec, err := n.cluster.PutDeployment(spec)
+	if err != nil {
+		return status.DeploymentInfo{}, fmt.Errorf("store deployment %s: %w", spec.Name, err)
+	}
+	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
+	info := status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
+	for _, d := range n.Status().Deployments(n.clock.Now()) {
+		if d.Name == spec.Name && d.SpecVersion == info.SpecVersion {
+			info.Placed, info.Ready, info.Nodes = min(d.Placed, spec.Replicas), min(d.Ready, spec.Replicas), d.Nodes
+		}
+	}
+	return info, nil
+}
+
+// Unplace replaces the deployment name with a tombstone, everywhere. A
+// name no live deployment has is an error wrapping ErrNoDeployment.
+func (n *Node) Unplace(name string) error {
+	_, ok, err := n.cluster.DeleteDeployment(name)
+	switch {
+	case err != nil:
+		return fmt.Errorf("remove deployment %s: %w", name, err)
+	case !ok:
+		return fmt.Errorf("%w named %q", ErrNoDeployment, name)
+	}
+	n.log.Info("deployment removed", "name", name)
+	return nil
+}

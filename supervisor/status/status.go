@@ -1,0 +1,349 @@
+// Package status is the node's read model: it turns what one reconcile pass
+// saw (the plan, the view it was computed from, the members and the
+// deployment records) into one Snapshot of the cluster as this node judges
+// it: members, deployments with how much of each is placed and ready and why
+// not, and every shard with its holder, lease, readiness, engine URL and
+// load.
+//
+// A Snapshot is built once per reconcile and then only read, by every
+// consumer (the HTTP API, the page, the metrics, MCP), so they all show the
+// same picture and none walks gossip or joins records per request. Leases
+// lapse by the clock, not on an event: the snapshot keeps the moment each
+// lease lapses, and a reader passes its own now, so a lease that lapsed
+// since the last reconcile reads as lapsed.
+//
+// The package is pure: no I/O, no goroutines, no clock of its own.
+package status
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+)
+
+// Input is what one reconcile pass saw.
+type Input struct {
+	// Self is this node's name.
+	Self string
+	// Now is when View was built; TTL is the lease TTL it judged by.
+	Now time.Time
+	TTL time.Duration
+	// Plan was computed from View, and View from Members and Deployments.
+	Plan        placement.Plan
+	View        placement.View
+	Members     []gossip.Member
+	Deployments []gossip.DeploymentRecord
+	// ReconcileTook is how long the pass took.
+	ReconcileTook time.Duration
+}
+
+// Snapshot is the cluster as one reconcile pass saw it. It is immutable:
+// accessors return copies.
+type Snapshot struct {
+	self          string
+	builtAt       time.Time
+	reconcileTook time.Duration
+	plan          placement.Plan
+	planned       map[string]string // deployment → spec version the plan was computed from
+	members       []MemberInfo
+	deployments   []deployment
+	shards        []shard
+	nextLapse     time.Time
+}
+
+// deployment is one DeploymentInfo with what its Ready count rests on.
+type deployment struct {
+	info DeploymentInfo
+	// readyUntil holds, per ready replica, when the first of its leases
+	// lapses: the replica counts as ready until then.
+	readyUntil []time.Time
+}
+
+// shard is one ShardInfo with what a later read needs to re-judge it.
+type shard struct {
+	info ShardInfo
+	// planned: the plan counts on this copy (not a leftover holder).
+	planned bool
+	// load is the holder's reading, shown only while the lease is valid.
+	load gossip.ShardLoad
+}
+
+// held identifies one shard copy: a holder, a shard and a spec version.
+type held struct{ node, shard, spec string }
+
+// Build makes the snapshot of one reconcile pass.
+func Build(in Input) *Snapshot {
+	s := &Snapshot{self: in.Self, builtAt: in.Now, reconcileTook: in.ReconcileTook, plan: in.Plan,
+		planned: SpecVersions(in.View.Deployments)}
+	leases := map[held]placement.LeaseState{}
+	for _, nd := range in.View.Nodes {
+		for _, h := range nd.Shards {
+			leases[held{nd.Name, h.ShardID, h.SpecVersion}] = h.Lease
+		}
+	}
+	// A lease judged live lapses TTL after its holder's last renewal was
+	// seen here (see supervisor.BuildView).
+	lapses := map[string]time.Time{}
+	records := map[held]gossip.ShardRecord{}
+	for _, m := range in.Members {
+		s.members = append(s.members, memberInfo(m))
+		if m.Record == nil {
+			continue
+		}
+		lapses[m.Name] = m.SeenAt.Add(in.TTL)
+		for _, r := range m.Record.Shards {
+			records[held{m.Name, r.ShardID, r.SpecVersion}] = r
+		}
+	}
+	s.buildShards(in.Plan, leases, lapses, records)
+	s.buildDeployments(in)
+	for _, sh := range s.shards {
+		if t := sh.info.LeaseExpires; !t.IsZero() && (s.nextLapse.IsZero() || t.Before(s.nextLapse)) {
+			s.nextLapse = t
+		}
+	}
+	return s
+}
+
+func memberInfo(m gossip.Member) MemberInfo {
+	mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt}
+	if r := m.Record; r != nil {
+		mi.API, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Labels, r.GPUs, r.Shards
+		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes
+		if mi.Gossip == "" {
+			mi.Gossip = r.Gossip
+		}
+	}
+	if mi.GPUs == nil {
+		mi.GPUs = []placement.GPU{}
+	}
+	return mi
+}
+
+func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.LeaseState, lapses map[string]time.Time, records map[held]gossip.ShardRecord) {
+	fill := func(sh *shard, r gossip.ShardRecord) {
+		si := &sh.info
+		si.Status, si.URL, si.PID, si.Container = r.Status, r.URL, r.PID, r.Container
+		si.Restarts, si.LastExit, si.StartedAt = r.Restarts, r.LastExit, r.StartedAt
+		sh.load = r.Load
+		if r.Error != "" && si.Reason == "" {
+			si.Reason = "start failed: " + r.Error
+		}
+		if si.Lease != placement.LeaseLapsed {
+			si.LeaseExpires = lapses[si.Node]
+		}
+	}
+	for _, a := range plan.Assignments {
+		k := held{a.Node, a.ShardID, a.SpecVersion}
+		sh := shard{planned: true, info: ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
+			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: gossip.ShardPending, Lease: leases[k]}}
+		if r, ok := records[k]; ok {
+			fill(&sh, r)
+			delete(records, k)
+		}
+		s.shards = append(s.shards, sh)
+	}
+	// What is left is held but not planned.
+	for k, r := range records {
+		sh := shard{info: ShardInfo{ShardID: r.ShardID, ReplicaID: r.ReplicaID, Deployment: r.Deployment, SpecVersion: r.SpecVersion,
+			Node: k.node, GPUs: r.GPUs, Lease: leases[k], Reason: notPlanned}}
+		if sh.info.Lease == placement.LeaseLapsed {
+			sh.info.Reason = lapsedReason
+		}
+		fill(&sh, r)
+		s.shards = append(s.shards, sh)
+	}
+	for _, u := range plan.Unplaced {
+		s.shards = append(s.shards, shard{info: ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment,
+			GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: placement.LeaseLapsed, Reason: u.Reason}})
+	}
+	sort.SliceStable(s.shards, func(i, j int) bool {
+		a, b := s.shards[i].info, s.shards[j].info
+		if a.ShardID != b.ShardID {
+			return a.ShardID < b.ShardID
+		}
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return a.SpecVersion < b.SpecVersion
+	})
+}
+
+// Reasons of shards that are held but not planned.
+const (
+	notPlanned   = "not in the plan: its node stops it"
+	lapsedReason = "lease lapsed (holder dead, restarted or not renewing); not routable"
+)
+
+func (s *Snapshot) buildDeployments(in Input) {
+	// Shards by deployment, current spec version only, in shard order.
+	byDep := map[string][]*shard{}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		byDep[sh.info.Deployment] = append(byDep[sh.info.Deployment], sh)
+	}
+	unplaced := map[string][]string{}
+	for _, u := range in.Plan.Unplaced {
+		unplaced[u.Deployment] = append(unplaced[u.Deployment], u.ShardID+": "+u.Reason)
+	}
+	for _, rec := range in.Deployments {
+		if rec.Deleted || rec.Spec == nil {
+			continue
+		}
+		d := rec.Spec.WithDefaults()
+		dep := deployment{info: DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}}
+		info := &dep.info
+		placed := map[string]bool{}
+		nodes := map[string]bool{}
+		// serving: replica → its shards with a valid lease, and when the
+		// first of those leases lapses.
+		type serving struct {
+			shards map[string]bool
+			until  time.Time
+		}
+		live := map[string]*serving{}
+		type failed struct{ node, shard, why string }
+		var starts []failed
+		for _, sh := range byDep[d.Name] {
+			si := sh.info
+			if !sh.planned || si.SpecVersion != info.SpecVersion {
+				continue
+			}
+			// Draining shards (replicas scaled away, a copy on a faulted
+			// GPU) are not what was asked for, so they are not "placed";
+			// but a copy on a faulted GPU still serves its replica.
+			if !si.Draining {
+				placed[si.ReplicaID] = true
+				nodes[si.Node] = true
+			}
+			if si.Lease == placement.LeaseValid {
+				sv := live[si.ReplicaID]
+				if sv == nil {
+					sv = &serving{shards: map[string]bool{}, until: si.LeaseExpires}
+					live[si.ReplicaID] = sv
+				}
+				sv.shards[si.ShardID] = true
+				if si.LeaseExpires.Before(sv.until) {
+					sv.until = si.LeaseExpires
+				}
+			}
+			// Placed but failing to start (a missing image or engine
+			// binary): the holder says why in its record. Only holders the
+			// plan still counts on: a dead node's last record, or an old
+			// version's, would keep an error that no longer holds.
+			if si.Reason != "" {
+				starts = append(starts, failed{si.Node, si.ShardID, si.Reason})
+			}
+		}
+		for r, sv := range live {
+			if placed[r] && len(sv.shards) == d.PipelineParallel {
+				dep.readyUntil = append(dep.readyUntil, sv.until)
+			}
+		}
+		slices.SortFunc(dep.readyUntil, time.Time.Compare)
+		info.Placed, info.Ready = len(placed), len(dep.readyUntil)
+		for node := range nodes {
+			info.Nodes = append(info.Nodes, node)
+		}
+		sort.Strings(info.Nodes)
+		info.Why = unplaced[d.Name]
+		// By holder, then shard: the order of the records they come from.
+		sort.SliceStable(starts, func(i, j int) bool { return starts[i].node < starts[j].node })
+		for _, f := range starts {
+			info.Why = append(info.Why, fmt.Sprintf("%s on %s: %s", f.shard, f.node, f.why))
+		}
+		s.deployments = append(s.deployments, dep)
+	}
+}
+
+// SpecVersions maps each deployment's name to its spec version.
+func SpecVersions(ds []placement.Deployment) map[string]string {
+	out := make(map[string]string, len(ds))
+	for _, d := range ds {
+		out[d.Name] = d.WithDefaults().SpecVersion()
+	}
+	return out
+}
+
+// Self is the name of the node that built the snapshot.
+func (s *Snapshot) Self() string { return s.self }
+
+// BuiltAt is when the view behind the snapshot was taken.
+func (s *Snapshot) BuiltAt() time.Time { return s.builtAt }
+
+// ReconcileTook is how long the reconcile pass that built it took.
+func (s *Snapshot) ReconcileTook() time.Duration { return s.reconcileTook }
+
+// NextLapse is the earliest moment a lease in the snapshot lapses unless
+// renewed (zero when no lease is live): a snapshot older than that may
+// read differently from a fresh one.
+func (s *Snapshot) NextLapse() time.Time { return s.nextLapse }
+
+// Plan is the plan of the pass.
+func (s *Snapshot) Plan() placement.Plan { return s.plan }
+
+// PlannedFrom maps each deployment the plan was computed from to its spec
+// version.
+func (s *Snapshot) PlannedFrom() map[string]string {
+	out := make(map[string]string, len(s.planned))
+	for k, v := range s.planned {
+		out[k] = v
+	}
+	return out
+}
+
+// Members lists every member this node knows, sorted by name.
+func (s *Snapshot) Members() []MemberInfo { return slices.Clone(s.members) }
+
+// Member returns one member by name.
+func (s *Snapshot) Member(name string) (MemberInfo, bool) {
+	for _, m := range s.members {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return MemberInfo{}, false
+}
+
+// Deployments lists the live deployments as of now: a replica whose lease
+// lapsed since the snapshot no longer counts as ready.
+func (s *Snapshot) Deployments(now time.Time) []DeploymentInfo {
+	out := make([]DeploymentInfo, 0, len(s.deployments))
+	for _, d := range s.deployments {
+		info := d.info
+		info.Nodes, info.Why = slices.Clone(info.Nodes), slices.Clone(info.Why)
+		// readyUntil is sorted: the replicas still ready are at its end.
+		lapsed, _ := slices.BinarySearchFunc(d.readyUntil, now, time.Time.Compare)
+		info.Ready = len(d.readyUntil) - lapsed
+		out = append(out, info)
+	}
+	return out
+}
+
+// Shards lists every shard (planned, held, or unplaced) as of now: a lease
+// past its lapse moment reads lapsed, and its holder's load is left out.
+func (s *Snapshot) Shards(now time.Time) []ShardInfo {
+	out := make([]ShardInfo, 0, len(s.shards))
+	for _, sh := range s.shards {
+		si := sh.info
+		if si.Lease != placement.LeaseLapsed && !si.LeaseExpires.IsZero() && now.After(si.LeaseExpires) {
+			si.Lease, si.LeaseExpires = placement.LeaseLapsed, time.Time{}
+			if !sh.planned {
+				si.Reason = lapsedReason
+			}
+		}
+		// Load only from a holder with a valid lease: a dead node's last
+		// record still carries its last reading, which every consumer
+		// (MCP load, the page, llmgw top) would otherwise add to its
+		// replacement's.
+		if si.Lease == placement.LeaseValid {
+			si.Load = sh.load
+		}
+		out = append(out, si)
+	}
+	return out
+}
