@@ -1,7 +1,11 @@
-// Package supervisor is the per-node control loop of llmgw: it gathers the
-// gossip state, asks placement for the plan, hands this node's part of the
-// plan to the engines, and publishes what runs here (with its leases) back
-// into gossip. It serves the node's HTTP API too.
+// Package supervisor is one llmgw node: it joins the cluster and settles
+// (join.go), runs the control loop (loop.go: view, plan, this node's part to
+// its Runner, what runs here with its leases back into gossip, and the read
+// model of it all), and serves the node's HTTP API (api.go, logs.go).
+//
+// What it drives lives beside it: supervisor/engine runs the engines,
+// supervisor/status is the read model every interface shows, and
+// supervisor/datadir names what the node keeps on disk.
 package supervisor
 
 import (
