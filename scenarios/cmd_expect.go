@@ -35,8 +35,8 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		cols := []string{"shard", "deployment", "lease", "status", "draining"}
 		if c, ok := d.list("columns"); ok {
 			for _, col := range c {
-				if !slices.Contains(shardColumns, col) {
-					return "", time.Time{}, usagef("expect shards: unknown column %q (have %s)", col, strings.Join(shardColumns, ","))
+				if !slices.Contains(strings.Split(shardColumns, ","), col) {
+					return "", time.Time{}, usagef("expect shards: unknown column %q (have %s)", col, shardColumns)
 				}
 			}
 			cols = c
@@ -155,7 +155,8 @@ func (r *runner) modelsTable(n *node) (string, error) {
 	return out, nil
 }
 
-var shardColumns = []string{"shard", "replica", "deployment", "node", "gpus", "lease", "status", "restarts", "draining", "engine", "reason"}
+// shardColumns are the columns expect shards can print, comma-separated.
+const shardColumns = "shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason"
 
 func (r *runner) shardsTable(n *node, cols []string) (string, error) {
 	var rows []shardRow

@@ -68,6 +68,7 @@ type Measure struct {
 
 type runner struct {
 	ctx       context.Context
+	commands  map[string]cmdSpec
 	opts      Options
 	work      string
 	token     string
@@ -87,15 +88,17 @@ type runner struct {
 	pollEvery time.Duration
 }
 
+// cmdSpec is one command: the keys it accepts, space-separated (every
+// command also takes mark=), and the method that runs it.
 type cmdSpec struct {
 	keys string
 	run  func(r *runner, d *directive) (out string, at time.Time, err error)
 }
 
-var commands map[string]cmdSpec
-
-func init() {
-	commands = map[string]cmdSpec{
+// commandTable is every command of the grammar (doc.go) by name. Run builds
+// it once and keeps it on the runner, so no table is package state.
+func commandTable() map[string]cmdSpec {
+	return map[string]cmdSpec{
 		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net", (*runner).cmdCluster},
 		"add-node":     {"gpus labels within", (*runner).cmdAddNode},
 		"kill":         {"as engines", (*runner).cmdKill},
@@ -129,7 +132,8 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		return res, err
 	}
 	res.Labels, res.Requires = s.labels, s.requires
-	if err := validate(s); err != nil {
+	commands := commandTable()
+	if err := validate(s, commands); err != nil {
 		return res, err
 	}
 	if opts.Binary == "" {
@@ -165,7 +169,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		opts.Ports = freeport.New()
 	}
 	r := &runner{
-		ctx: ctx, opts: opts, work: work, res: &res,
+		ctx: ctx, commands: commands, opts: opts, work: work, res: &res,
 		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
 		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
 		snaps: map[string]*snap{}, loops: map[string]*reqLoop{}, t0: start, pollEvery: 50 * time.Millisecond,
@@ -201,7 +205,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		}
 		t := time.Now()
 		mark, hasMark := d.kvRaw("mark")
-		out, at, err := commands[d.cmd].run(r, d)
+		out, at, err := r.commands[d.cmd].run(r, d)
 		var ue *usageError
 		if errors.As(err, &ue) {
 			runErr = fmt.Errorf("%s:%d: %s: %w", file, d.line, d.raw, err)
@@ -267,7 +271,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 
 // validate checks command names and keys before anything starts, so a
 // typo fails at once rather than minutes into a run.
-func validate(s *script) error {
+func validate(s *script, commands map[string]cmdSpec) error {
 	for _, sg := range s.segs {
 		d := sg.d
 		if d == nil {
