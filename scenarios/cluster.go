@@ -24,7 +24,7 @@ type clusterCfg struct {
 }
 
 func (r *runner) needCluster(d *directive) error {
-	if !r.started {
+	if !r.clusterStarted {
 		return usagef("%s: no cluster yet (start one with: cluster nodes=3)", d.cmd)
 	}
 	return nil
@@ -44,7 +44,7 @@ func (r *runner) resolveNodes(ctx context.Context, refs []string) ([]*node, []st
 			}
 		case strings.HasPrefix(ref, "@"):
 			shard := ref[1:]
-			name, err := r.holderOf(ctx, shard)
+			name, err := r.plannedNode(ctx, shard)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -75,8 +75,8 @@ func (r *runner) resolveNodes(ctx context.Context, refs []string) ([]*node, []st
 	return uniq, ulabels, nil
 }
 
-// targets resolves the positional node references of d.
-func (r *runner) targets(d *directive) ([]*node, []string, error) {
+// targetNodes resolves the positional node references of d.
+func (r *runner) targetNodes(d *directive) ([]*node, []string, error) {
 	if err := r.needCluster(d); err != nil {
 		return nil, nil, err
 	}
@@ -114,9 +114,10 @@ func (r *runner) onNodes(d *directive) ([]*node, error) {
 	return ns, err
 }
 
-// holderOf is the node the first answering node's plan gives the shard (the
-// current spec version's assignment when there are several).
-func (r *runner) holderOf(ctx context.Context, shard string) (string, error) {
+// plannedNode is the node the first answering node's plan gives the shard
+// (the current spec version's assignment when there are several). It is
+// the plan's word, not the holder's: single-holder checks what nodes hold.
+func (r *runner) plannedNode(ctx context.Context, shard string) (string, error) {
 	obs := r.observers(nil)
 	if len(obs) == 0 {
 		return "", errors.New("no node is up to ask")
@@ -197,7 +198,7 @@ func zombie(pid int) bool {
 // teardown kills every agent and every engine of this run.
 func (r *runner) teardown() {
 	for _, l := range r.loops {
-		l.halt()
+		l.stop()
 	}
 	for _, n := range r.nodes {
 		if p := n.pid(); p != 0 && n.running() {
@@ -224,7 +225,7 @@ func (r *runner) teardown() {
 
 // teardownNet removes the namespaces and bridges of net=netns.
 func (r *runner) teardownNet() {
-	if r.nn != nil {
-		r.nn.teardown(r.nodes)
+	if r.namespaces != nil {
+		r.namespaces.teardown(r.nodes)
 	}
 }

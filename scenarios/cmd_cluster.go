@@ -10,7 +10,7 @@ import (
 )
 
 func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
-	if r.started {
+	if r.clusterStarted {
 		return "", time.Time{}, usagef("cluster: one cluster per scenario")
 	}
 	count, err := d.integer("nodes", 0)
@@ -47,13 +47,13 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	switch network {
 	case "loopback":
 	case "netns":
-		if r.nn, err = newNetns(); err != nil {
+		if r.namespaces, err = newNetns(); err != nil {
 			return "", time.Time{}, err
 		}
 	default:
 		return "", time.Time{}, usagef("cluster: net=%s: want loopback or netns", network)
 	}
-	r.started = true
+	r.clusterStarted = true
 	at := time.Now()
 	// Polling every node costs CPU the nodes need: slower for big clusters.
 	switch {
@@ -95,7 +95,7 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 		names += ".." + nodes[count-1].name
 	}
 	where := "on 127.0.0.1"
-	if r.nn != nil {
+	if r.namespaces != nil {
 		where = "each in its own network namespace"
 	}
 	return fmt.Sprintf("%d nodes up (%s) %s, %s each, profile %s, lease-ttl %v, runtime %s", count, names, where, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), at, nil
@@ -184,7 +184,7 @@ func (r *runner) cmdKill(d *directive) (string, time.Time, error) {
 	if mode != "keep" && mode != "kill" {
 		return "", time.Time{}, usagef("kill: engines=%s: want keep (an agent crash) or kill (the whole node dies)", mode)
 	}
-	ns, labels, err := r.targets(d)
+	ns, labels, err := r.targetNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -245,7 +245,7 @@ func (r *runner) enginesOf(n *node) []int {
 }
 
 func (r *runner) cmdStop(d *directive) (string, time.Time, error) {
-	ns, labels, err := r.targets(d)
+	ns, labels, err := r.targetNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -271,7 +271,7 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	ns, labels, err := r.targets(d)
+	ns, labels, err := r.targetNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -298,8 +298,8 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 			out = append(out, "error: "+err.Error())
 			continue
 		}
-		if len(n.drop) > 0 {
-			if err := r.setDrop(n, n.drop); err != nil {
+		if len(n.partitionRule) > 0 {
+			if err := r.installPartitionRule(n, n.partitionRule); err != nil {
 				out = append(out, "error: re-install partition rule: "+err.Error())
 			}
 		}
@@ -309,17 +309,17 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 }
 
 func (r *runner) cmdFreeze(d *directive) (string, time.Time, error) {
-	return r.stopCont(d, syscall.SIGSTOP, "SIGSTOP", true, "froze")
+	return r.freezeOrThaw(d, syscall.SIGSTOP, "SIGSTOP", true, "froze")
 }
 
 func (r *runner) cmdThaw(d *directive) (string, time.Time, error) {
-	return r.stopCont(d, syscall.SIGCONT, "SIGCONT", false, "thawed")
+	return r.freezeOrThaw(d, syscall.SIGCONT, "SIGCONT", false, "thawed")
 }
 
-// stopCont freezes (SIGSTOP) or thaws (SIGCONT) agents and records which
+// freezeOrThaw freezes (SIGSTOP) or thaws (SIGCONT) agents and records which
 // are frozen, so checks stop asking them.
-func (r *runner) stopCont(d *directive, sig syscall.Signal, sigName string, frozen bool, verb string) (string, time.Time, error) {
-	ns, labels, err := r.targets(d)
+func (r *runner) freezeOrThaw(d *directive, sig syscall.Signal, sigName string, frozen bool, verb string) (string, time.Time, error) {
+	ns, labels, err := r.targetNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}

@@ -8,7 +8,9 @@ import (
 	"time"
 )
 
-func (r *runner) via(d *directive) (*node, error) {
+// viaNode is the node a deployment is sent to: via=NODE, else the first
+// observer.
+func (r *runner) viaNode(d *directive) (*node, error) {
 	if ref, ok := d.kvRaw("via"); ok {
 		ns, _, err := r.resolveNodes(r.ctx, []string{ref})
 		if err != nil {
@@ -72,7 +74,7 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 			spec[field] = m
 		}
 	}
-	n, err := r.via(d)
+	n, err := r.viaNode(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -91,7 +93,7 @@ func (r *runner) cmdUnplace(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	n, err := r.via(d)
+	n, err := r.viaNode(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}

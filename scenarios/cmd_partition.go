@@ -40,7 +40,7 @@ func (r *runner) cmdPartition(d *directive) (string, time.Time, error) {
 	at := time.Now()
 	var errs []string
 	var desc []string
-	if r.nn != nil {
+	if r.namespaces != nil {
 		for _, side := range sides {
 			var names []string
 			for _, n := range side {
@@ -48,7 +48,7 @@ func (r *runner) cmdPartition(d *directive) (string, time.Time, error) {
 			}
 			desc = append(desc, strings.Join(names, ","))
 		}
-		if err := r.nn.split(sides); err != nil {
+		if err := r.namespaces.split(sides); err != nil {
 			return "", at, err
 		}
 		return "partitioned " + strings.Join(desc, " | ") + " (network namespaces: each side on a bridge of its own; the API stays reachable)", at, nil
@@ -68,11 +68,11 @@ func (r *runner) cmdPartition(d *directive) (string, time.Time, error) {
 			}
 		}
 		for _, n := range side {
-			n.drop = drop
+			n.partitionRule = drop
 			if !n.up() {
 				continue // installed when it restarts
 			}
-			if err := r.setDrop(n, drop); err != nil {
+			if err := r.installPartitionRule(n, drop); err != nil {
 				errs = append(errs, "error: "+n.name+": "+err.Error())
 			}
 		}
@@ -86,26 +86,28 @@ func (r *runner) cmdHeal(d *directive) (string, time.Time, error) {
 		return "", time.Time{}, err
 	}
 	at := time.Now()
-	if r.nn != nil {
-		if err := r.nn.heal(r.nodes); err != nil {
+	if r.namespaces != nil {
+		if err := r.namespaces.heal(r.nodes); err != nil {
 			return "", at, err
 		}
 		return "healed: every node back on one bridge", at, nil
 	}
 	out := []string{"healed: every node accepts gossip from every node again"}
 	for _, n := range r.nodes {
-		n.drop = nil
+		n.partitionRule = nil
 		if !n.up() {
 			continue
 		}
-		if err := r.setDrop(n, nil); err != nil {
+		if err := r.installPartitionRule(n, nil); err != nil {
 			out = append(out, "error: "+n.name+": "+err.Error())
 		}
 	}
 	return strings.Join(out, "\n"), at, nil
 }
 
-func (r *runner) setDrop(n *node, drop []string) error {
+// installPartitionRule tells n, through the gossip-drop test hook, to drop
+// gossip to and from the nodes named in drop (none when drop is nil).
+func (r *runner) installPartitionRule(n *node, drop []string) error {
 	if drop == nil {
 		drop = []string{}
 	}

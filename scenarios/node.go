@@ -37,9 +37,10 @@ type node struct {
 	frozen bool
 	// everStarted: others may list it in --join.
 	everStarted bool
-	// drop is the partition rule last installed on this node, re-installed
-	// after a restart.
-	drop []string
+	// partitionRule is the rule last installed on this node with
+	// net=loopback (the nodes whose gossip it drops), re-installed after a
+	// restart.
+	partitionRule []string
 }
 
 func (n *node) api() string    { return fmt.Sprintf("http://%s:%d", n.apiHost, n.apiPort) }
@@ -105,8 +106,8 @@ func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 		dataDir: filepath.Join(r.work, name), logPath: filepath.Join(r.work, name+".log"),
 		host: "127.0.0.1", apiHost: "127.0.0.1",
 	}
-	if r.nn != nil {
-		if err := r.nn.addNode(n); err != nil {
+	if r.namespaces != nil {
+		if err := r.namespaces.addNode(n); err != nil {
 			return nil, err
 		}
 	}
@@ -285,9 +286,9 @@ func lastRun(path string) []string {
 	return strings.Split(strings.TrimSpace(s), "\n")
 }
 
-// tail is the end of a node's log, or from the first panic on when there
+// logTail is the end of a node's log, or from the first panic on when there
 // is one (a goroutine dump's end says little).
-func tail(path string, n int) string {
+func logTail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""

@@ -66,6 +66,8 @@ type Measure struct {
 	Max  time.Duration
 }
 
+// runner is one Run: the scenario's nodes and what its commands
+// remembered (aliases, events, snapshots, request loops).
 type runner struct {
 	ctx       context.Context
 	commands  map[string]cmdSpec
@@ -75,17 +77,18 @@ type runner struct {
 	tokenFile string
 	http      *http.Client
 	cfg       clusterCfg
-	started   bool
-	nodes     []*node
-	byName    map[string]*node
-	aliases   map[string]string
-	events    map[string]time.Time
-	snaps     map[string]*snap
-	loops     map[string]*reqLoop
-	res       *Result
-	nn        *netnsNet
-	t0        time.Time
-	pollEvery time.Duration
+	// clusterStarted: the cluster command ran; the others need it first.
+	clusterStarted bool
+	nodes          []*node
+	byName         map[string]*node
+	aliases        map[string]string
+	events         map[string]time.Time
+	snapshots      map[string]*snapshot
+	loops          map[string]*requestLoop
+	res            *Result
+	// namespaces is the network of net=netns; nil with net=loopback.
+	namespaces *netnsNet
+	pollEvery  time.Duration
 }
 
 // cmdSpec is one command: the keys it accepts, space-separated (every
@@ -145,7 +148,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	if b, err := filepath.EvalSymlinks(opts.Binary); err == nil {
 		opts.Binary = b
 	}
-	if why := unmet(opts.Binary, s.requires); why != "" {
+	if why := unmetRequirement(opts.Binary, s.requires); why != "" {
 		res.Skipped, res.Why = true, why
 		return res, nil
 	}
@@ -172,7 +175,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		ctx: ctx, commands: commands, opts: opts, work: work, res: &res,
 		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
 		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
-		snaps: map[string]*snap{}, loops: map[string]*reqLoop{}, t0: start, pollEvery: 50 * time.Millisecond,
+		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, pollEvery: 50 * time.Millisecond,
 	}
 	r.tokenFile = filepath.Join(work, "token")
 	tok := make([]byte, 20)
@@ -247,19 +250,19 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	res.Profile = r.cfg.profile
 	res.Nodes = len(r.nodes)
 	for _, l := range r.loops {
-		l.halt()
-		r.loopNote(l)
+		l.stop()
+		r.addLoopNote(l)
 	}
 	if runErr == nil && !failed {
 		res.Passed = true
 	} else {
 		res.Logs = map[string]string{}
 		for _, n := range r.nodes {
-			res.Logs[n.name] = tail(n.logPath, 40)
+			res.Logs[n.name] = logTail(n.logPath, 40)
 		}
 	}
 	if opts.Rewrite && runErr == nil {
-		if out := s.render(); out != mustRead(file) {
+		if out := s.render(); out != readFileOrEmpty(file) {
 			if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
 				return res, err
 			}
@@ -296,8 +299,9 @@ func validate(s *script, commands map[string]cmdSpec) error {
 	return nil
 }
 
-// unmet says why the binary cannot run a scenario with these requirements.
-func unmet(binary string, requires []string) string {
+// unmetRequirement says why the binary cannot run a scenario with these
+// requirements, or "".
+func unmetRequirement(binary string, requires []string) string {
 	for _, req := range requires {
 		switch req {
 		case "netns":
@@ -331,7 +335,7 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
 }
 
-func mustRead(p string) string {
+func readFileOrEmpty(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
 }
