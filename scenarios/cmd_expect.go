@@ -35,8 +35,8 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		cols := []string{"shard", "deployment", "lease", "status", "draining"}
 		if c, ok := d.list("columns"); ok {
 			for _, col := range c {
-				if !slices.Contains(shardColumns, col) {
-					return "", time.Time{}, usagef("expect shards: unknown column %q (have %s)", col, strings.Join(shardColumns, ","))
+				if !slices.Contains(strings.Split(shardColumns, ","), col) {
+					return "", time.Time{}, usagef("expect shards: unknown column %q (have %s)", col, shardColumns)
 				}
 			}
 			cols = c
@@ -65,14 +65,14 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		}
 		return fmt.Sprintf("no orphan engines (%d engine processes, all held)", n), time.Time{}, nil
 	case "pids-unchanged":
-		s, err := r.snapArg(d)
+		s, err := r.sinceSnapshot(d)
 		if err != nil {
 			return "", time.Time{}, err
 		}
 		out, err := r.pidsUnchanged(obs[0], s)
 		return out, time.Time{}, err
 	case "plan-diff":
-		s, err := r.snapArg(d)
+		s, err := r.sinceSnapshot(d)
 		if err != nil {
 			return "", time.Time{}, err
 		}
@@ -155,7 +155,8 @@ func (r *runner) modelsTable(n *node) (string, error) {
 	return out, nil
 }
 
-var shardColumns = []string{"shard", "replica", "deployment", "node", "gpus", "lease", "status", "restarts", "draining", "engine", "reason"}
+// shardColumns are the columns expect shards can print, comma-separated.
+const shardColumns = "shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason"
 
 func (r *runner) shardsTable(n *node, cols []string) (string, error) {
 	var rows []shardRow
@@ -223,8 +224,8 @@ func (r *runner) membersTable(n *node) (string, error) {
 	return table([]string{"NAME", "STATE", "GPUS"}, rows), nil
 }
 
-// snap is what `snapshot NAME` remembers.
-type snap struct {
+// snapshot is what `snapshot NAME` remembers.
+type snapshot struct {
 	plan []assignment
 	pids map[string]int // shard@spec -> engine pid
 }
@@ -249,29 +250,29 @@ func (r *runner) cmdSnapshot(d *directive) (string, time.Time, error) {
 	if err := r.get(r.ctx, obs[0], "/v1/shards", &rows); err != nil {
 		return "", time.Time{}, err
 	}
-	s := &snap{plan: p.Plan.Assignments, pids: map[string]int{}}
+	s := &snapshot{plan: p.Plan.Assignments, pids: map[string]int{}}
 	for _, row := range rows {
 		if row.PID > 0 {
 			s.pids[row.ShardID+"@"+row.SpecVersion] = row.PID
 		}
 	}
-	r.snaps[name] = s
+	r.snapshots[name] = s
 	return fmt.Sprintf("snapshot %s: %d assignments, %d engine pids", name, len(s.plan), len(s.pids)), time.Time{}, nil
 }
 
-func (r *runner) snapArg(d *directive) (*snap, error) {
+func (r *runner) sinceSnapshot(d *directive) (*snapshot, error) {
 	name, err := d.need("since")
 	if err != nil {
 		return nil, err
 	}
-	s, ok := r.snaps[name]
+	s, ok := r.snapshots[name]
 	if !ok {
 		return nil, usagef("no snapshot %q (take one with: snapshot %s)", name, name)
 	}
 	return s, nil
 }
 
-func (r *runner) pidsUnchanged(n *node, s *snap) (string, error) {
+func (r *runner) pidsUnchanged(n *node, s *snapshot) (string, error) {
 	if len(s.pids) == 0 {
 		return "no engine pids in the snapshot to compare", nil
 	}

@@ -7,16 +7,17 @@ import (
 	"time"
 )
 
-// reqLoop is a background client sending chat completions to a
+// requestLoop is a background client sending chat completions to a
 // deployment, the way a router that honours leases would: before every
 // request it reads /v1/shards from a node and picks a replica whose lease
 // is valid. A connection-level failure is retried once on another replica;
 // an HTTP error, an answer without choices, or no routable replica at all
 // is an error.
-type reqLoop struct {
+type requestLoop struct {
 	name, deployment string
-	stop, done       chan struct{}
-	once             sync.Once
+	// stopping is closed to ask the loop to stop, done once it has.
+	stopping, done chan struct{}
+	once           sync.Once
 
 	mu                sync.Mutex
 	ok, errs, retries int
@@ -46,17 +47,17 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 		if _, ok := r.loops[name]; ok {
 			return "", time.Time{}, usagef("request-loop %s: started already", name)
 		}
-		l := &reqLoop{name: name, deployment: dep, stop: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
+		l := &requestLoop{name: name, deployment: dep, stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
 		r.loops[name] = l
-		go r.runLoop(l)
+		go r.runRequestLoop(l)
 		return "started: chat completions to " + dep + " in a loop", time.Now(), nil
 	case "stop":
 		l, ok := r.loops[name]
 		if !ok {
 			return "", time.Time{}, usagef("request-loop %s: not started", name)
 		}
-		l.halt()
-		r.loopNote(l)
+		l.stop()
+		r.addLoopNote(l)
 		return "stopped", time.Now(), nil
 	case "expect-no-errors":
 		out, err := r.loopVerdict(d, name)
@@ -65,12 +66,13 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	return "", time.Time{}, usagef("request-loop: want start, stop or expect-no-errors, got %q", action)
 }
 
-func (l *reqLoop) halt() {
-	l.once.Do(func() { close(l.stop) })
+func (l *requestLoop) stop() {
+	l.once.Do(func() { close(l.stopping) })
 	<-l.done
 }
 
-func (r *runner) loopNote(l *reqLoop) {
+// addLoopNote adds the loop's counters to the summary's notes, once.
+func (r *runner) addLoopNote(l *requestLoop) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.noteAdded {
@@ -104,12 +106,12 @@ func (r *runner) loopVerdict(d *directive, name string) (string, error) {
 	return "no errors", nil
 }
 
-func (r *runner) runLoop(l *reqLoop) {
+func (r *runner) runRequestLoop(l *requestLoop) {
 	defer close(l.done)
 	next := 0
 	for {
 		select {
-		case <-l.stop:
+		case <-l.stopping:
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -157,7 +159,7 @@ func (r *runner) runLoop(l *reqLoop) {
 	}
 }
 
-func (l *reqLoop) fail(msg string) {
+func (l *requestLoop) fail(msg string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.errs++

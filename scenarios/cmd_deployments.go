@@ -1,0 +1,140 @@
+package scenarios
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// viaNode is the node a deployment is sent to: via=NODE, else the first
+// observer.
+func (r *runner) viaNode(d *directive) (*node, error) {
+	if ref, ok := d.kvRaw("via"); ok {
+		ns, _, err := r.resolveNodes(r.ctx, []string{ref})
+		if err != nil {
+			return nil, err
+		}
+		return ns[0], nil
+	}
+	obs := r.observers(nil)
+	if len(obs) == 0 {
+		return nil, errors.New("no node is up")
+	}
+	return obs[0], nil
+}
+
+func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", time.Time{}, err
+	}
+	name, err := d.nextPos("deployment name")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	spec := map[string]any{"name": name}
+	model, err := d.need("model")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	spec["model"] = model
+	if spec["engine"], err = d.str("engine", "fake"); err != nil {
+		return "", time.Time{}, err
+	}
+	for key, field := range map[string]string{"replicas": "replicas", "tp": "tensor_parallel", "pp": "pipeline_parallel"} {
+		if d.has(key) {
+			v, err := d.integer(key, 0)
+			if err != nil {
+				return "", time.Time{}, err
+			}
+			spec[field] = v
+		}
+	}
+	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type"} {
+		if d.has(key) {
+			if spec[field], err = d.str(key, ""); err != nil {
+				return "", time.Time{}, err
+			}
+		}
+	}
+	if args, ok := d.list("args"); ok {
+		spec["args"] = args
+	}
+	for key, field := range map[string]string{"labels": "labels", "env": "env"} {
+		if kvs, ok := d.list(key); ok {
+			m := map[string]string{}
+			for _, kv := range kvs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return "", time.Time{}, usagef("%s: %q: want k=v", key, kv)
+				}
+				m[k] = v
+			}
+			spec[field] = m
+		}
+	}
+	n, err := r.viaNode(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	at := time.Now()
+	if err := r.call(r.ctx, "POST", n.api()+"/v1/deployments", spec, true, nil); err != nil {
+		return "", at, err
+	}
+	return "ok", at, nil
+}
+
+func (r *runner) cmdUnplace(d *directive) (string, time.Time, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", time.Time{}, err
+	}
+	name, err := d.nextPos("deployment name")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	n, err := r.viaNode(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	at := time.Now()
+	if err := r.call(r.ctx, "DELETE", n.api()+"/v1/deployments/"+name, nil, true, nil); err != nil {
+		return "", at, err
+	}
+	return "ok", at, nil
+}
+
+func (r *runner) cmdCrashEngine(d *directive) (string, time.Time, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", time.Time{}, err
+	}
+	shard, err := d.nextPos("shard")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	obs := r.observers(nil)
+	if len(obs) == 0 {
+		return "", time.Time{}, errors.New("no node is up")
+	}
+	var rows []shardRow
+	if err := r.get(r.ctx, obs[0], "/v1/shards", &rows); err != nil {
+		return "", time.Time{}, err
+	}
+	pid := 0
+	for _, row := range rows {
+		if row.ShardID == shard && row.PID > 0 && !row.Draining {
+			pid = row.PID
+		}
+	}
+	if pid == 0 {
+		return "", time.Time{}, fmt.Errorf("%s has no engine pid in /v1/shards (runtime %s)", shard, r.cfg.runtime)
+	}
+	if _, ok := engineProcs(r.opts.Binary)[pid]; !ok && r.cfg.runtime == "process" {
+		return "", time.Time{}, fmt.Errorf("%s: pid in /v1/shards is not an engine of this run", shard)
+	}
+	at := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return "", at, fmt.Errorf("kill the engine of %s: %w", shard, err)
+	}
+	return "killed the engine of " + shard + " (SIGKILL)", at, nil
+}

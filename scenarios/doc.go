@@ -1,0 +1,192 @@
+// Package scenarios runs declarative multi-node scenarios against real
+// `llmgw node up` processes on one machine (on loopback, or each in a
+// network namespace of its own): failover, partitions, restarts, rolling
+// updates and scale, each written as a runbook that doubles as a test.
+// Run(ctx, Options, file) runs one file; scenarios_test.go runs
+// testdata/*.txt and prints a summary table.
+//
+// This comment is the whole grammar of a scenario file, in one place:
+// every command with its keys, every condition of wait-until and every
+// form of expect. runner.go's commandTable lists the commands and keys the
+// runner accepts; cmd_wait.go's condition the conditions; cmd_expect.go's
+// cmdExpect the forms of expect.
+//
+// # Files
+//
+// A scenario file (testdata/*.txt) is a sequence of commands in the style of
+// cockroachdb/datadriven. Each command is one line, followed by a line
+// "----" and the output the command must print, which ends at the first
+// blank line. An output that itself contains blank lines is fenced by two
+// "----" lines before and after it. Lines starting with '#' and blank lines
+// between commands are comments. Header comments before the first command:
+//
+//	# labels: short            short runs in `make test`; slow, pending, ... only with -all
+//	# requires: process-runtime   skipped while the binary cannot run engines
+//	# requires: netns             skipped where network namespaces cannot be made
+//
+// A command is `NAME positional... key=value key=(a,b,c)`. Values with
+// spaces are double-quoted; a list may also be written key=a,b. Every
+// argument must be used: an unknown command, an unknown key or a leftover
+// argument fails the scenario, as does a malformed file. Errors of the
+// system under test (an HTTP 400, a node that exits, a condition that never
+// comes true) are not failures of the file: they are printed as the
+// command's output, so a scenario fails when they were not expected and can
+// assert them when they were. The first output that differs from the file
+// fails the scenario and the remaining commands are not run (but the
+// remaining measure commands still record, for the summary, what their
+// events allow). With -rewrite every command runs and the file is rewritten
+// with the actual outputs.
+//
+// Outputs are deterministic: no times, pids, ports or claim stamps. Times
+// are measured with `measure` and go to the summary, not to the output.
+// There is no sleep: wait for a condition with wait-until.
+//
+// # Nodes
+//
+// Nodes are named n1, n2, ... by `cluster`, or as given to `add-node`. A
+// NODE argument is a name, an alias set by as=ALIAS on an earlier command,
+// "@SHARD" for the node the current plan gives that shard, or "all"; lists
+// are comma-separated (n1,n2). Outputs name "@SHARD" nodes as "the node
+// planned for SHARD", so they do not depend on which node placement chose.
+// The nodes that answer (running and not frozen) are the observers; most
+// checks ask every observer, or only those listed in on=(...).
+//
+// # Commands
+//
+// There is one cluster per scenario; every command but cluster and measure
+// needs it started first. Every command also takes mark=EVENT (see Events).
+//
+// The cluster and its nodes (cmd_cluster.go):
+//
+//	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)]
+//	        [net=loopback|netns] [log-level=info] [within=DURATION]
+//	    Start N nodes with free ports, their own data dirs, one shared token
+//	    file, --test-hooks and simulated GPUs; wait until every node sees all
+//	    N alive with their GPUs (within: 30s and 1s a node unless given).
+//	    net=loopback (default): every node on 127.0.0.1. net=netns: every
+//	    node in a network namespace of its own (root and iproute2 needed;
+//	    see netns.go), so partitions are real.
+//	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s]
+//	    Start one more node joining the others (gpus: the cluster's unless
+//	    given; NAME: lower-case letters, digits and '-'); wait until every
+//	    observer sees it alive.
+//	kill NODE [engines=keep|kill] [as=ALIAS]
+//	                           SIGKILL the agent: an agent crash, its engines
+//	                           keep running (keep, the default), or the whole
+//	                           node dying, its engines too (kill).
+//	stop NODE [as=ALIAS]       SIGTERM: graceful leave; prints the exit status.
+//	restart NODE [within=15s]  Start a stopped or killed node again with the
+//	                           same name, data dir and ports (SIGTERM first if
+//	                           it runs); waits for its API. A partition rule it
+//	                           had is installed again.
+//	freeze NODE [as=ALIAS]     SIGSTOP the agent.
+//	thaw NODE                  SIGCONT the agent.
+//
+// kill, stop, restart, freeze and thaw take one NODE or several (n1,n2 or
+// n1 n2); as= names one.
+//
+// Partitions (cmd_partition.go):
+//
+//	partition A,B | C,D ...    Split the cluster: two sides or more, every node
+//	                           on exactly one. With net=netns each side's
+//	                           cluster links move to a bridge of their own: a
+//	                           real partition. With net=loopback it is the
+//	                           gossip-drop test hook (POST /v1/test/partition
+//	                           on every node: it drops gossip to and from the
+//	                           other sides; a node that does not answer gets
+//	                           its rule when it restarts). Either way the HTTP
+//	                           APIs stay reachable. The output says which was
+//	                           used.
+//	heal                       Undo the partition.
+//
+// Deployments (cmd_deployments.go):
+//
+//	place NAME model=M [engine=fake] [replicas=N] [tp=N] [pp=N] [gpu-memory=70GiB] [gpu-type=H100]
+//	      [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
+//	    POST the deployment to one node (default: the first observer). Keys
+//	    left out are not sent: the node's defaults apply.
+//	unplace NAME [via=NODE]    DELETE the deployment.
+//	crash-engine SHARD         SIGKILL the engine process of SHARD (pid from the
+//	                           first observer's /v1/shards).
+//
+// Waiting and checking (cmd_wait.go, cmd_expect.go):
+//
+//	wait-until CONDITION... [on=(NODES)] [for=DURATION] within DURATION   (or within=DURATION)
+//	    Poll every observer (or on=(...)) until CONDITION (below) holds
+//	    everywhere; prints "ok", or what was last seen when the time ran
+//	    out. With for= it must hold at every poll for that long (a
+//	    stability check; the event is still when it first held).
+//	expect WHAT ... [on=(NODES)]   Print a deterministic report (below).
+//	snapshot NAME              Remember the plan and the engines' pids, as the
+//	                           first observer sees them, for expect ... since=NAME.
+//
+// A background client (cmd_request_loop.go):
+//
+//	request-loop NAME start deployment=D | stop | expect-no-errors [min-routable=N]
+//	    Chat completions in a loop, each to a replica whose lease is valid
+//	    in a fresh /v1/shards; a connection error is retried once on
+//	    another replica, as a router would. min-routable=N also checks that
+//	    no /v1/shards it read offered fewer than N routable replicas (surge
+//	    before drain in a rolling update). Its counters go to the summary.
+//
+// Measuring and debugging (cmd_measure.go):
+//
+//	measure NAME from=EVENT to=EVENT [max=DURATION]
+//	    Record the time between two events in the summary; with max= the
+//	    output says whether it stayed within the budget.
+//	dump NAME                  Save every observer's /v1/cluster, /v1/plan,
+//	                           /v1/shards and /status.json under the work dir
+//	                           (see -keep), for debugging a scenario.
+//
+// # Events
+//
+// Every command records an event under its own name (the last one wins) and,
+// with mark=EVENT, under that name too: a command's event is when it acted
+// (the signal, the POST) or, for wait-until, when the condition was first
+// seen to hold. A wait-until that timed out records none.
+//
+// # Conditions (wait-until)
+//
+//	all-placed                  every deployment placed in full, nothing unplaced
+//	all-ready                   every deployment's ready count equals its replicas
+//	replicas NAME ready=N       N replicas of NAME's current spec have a valid
+//	                            lease on every shard, on nodes that really run
+//	members [alive=N] [suspect=N] [dead=N] [left=N]   as counted in /v1/cluster
+//	                            (at least one of them)
+//	converged                   every observer's /v1/plan is identical, current
+//	                            and computed from the same deployments
+//	single-holder               the nodes' own records hold exactly the planned
+//	                            shards, each on one node (asks every node; a
+//	                            frozen node fails it)
+//	serving NAME                a chat completion to every replica with a valid
+//	                            lease answers, from the engine process its
+//	                            record names (checked by the listening socket)
+//	restarts SHARD>=N           /v1/shards reports at least N restarts
+//	shard SHARD [status=S] [lease=L] [engine=running|gone]   (at least one)
+//	shards-agree                every observer's /v1/shards shows the same shards,
+//	                            nodes, leases, statuses and draining flags
+//	engines running=N           N engine processes of this run exist (any node, orphans too)
+//	no-orphans                  every engine process runs a shard some node holds
+//
+// serving, restarts and shard read the first observer's /v1/shards;
+// single-holder, engines and no-orphans look at every running node and at
+// the processes, whatever on= says.
+//
+// # Reports (expect)
+//
+//	expect models [on=(NODES)]                   /v1/deployments as a table (why below it)
+//	expect shards [on=(NODES)] [columns=(shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason)]
+//	                                             default columns: shard,deployment,lease,status,draining
+//	expect members [on=(NODES)]                  name, state and GPU count of every member
+//	expect plan-agrees [on=(NODES)]              every observer has the same plan
+//	expect single-holder                         as the condition, printed
+//	expect pids-unchanged since=SNAPSHOT         engines kept their pids
+//	expect plan-diff since=SNAPSHOT              assignments added, removed or moved
+//	expect no-orphans
+//	expect request-loop NAME [min-routable=N]    same as request-loop NAME expect-no-errors
+//
+// models, shards and members ask every observer (or those in on=); when
+// all answer alike the answer is printed once, else each under "as seen by
+// NODE:". Wait with shards-agree or converged first where views may still
+// differ. pids-unchanged and plan-diff ask the first observer.
+package scenarios
