@@ -292,6 +292,18 @@ func (p *planner) judgeHeld() {
 			p.judgeOne(h)
 		}
 	}
+	// A current-version copy on a faulted GPU drains only while no healthy
+	// copy of its shard serves: beside a kept copy with a valid lease (a
+	// duplicate holder after a partition) it is the loser of a duplicate,
+	// stopped like any other.
+	for _, d := range p.deps {
+		for _, r := range d.replicas {
+			r.drains = slices.DeleteFunc(r.drains, func(h holder) bool {
+				s := p.shards[h.held.ShardID]
+				return h.held.SpecVersion == d.version && s != nil && s.kept.ok() && s.kept.held.Lease == LeaseValid
+			})
+		}
+	}
 	for _, d := range p.deps {
 		allReady := true
 		for _, r := range d.replicas {

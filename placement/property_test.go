@@ -17,6 +17,17 @@ type tb interface {
 	Fatal(args ...any)
 }
 
+// onFaultedGPUs reports whether any of gpus is faulted on n or missing.
+func onFaultedGPUs(n Node, gpus []int) bool {
+	for _, idx := range gpus {
+		i := slices.IndexFunc(n.GPUs, func(g GPU) bool { return g.Index == idx })
+		if i < 0 || n.GPUs[i].Faulted {
+			return true
+		}
+	}
+	return false
+}
+
 // checkInvariants asserts what must hold of any plan for its view.
 func checkInvariants(t tb, v View, p Plan) {
 	t.Helper()
@@ -65,13 +76,20 @@ func checkInvariants(t tb, v View, p Plan) {
 				id := ShardID(r, j, d.PipelineParallel)
 				n := 0
 				for _, a := range find(p, id) {
-					if a.SpecVersion == ver {
-						n++
-						current[r] = append(current[r], a)
-						if a.Draining {
-							t.Errorf("%s: current version marked draining", id)
-						}
+					if a.SpecVersion != ver {
+						continue
 					}
+					// A current-version copy drains only on a GPU with
+					// recent faults, serving until its replacement is
+					// ready; it is not the shard's assignment.
+					if a.Draining {
+						if n := nodes[a.Node]; n == nil || !onFaultedGPUs(*n, a.GPUs) {
+							t.Errorf("%s: current version marked draining on %s, GPUs %v without faults", id, a.Node, a.GPUs)
+						}
+						continue
+					}
+					n++
+					current[r] = append(current[r], a)
 				}
 				_, un := unplaced(p, id)
 				if n > 1 || (n == 1) == un {
