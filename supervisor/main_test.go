@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/fakeengine"
 	"github.com/llmgw/llmgw/supervisor/runtime/process"
@@ -37,7 +37,8 @@ func processRunner(t *testing.T, dir string) *engine.Runner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := process.New(filepath.Join(dir, "runtime"))
+	dd := datadir.New(dir)
+	rt, err := process.New(dd.RuntimeDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func processRunner(t *testing.T, dir string) *engine.Runner {
 		}
 	})
 	r, err := engine.NewRunner(context.Background(), engine.Config{
-		Node: "a", Runtime: rt, DataDir: dir, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
+		Node: "a", Runtime: rt, DataDir: dd, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

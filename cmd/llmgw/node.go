@@ -23,6 +23,7 @@ import (
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/nodemetrics"
@@ -282,7 +283,7 @@ func loadToken(file, dataDir string, log *slog.Logger) (string, error) {
 		}
 		return tok, nil
 	}
-	p := filepath.Join(dataDir, "token")
+	p := datadir.New(dataDir).TokenFile()
 	switch b, err := os.ReadFile(p); {
 	case err == nil:
 		// A token someone put there is kept or refused, never replaced:
@@ -381,7 +382,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 	}
 	probe := cfg.GPUs
 	return engine.NewRunner(ctx, engine.Config{
-		Node: cfg.Name, Runtime: rt, DataDir: cfg.DataDir, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
+		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Host: host, Self: self, WeightsDir: c.String("weights-dir"),
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
 		GPUs: func() []placement.GPU {
 			s, err := probe.Discover(context.Background())

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/containerd"
 	"github.com/llmgw/llmgw/supervisor/runtime/process"
@@ -36,7 +36,7 @@ func openRuntime(ctx context.Context, c *cli.Command, cfg supervisor.Config, log
 		}
 		log.Info("containerd not available; engines run as host processes", "socket", c.String("containerd-socket"), "why", err)
 	}
-	rt, err := process.New(filepath.Join(cfg.DataDir, "runtime"))
+	rt, err := process.New(datadir.New(cfg.DataDir).RuntimeDir())
 	if err != nil {
 		return nil, fmt.Errorf("--runtime process: %w", err)
 	}

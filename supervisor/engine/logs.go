@@ -6,7 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
 )
 
@@ -14,7 +13,7 @@ import (
 func (r *Runner) LogPath(shard string) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var best *engine
+	var best *managed
 	for _, e := range r.engines {
 		if e.state.ShardID == shard && (best == nil || e.state.StartedAt.After(best.state.StartedAt)) {
 			best = e
@@ -27,7 +26,7 @@ func (r *Runner) LogPath(shard string) (string, bool) {
 }
 
 // logPath is where an engine's runtime writes its stdout and stderr.
-func (r *Runner) logPath(id string) string { return filepath.Join(r.logDir, id+".log") }
+func (r *Runner) logPath(id string) string { return r.cfg.DataDir.EngineLogFile(id) }
 
 // logLoop caps the engines' log files every LogCheck until the runner
 // closes.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/containerd"
 	"github.com/llmgw/llmgw/supervisor/runtime/containerd/ctrtest"
@@ -47,7 +48,7 @@ func TestRunnerOverContainerd(t *testing.T) {
 	// `<self> engine fake ...`, and self is that path inside the image.
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "llmgw")
-	root, _ := filepath.Abs("..")
+	root, _ := filepath.Abs("../..") // the module root, from supervisor/engine
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := ctrtest.BuildStatic(ctx, root, "./cmd/llmgw", bin); err != nil {
@@ -66,7 +67,7 @@ func TestRunnerOverContainerd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dataDir := t.TempDir()
+	dataDir := datadir.New(t.TempDir())
 	newRunner := func(rt runtime.Runtime) *Runner {
 		r, err := NewRunner(context.Background(), Config{
 			Node: "n1", Runtime: rt, DataDir: dataDir, Host: "127.0.0.1", Self: "/llmgw", SimulatedGPUs: true,
@@ -88,13 +89,19 @@ func TestRunnerOverContainerd(t *testing.T) {
 	r.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r, "container ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	pid := readyPID(r, "chat-0")
-	if s := r.Shards()[0]; s.Container == "" {
-		t.Fatalf("container not reported: %+v", s)
+	// The record names the container the runtime reports, not the
+	// engine ID (they differ where the ID outgrows containerd's limit).
+	cid, err := containerd.ContainerID(EngineID(d.ShardID, d.SpecVersion))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Shards()[0]; s.Container == "" || s.Container != cid {
+		t.Fatalf("container not reported: %+v, want %q", s, cid)
 	}
 
 	// An orphan: ours by label, in no state file and no plan.
 	orphan := runtime.EngineSpec{ID: "ghost-0-x", Node: "n1", ShardID: "ghost-0", SpecVersion: "x", Image: "llmgw/runner-test:1",
-		Command: []string{"/llmgw", "engine", "fake", "--model", "ghost", "--port", "21099"}, LogPath: filepath.Join(dataDir, "ghost.log")}
+		Command: []string{"/llmgw", "engine", "fake", "--model", "ghost", "--port", "21099"}, LogPath: filepath.Join(dataDir.Root(), "ghost.log")}
 	if _, err := rt.Start(context.Background(), orphan); err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/runtime"
-	"github.com/llmgw/llmgw/supervisor/shardstate"
 )
 
 // faultyRuntime makes a real runtime's Status or Stop fail on demand, as a
@@ -151,7 +150,7 @@ func TestFailedStopIsRetried(t *testing.T) {
 	before := f.stopCalls.Load()
 	r.Reconcile(context.Background(), nil)
 	testwait.Until(t, 10*time.Second, "three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
-		files, _ := filepath.Glob(filepath.Join(env.dir, "shards", "shard-*.json"))
+		files, _ := filepath.Glob(filepath.Join(env.dir.ShardsDir(), "shard-*.json"))
 		s, ok := shardOf(r)
 		if !ok || len(files) != 1 {
 			t.Fatalf("a failed stop forgot the engine: tracked=%v %+v, state files %d", ok, s, len(files))
@@ -178,7 +177,7 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 	r.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	pid := readyPID(r, "chat-0")
-	states, _ := shardstate.Load(filepath.Join(env.dir, "shards"))
+	states, _ := env.dir.ReadShardStates()
 	want := states[0].Spec.Command
 	r.Close()
 
@@ -203,7 +202,7 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 	r2.Settle()
 	r2.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r2, "restarted from the plan", func([]string) bool { return readyPID(r2, "chat-0") > 0 })
-	states, _ = shardstate.Load(filepath.Join(env.dir, "shards"))
+	states, _ = env.dir.ReadShardStates()
 	if len(states) != 1 || !slices.Equal(states[0].Spec.Command, want) {
 		t.Fatalf("restarted with %v, want the planned command %v", states[0].Spec.Command, want)
 	}

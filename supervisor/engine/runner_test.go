@@ -20,6 +20,7 @@ import (
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/fakeengine"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime/process"
@@ -38,7 +39,7 @@ func TestMain(m *testing.M) {
 
 type runnerEnv struct {
 	t    *testing.T
-	dir  string
+	dir  datadir.Dir
 	self string
 }
 
@@ -47,7 +48,7 @@ func newRunnerEnv(t *testing.T) *runnerEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &runnerEnv{t: t, dir: t.TempDir(), self: self}
+	return &runnerEnv{t: t, dir: datadir.New(t.TempDir()), self: self}
 }
 
 // open builds a runner over the process runtime in the env's data dir, as
@@ -64,7 +65,7 @@ func (e *runnerEnv) openWith(mutate func(*Config)) *Runner {
 // openUnsettled is openWith for an agent that has not heard the cluster yet.
 func (e *runnerEnv) openUnsettled(mutate func(*Config)) *Runner {
 	e.t.Helper()
-	rt, err := process.New(filepath.Join(e.dir, "runtime"))
+	rt, err := process.New(e.dir.RuntimeDir())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -190,10 +191,10 @@ func TestCrashLoopBacksOffAndIsReportedFailing(t *testing.T) {
 
 func TestTruncatedStateFileDoesNotStopTheAgent(t *testing.T) {
 	env := newRunnerEnv(t)
-	if err := os.MkdirAll(filepath.Join(env.dir, "shards"), 0o700); err != nil {
+	if err := os.MkdirAll(env.dir.ShardsDir(), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(env.dir, "shards", "shard-chat-0.json"), []byte(`{"format_version":1,"shard_id":"ch`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(env.dir.ShardsDir(), "shard-chat-0.json"), []byte(`{"format_version":1,"shard_id":"ch`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r := env.open()
@@ -209,7 +210,7 @@ func TestTruncatedStateFileDoesNotStopTheAgent(t *testing.T) {
 
 func TestUnsettledRunnerStartsNothing(t *testing.T) {
 	env := newRunnerEnv(t)
-	rt, _ := process.New(filepath.Join(env.dir, "runtime"))
+	rt, _ := process.New(env.dir.RuntimeDir())
 	r, err := NewRunner(context.Background(), Config{Node: "n1", Runtime: rt, DataDir: env.dir, Self: env.self, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +253,7 @@ func TestEngineWithoutStateFileIsReplaced(t *testing.T) {
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	old := readyPID(r, "chat-0")
 	r.Close()
-	files, _ := filepath.Glob(filepath.Join(env.dir, "shards", "shard-*.json"))
+	files, _ := filepath.Glob(filepath.Join(env.dir.ShardsDir(), "shard-*.json"))
 	for _, f := range files {
 		os.Remove(f)
 	}

@@ -93,6 +93,11 @@ type Engine struct {
 	ExitCode  int       `json:"exit_code"`
 	StartedAt time.Time `json:"started_at"`
 	ExitedAt  time.Time `json:"exited_at,omitzero"`
+	// ContainerID is the container's ID when the runtime runs engines in
+	// containers (it may differ from ID: containerd's IDs are shorter);
+	// empty otherwise. Callers record it as it comes, without asking which
+	// runtime they hold.
+	ContainerID string `json:"container_id,omitempty"`
 }
 
 // Runtime starts and stops engines on this node.
@@ -100,7 +105,9 @@ type Engine struct {
 // Every method is safe for concurrent use. An engine outlives the agent
 // process: after a restart, List finds what an earlier agent started.
 type Runtime interface {
-	// Name is "containerd" or "process".
+	// Name is "containerd" or "process", for logs and records. Callers do
+	// not branch on it: what differs comes back in Engine (ContainerID) or
+	// as an optional interface (ImagePuller).
 	Name() string
 	// Start creates and starts an engine. Starting an ID that exists and
 	// runs is an error; one that exited is replaced.
@@ -114,4 +121,15 @@ type Runtime interface {
 	// List reports every engine this runtime started for node, running or
 	// exited but not yet removed.
 	List(ctx context.Context, node string) ([]Engine, error)
+}
+
+// ImagePuller is implemented by a Runtime whose engines start from images
+// that must be present first (containerd). Its caller pulls before Start,
+// so a multi-gigabyte pull is a starting engine the caller can see and
+// cancel, not a Start that hangs; a runtime without images does not
+// implement it.
+type ImagePuller interface {
+	// EnsureImage makes ref present and ready to start from, pulling it
+	// when missing.
+	EnsureImage(ctx context.Context, ref string) error
 }

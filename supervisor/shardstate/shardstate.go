@@ -12,6 +12,8 @@
 // Load never fails on a bad file: a corrupt or truncated one is reported and
 // moved aside to <name>.corrupt-<n> so the next start is clean and the
 // evidence is kept; temporary files left by a crash mid-write are removed.
+// Read parses the same way and changes nothing, for a viewer: only the
+// agent that owns the dir may clean it.
 package shardstate
 
 import (
@@ -90,12 +92,13 @@ type State struct {
 	ClaimStamp int64 `json:"claim_stamp"`
 }
 
-// BadFile is a file Load could not use.
+// BadFile is a file Read or Load could not use.
 type BadFile struct {
 	Path string
 	Err  error
-	// MovedTo is where the file was moved aside, empty if it was left in
-	// place (unreadable this time, a newer format, or the move failed).
+	// MovedTo is where Load moved the file aside, empty if it was left in
+	// place (by Read always; by Load when unreadable this time, of a newer
+	// format, or the move failed).
 	MovedTo string
 }
 
@@ -174,53 +177,84 @@ func FileID(s State) string {
 	return s.ShardID
 }
 
-// Load reads every state file in dir, sorted by shard ID. A missing dir
-// holds no states. Files it cannot use come back in bad: corrupt ones are
-// moved aside, and an unreadable dir is reported as one BadFile naming it.
-// Load removes temporary files left by an interrupted Save, so it must not
-// run while a Save in the same dir is in flight.
+// Read parses every state file in dir, sorted by shard ID, and changes
+// nothing: a corrupt file stays where it is and a temporary file left by an
+// interrupted Save is skipped. It is what a viewer uses while the agent is
+// down (or up: a Save in flight is not seen half-written). A missing dir
+// holds no states. Files it cannot use come back in bad, none moved; an
+// unreadable dir is reported as one BadFile naming it.
+func Read(dir string) (states []State, bad []BadFile) {
+	sc := scanDir(dir, os.ReadFile)
+	return sc.states, sc.bad
+}
+
+// Load is Read for the agent that owns dir, which also cleans it up:
+// corrupt files are moved aside (so the next start is clean and the
+// evidence kept) and temporary files left by an interrupted Save are
+// removed, so it must not run while a Save in the same dir is in flight.
 func Load(dir string) (states []State, bad []BadFile) { return load(dir, os.ReadFile) }
 
 // load is Load with the file reader injected: tests make reads fail.
 func load(dir string, readFile func(string) ([]byte, error)) (states []State, bad []BadFile) {
+	sc := scanDir(dir, readFile)
+	for _, name := range sc.temps {
+		// Left by a Save that crashed before its rename: the target
+		// still holds the previous state, so the temp file is noise.
+		_ = os.Remove(filepath.Join(dir, name))
+	}
+	for i := range sc.bad {
+		// Only a file whose content is wrong is moved aside. A file
+		// that could not be read (EACCES, EIO, EMFILE) may be fine;
+		// neither is one a newer agent wrote.
+		var corrupt *corruptError
+		if errors.As(sc.bad[i].Err, &corrupt) {
+			sc.bad[i].MovedTo = moveAside(dir, filepath.Base(sc.bad[i].Path), sc.names)
+		}
+	}
+	return sc.states, sc.bad
+}
+
+// scan is what one look at a state dir found; scanDir changes nothing.
+type scan struct {
+	states []State
+	bad    []BadFile // none moved (MovedTo empty)
+	// temps are the names of temporary files an interrupted Save left.
+	temps []string
+	// names holds every entry's name, for moveAside to pick a free one.
+	names map[string]bool
+}
+
+func scanDir(dir string, readFile func(string) ([]byte, error)) scan {
+	var sc scan
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
+			return sc
 		}
-		return nil, []BadFile{{Path: dir, Err: err}}
+		sc.bad = []BadFile{{Path: dir, Err: err}}
+		return sc
 	}
-	names := make(map[string]bool, len(entries))
+	sc.names = make(map[string]bool, len(entries))
 	for _, e := range entries {
-		names[e.Name()] = true
+		sc.names[e.Name()] = true
 	}
 	for _, e := range entries {
 		name := e.Name()
 		full := filepath.Join(dir, name)
 		switch {
 		case strings.HasPrefix(name, "."+prefix) && strings.Contains(name, suffix+tmpMarker):
-			// Left by a Save that crashed before its rename: the target
-			// still holds the previous state, so the temp file is noise.
-			_ = os.Remove(full)
+			sc.temps = append(sc.temps, name)
 		case strings.HasPrefix(name, prefix) && strings.HasSuffix(name, suffix) && e.Type().IsRegular():
 			s, err := readState(readFile, full, strings.TrimSuffix(strings.TrimPrefix(name, prefix), suffix))
-			if err == nil {
-				states = append(states, s)
+			if err != nil {
+				sc.bad = append(sc.bad, BadFile{Path: full, Err: err})
 				continue
 			}
-			b := BadFile{Path: full, Err: err}
-			// Only a file whose content is wrong is moved aside. A file
-			// that could not be read (EACCES, EIO, EMFILE) may be fine;
-			// neither is one a newer agent wrote.
-			var corrupt *corruptError
-			if errors.As(err, &corrupt) {
-				b.MovedTo = moveAside(dir, name, names)
-			}
-			bad = append(bad, b)
+			sc.states = append(sc.states, s)
 		}
 	}
-	slices.SortFunc(states, func(a, b State) int { return strings.Compare(a.ShardID, b.ShardID) })
-	return states, bad
+	slices.SortFunc(sc.states, func(a, b State) int { return strings.Compare(a.ShardID, b.ShardID) })
+	return sc
 }
 
 type newerFormatError struct{ version int }

@@ -289,3 +289,76 @@ func TestTwoSpecsOfOneShardKeepSeparateFiles(t *testing.T) {
 		t.Fatalf("removing the old spec touched the new one: %+v", states)
 	}
 }
+
+// dirContents maps every file name in dir to its content.
+func dirContents(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+// Read, for a viewer, parses as Load does and changes nothing: corrupt
+// files and temp files stay exactly as they were. Load then cleans up.
+func TestReadChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	if err := Save(dir, sample("good-0")); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{
+		"shard-trunc-0.json":                   `{"format_version":1,"shard_id":"tr`,
+		"shard-future-0.json":                  `{"format_version":99,"shard_id":"future-0"}`,
+		".shard-good-0.json" + tmpMarker + "1": "{",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := dirContents(t, dir)
+	for range 2 {
+		states, bad := Read(dir)
+		if len(states) != 1 || states[0].ShardID != "good-0" {
+			t.Fatalf("Read states %+v", states)
+		}
+		if len(bad) != 2 {
+			t.Fatalf("Read bad %v, want the truncated and the newer file", bad)
+		}
+		for _, b := range bad {
+			if b.MovedTo != "" || b.Err == nil {
+				t.Errorf("Read reported %+v; want an error and nothing moved", b)
+			}
+		}
+		if after := dirContents(t, dir); !reflect.DeepEqual(after, before) {
+			t.Fatalf("Read changed the dir\nbefore %q\n after %q", before, after)
+		}
+	}
+	// The agent's Load parses the same files the same way, then cleans.
+	states, bad := Load(dir)
+	if len(states) != 1 || len(bad) != 2 {
+		t.Fatalf("Load: states %v bad %v", states, bad)
+	}
+	after := dirContents(t, dir)
+	if _, ok := after["shard-trunc-0.json"]; ok || after["shard-trunc-0.json.corrupt-1"] != before["shard-trunc-0.json"] {
+		t.Errorf("Load did not move the truncated file aside: %q", after)
+	}
+	if _, ok := after[".shard-good-0.json"+tmpMarker+"1"]; ok {
+		t.Errorf("Load left the temp file")
+	}
+}
+
+func TestReadMissingDir(t *testing.T) {
+	states, bad := Read(filepath.Join(t.TempDir(), "nope"))
+	if len(states) != 0 || len(bad) != 0 {
+		t.Fatalf("states %v bad %v", states, bad)
+	}
+}

@@ -66,7 +66,10 @@ type Runtime struct {
 	killTimeout  time.Duration
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.ImagePuller = (*Runtime)(nil)
+)
 
 type options struct {
 	socket       string

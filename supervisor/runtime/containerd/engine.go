@@ -169,7 +169,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	if err != nil {
 		// It runs: say so, rather than report a failure for a live engine.
 		r.log.Warn("engine started; reading its state failed", "container", cid, "err", err)
-		return runtime.Engine{ID: spec.ID, Labels: spec.Labels(), State: runtime.StateRunning, PID: int(task.Pid()), StartedAt: time.Now()}, nil
+		return runtime.Engine{ID: spec.ID, Labels: spec.Labels(), State: runtime.StateRunning, PID: int(task.Pid()), StartedAt: time.Now(), ContainerID: cid}, nil
 	}
 	return e, nil
 }
@@ -209,9 +209,10 @@ func (r *Runtime) engine(ctx context.Context, ctr client.Container) (runtime.Eng
 		return runtime.Engine{}, wrapNotFound(ctr.ID(), err)
 	}
 	e := runtime.Engine{
-		ID:        info.ID,
-		Labels:    info.Labels,
-		StartedAt: info.CreatedAt,
+		ID:          info.ID,
+		Labels:      info.Labels,
+		StartedAt:   info.CreatedAt,
+		ContainerID: info.ID,
 	}
 	if id := info.Labels[runtime.LabelEngine]; id != "" {
 		e.ID = id

@@ -24,7 +24,8 @@ func normalizeRef(ref string) (string, error) {
 	return named.String(), nil
 }
 
-// EnsureImage makes ref present and unpacked, pulling it when missing. Engine
+// EnsureImage implements runtime.ImagePuller: it makes ref present and
+// unpacked, pulling it when missing. Engine
 // images are 12-28 GB, so a pull logs its progress every progress interval.
 // Pulls use no registry credentials.
 func (r *Runtime) EnsureImage(ctx context.Context, ref string) error {

@@ -420,6 +420,9 @@ func TestIntegrationLifecycleAndReattach(t *testing.T) {
 	if e.State != runtime.StateRunning || e.PID <= 0 || e.ID != spec.ID {
 		t.Fatalf("started %+v", e)
 	}
+	if cid, _ := ContainerID(spec.ID); e.ContainerID != cid {
+		t.Errorf("started container %q, want %q", e.ContainerID, cid)
+	}
 	for k, v := range map[string]string{runtime.LabelNode: "n1", runtime.LabelShard: "itest-0", runtime.LabelSpec: spec.SpecVersion, runtime.LabelEngine: spec.ID} {
 		if e.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q", k, e.Labels[k], v)

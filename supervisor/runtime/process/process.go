@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
 
@@ -99,7 +100,7 @@ type Option func(*Runtime)
 // WithClock sets the clock for StartedAt and ExitedAt stamps. Waiting for
 // processes to die uses real time regardless: the kernel does not follow a
 // fake clock.
-func WithClock(now func() time.Time) Option { return func(r *Runtime) { r.now = now } }
+func WithClock(c clock.Clock) Option { return func(r *Runtime) { r.now = c.Now } }
 
 // WithBaseEnv sets the environment every engine starts from, before the
 // spec's variables. The default is the agent's environment without

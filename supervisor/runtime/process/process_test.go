@@ -139,6 +139,9 @@ func TestEngineOutlivesRuntimeAndIsFoundAgain(t *testing.T) {
 	if e.State != runtime.StateRunning || e.PID <= 0 {
 		t.Fatalf("started engine %+v", e)
 	}
+	if e.ContainerID != "" {
+		t.Errorf("a process engine reports container %q", e.ContainerID)
+	}
 	if e.Labels[runtime.LabelNode] != "n1" || e.Labels[runtime.LabelShard] != "demo-0" || e.Labels[runtime.LabelSpec] != "v1" || e.Labels[runtime.LabelEngine] != "demo-0-v1" {
 		t.Fatalf("labels %v", e.Labels)
 	}

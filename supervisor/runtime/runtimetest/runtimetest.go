@@ -90,8 +90,13 @@ func startFindStop(t *testing.T, h Harness) {
 	if got.State != runtime.StateRunning || got.PID != e.PID {
 		t.Fatalf("after restart Status = %+v, want running pid %d", got, e.PID)
 	}
+	// The container ID (empty for a runtime without containers) is the
+	// same whoever asks: the supervisor records what Start returned.
+	if got.ContainerID != e.ContainerID {
+		t.Errorf("after restart Status container %q, Start said %q", got.ContainerID, e.ContainerID)
+	}
 	list, err := r2.List(ctx, spec.Node)
-	if err != nil || len(list) != 1 || list[0].ID != spec.ID || list[0].PID != e.PID {
+	if err != nil || len(list) != 1 || list[0].ID != spec.ID || list[0].PID != e.PID || list[0].ContainerID != e.ContainerID {
 		t.Fatalf("List(%s) = %+v, %v", spec.Node, list, err)
 	}
 	if other, err := r2.List(ctx, spec.Node+"-other"); err != nil || len(other) != 0 {

@@ -1,0 +1,116 @@
+// Package datadir is the layout of an agent's data directory (--data-dir).
+// Every file and directory the agent keeps there is named here, once:
+//
+//	node.json         the node's identity: name, boot epoch, known peers
+//	deployments.json  the deployments the node has heard of, for a
+//	                  whole-cluster restart (written by gossip)
+//	token             the cluster token, when the agent generated it
+//	shards/           one state file per engine (package shardstate)
+//	logs/             each engine's output, <engine id>.log and .log.1
+//	runtime/          the process runtime's records
+//
+// Its readers only read: a viewer can use them on a data dir whose agent is
+// down (or running) and nothing there moves. Cleaning up, such as setting
+// a corrupt shard state file aside, is the owning agent's (shardstate.Load).
+//
+// It imports nothing above the supervisor's leaf packages: whoever writes
+// a file (gossip, the node) takes its path from here as a string.
+package datadir
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/supervisor/shardstate"
+)
+
+// Dir is one agent's data directory.
+type Dir struct{ root string }
+
+// New returns the data directory rooted at root. The paths it names are
+// root's; New creates nothing.
+func New(root string) Dir { return Dir{root: root} }
+
+// Root is the directory itself.
+func (d Dir) Root() string { return d.root }
+
+// NodeFile is node.json, the node's identity (see Identity).
+func (d Dir) NodeFile() string { return filepath.Join(d.root, "node.json") }
+
+// DeploymentsFile is deployments.json, where gossip persists the
+// deployments it has heard of.
+func (d Dir) DeploymentsFile() string { return filepath.Join(d.root, "deployments.json") }
+
+// TokenFile is where the agent keeps the cluster token it generated (or
+// one put there for it) when no --token-file is given.
+func (d Dir) TokenFile() string { return filepath.Join(d.root, "token") }
+
+// ShardsDir holds the shard state files (package shardstate).
+func (d Dir) ShardsDir() string { return filepath.Join(d.root, "shards") }
+
+// LogsDir holds the engines' logs.
+func (d Dir) LogsDir() string { return filepath.Join(d.root, "logs") }
+
+// EngineLogFile is where the runtime writes the stdout and stderr of
+// engine id. When capped, the previous generation is <file>.1.
+func (d Dir) EngineLogFile(id string) string { return filepath.Join(d.LogsDir(), id+".log") }
+
+// RuntimeDir holds the process runtime's records of the engines it
+// started (containerd keeps its own).
+func (d Dir) RuntimeDir() string { return filepath.Join(d.root, "runtime") }
+
+// ReadShardStates parses every shard state file, sorted by shard ID, and
+// returns the good ones and, in bad, why each other one is unusable. It
+// moves and deletes nothing (shardstate.Read): a corrupt file stays for
+// the agent, whose shardstate.Load sets it aside.
+func (d Dir) ReadShardStates() (states []shardstate.State, bad []shardstate.BadFile) {
+	return shardstate.Read(d.ShardsDir())
+}
+
+// Identity is what a node remembers across restarts, in node.json.
+type Identity struct {
+	Name string `json:"name"`
+	// Epoch is bumped at every boot, so a run's records are newer than
+	// any the cluster still holds from the last one.
+	Epoch int64 `json:"epoch"`
+	// Peers are the gossip addresses of the live members last seen, so a
+	// restart finds the cluster without --join.
+	Peers []string `json:"peers,omitempty"`
+}
+
+// ErrCorrupt is wrapped by the error of a reader whose file exists but
+// does not parse.
+var ErrCorrupt = errors.New("corrupt")
+
+// ReadIdentity reads node.json and changes nothing. found is false, with
+// no error, when there is no file (a node that never ran here). A file
+// that does not parse is an error wrapping ErrCorrupt.
+func (d Dir) ReadIdentity() (id Identity, found bool, err error) {
+	p := d.NodeFile()
+	b, err := os.ReadFile(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Identity{}, false, nil
+	case err != nil:
+		return Identity{}, false, fmt.Errorf("read %s: %w", p, err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		return Identity{}, true, fmt.Errorf("%s is %w (%v)", p, ErrCorrupt, err)
+	}
+	return id, true, nil
+}
+
+// WriteIdentity replaces node.json with id, atomically. It is the agent's:
+// a viewer only reads.
+func (d Dir) WriteIdentity(id Identity) error {
+	out, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(d.NodeFile(), out, 0o600)
+}

@@ -1,0 +1,318 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/supervisor/profile"
+	"github.com/llmgw/llmgw/supervisor/runtime"
+	"github.com/llmgw/llmgw/supervisor/shardstate"
+)
+
+// statusTimeout bounds one runtime status call: a hung containerd must not
+// freeze an engine's watcher (nor Close, which waits for watchers).
+const statusTimeout = 10 * time.Second
+
+// watchState is what one watch goroutine carries from poll to poll. The
+// goroutine owns it: nothing else reads or writes it, so it takes no lock.
+// (What others read about the engine is in managed, under Runner.mu.)
+type watchState struct {
+	// started: the engine was started (or adopted) and not seen dead
+	// since, so each poll asks the runtime about it; false while it waits
+	// to be (re)started.
+	started bool
+	// retryAt is when a start may be tried again after a crash.
+	retryAt time.Time
+	// attemptAt is when the current start attempt began; everReady
+	// whether it became ready since.
+	attemptAt time.Time
+	everReady bool
+	// unknowns counts "unknown" runtime states in a row.
+	unknowns int
+}
+
+// watch drives one engine: start it (unless adopted), then check it every
+// poll: runtime state, then readiness. A crash is recorded and the engine
+// restarted after a backoff that doubles per crash in a row. When ctx ends
+// the engine is stopped and forgotten.
+func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
+	defer r.wg.Done()
+	w := &watchState{started: adopted, attemptAt: r.cfg.Clock.Now()}
+	tick := time.NewTicker(r.cfg.Poll)
+	defer tick.Stop()
+	for {
+		if ctx.Err() != nil {
+			r.finish(e)
+			return
+		}
+		if !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e) {
+			w.attemptAt, w.everReady = r.cfg.Clock.Now(), false
+			if err := r.start(ctx, e); err != nil {
+				if r.base.Err() != nil {
+					return // the agent is closing: not a crash
+				}
+				if ctx.Err() != nil {
+					continue // no longer wanted: not a crash; the loop's top stops it
+				}
+				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
+				r.mu.Lock()
+				e.startErr = clipError(err.Error(), 300)
+				r.mu.Unlock()
+				w.retryAt = r.crashed(e, nil)
+			} else {
+				w.started = true
+			}
+		}
+		if w.started {
+			r.check(ctx, e, w)
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+// check is one poll of a started engine: its runtime state, then its
+// readiness (and load), or, if it died or never became ready in time, the
+// crash and the time of the next start.
+func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
+	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	st, err := r.cfg.Runtime.Status(sctx, e.id)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+	case err != nil && !errors.Is(err, runtime.ErrNotFound):
+		// The runtime cannot say (containerd down, a shim hung): the
+		// engine itself still can. A dead one stops being ready, so
+		// its lease is no longer renewed and nothing routes to it.
+		r.log.Warn("engine status unknown; judging by readiness alone", "shard", e.state.ShardID, "err", err)
+		r.setReady(e, r.probeReady(ctx, e), 0)
+	case err == nil && st.State == runtime.StateUnknown && w.unknowns < 20:
+		// containerd restarting or a shim not answering: look again
+		// rather than kill a possibly healthy engine.
+		w.unknowns++
+	case err != nil || st.State != runtime.StateRunning:
+		code := st.ExitCode
+		r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+		// Remove the dead engine so its GPUs are free while we wait.
+		if err := r.cfg.Runtime.Stop(context.Background(), e.id, 0); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			r.log.Warn("remove exited engine", "shard", e.state.ShardID, "err", err)
+		}
+		w.retryAt = r.crashed(e, &code)
+		w.started = false
+	default:
+		w.unknowns = 0
+		ready := r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
+		w.everReady = w.everReady || ready
+		r.setReady(e, ready, st.PID)
+		if ready {
+			r.scrapeLoad(ctx, e)
+		} else if !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
+			r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
+			if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+				// Still running: starting it again would clash with
+				// itself. Try the stop again at the next poll.
+				r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
+				return
+			}
+			w.retryAt = r.crashed(e, nil)
+			w.started = false
+		}
+	}
+}
+
+func (r *Runner) start(engineCtx context.Context, e *managed) error {
+	// Runtime calls end when the engine is no longer wanted or when the
+	// agent closes the runner.
+	ctx, cancel := context.WithCancel(r.base)
+	defer cancel()
+	stop := context.AfterFunc(engineCtx, cancel)
+	defer stop()
+	r.ensurePort(e)
+	r.mu.Lock()
+	d, st := e.desired, e.state
+	r.mu.Unlock()
+	prof, err := r.profileOf(e)
+	if err != nil {
+		return err
+	}
+	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d)}
+	var uuids []string
+	if r.cfg.GPUs != nil {
+		gpus := r.cfg.GPUs()
+		for _, i := range d.GPUs {
+			for _, g := range gpus {
+				if g.Index == i {
+					in.GPUMemoryTotal = g.MemoryTotal
+					if !r.cfg.SimulatedGPUs {
+						uuids = append(uuids, g.UUID)
+					}
+				}
+			}
+		}
+	}
+	cmd, env, image, err := profile.Resolve(prof, d.Spec, in)
+	if err != nil {
+		return err
+	}
+	spec := runtime.EngineSpec{
+		ID: e.id, Node: r.cfg.Node, ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
+		Image: image, Command: cmd, Env: env, GPUIndices: d.GPUs, GPUUUIDs: uuids, HTTPPort: st.Spec.HTTPPort,
+		LogPath: r.logPath(e.id), WeightsDir: r.cfg.WeightsDir,
+	}
+	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	// Container images are pulled before the engine starts (vLLM's are
+	// 12-28 GB; the runtime logs progress). The engine stays "starting"
+	// meanwhile, holding its claim.
+	if p, ok := r.cfg.Runtime.(runtime.ImagePuller); ok && image != "" {
+		if err := p.EnsureImage(ctx, image); err != nil {
+			return err
+		}
+	}
+	// The state file goes first: an agent that dies right after Start
+	// still finds what it started.
+	if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), st); err != nil {
+		return err
+	}
+	eng, err := r.cfg.Runtime.Start(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", e.id, err)
+	}
+	st.PID, st.StartedAt = eng.PID, r.cfg.Clock.Now()
+	st.Spec.ContainerID = eng.ContainerID
+	if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), st); err != nil {
+		r.log.Error("save shard state", "err", err)
+	}
+	r.mu.Lock()
+	e.state = st
+	e.readySince = time.Time{}
+	e.startErr = ""
+	if e.status != gossip.ShardStopping {
+		e.status = gossip.ShardStarting
+	}
+	r.notifyLocked()
+	r.mu.Unlock()
+	r.log.Info("engine started", "shard", d.ShardID, "engine", e.id, "pid", eng.PID, "port", st.Spec.HTTPPort)
+	return nil
+}
+
+// shardIndex is the index of d's shard within its replica (the replica's
+// "-s<j>" suffix), 0 for a replica of one shard.
+func shardIndex(d Desired) int {
+	var j int
+	if _, err := fmt.Sscanf(d.ShardID[len(d.ReplicaID):], "-s%d", &j); err == nil {
+		return j
+	}
+	return 0
+}
+
+// clipError keeps an error message short enough for a node record.
+func clipError(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// crashed records a crash (an exit, a failed start, a start timeout) and
+// returns when to try again.
+func (r *Runner) crashed(e *managed, code *int) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.cfg.Clock.Now()
+	if !e.readySince.IsZero() && now.Sub(e.readySince) >= r.cfg.StableAfter {
+		e.crashes = 0 // it had served stably: a new story, not a loop
+	}
+	e.readySince = time.Time{}
+	e.crashes++
+	e.state.Restarts++
+	e.state.LastExitCode = code
+	e.state.LastExitAt = now
+	e.ready = false
+	if e.status != gossip.ShardStopping {
+		e.status = gossip.ShardBackoff
+	}
+	e.failing = e.crashes >= r.cfg.FailingAfter
+	_ = shardstate.Save(r.cfg.DataDir.ShardsDir(), e.state)
+	r.notifyLocked()
+	delay := r.cfg.BackoffMin << min(e.crashes-1, 16)
+	return r.cfg.Clock.Now().Add(min(delay, r.cfg.BackoffMax))
+}
+
+// setReady records a poll's readiness verdict (and the engine's pid, when
+// the runtime told it), notifying on a change.
+func (r *Runner) setReady(e *managed, ready bool, pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.status == gossip.ShardStopping {
+		return
+	}
+	status := gossip.ShardStarting
+	now := r.cfg.Clock.Now()
+	if ready {
+		status = gossip.ShardReady
+		if e.readySince.IsZero() {
+			e.readySince = now
+		}
+		if (e.crashes > 0 || e.failing) && now.Sub(e.readySince) >= r.cfg.StableAfter {
+			e.crashes, e.failing = 0, false
+			r.notifyLocked()
+		}
+	} else {
+		e.readySince = time.Time{}
+	}
+	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
+		e.ready, e.status = ready, status
+		if pid > 0 {
+			e.state.PID = pid
+		}
+		r.notifyLocked()
+	}
+}
+
+// finish stops the engine and forgets it. A stop that fails is tried
+// again with backoff: forgetting an engine that still runs would leave its
+// GPUs busy under no one's claim. If the agent closes meanwhile, the state
+// file stays, and the next agent adopts the engine and stops it.
+func (r *Runner) finish(e *managed) {
+	for delay := r.cfg.BackoffMin; ; delay = min(2*delay, r.cfg.BackoffMax) {
+		err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
+		if err == nil || errors.Is(err, runtime.ErrNotFound) {
+			break
+		}
+		r.log.Error("stop engine failed; trying again", "engine", e.id, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-r.quit:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	_ = shardstate.Remove(r.cfg.DataDir.ShardsDir(), shardstate.FileID(e.state))
+	r.tracker.Forget(e.id)
+	// Its log goes with it: engine IDs change with every spec version, so
+	// kept logs would pile up with each rolling update. Under logMu, and
+	// after the engine leaves r.engines, so a cap cannot bring .1 back.
+	r.logMu.Lock()
+	r.mu.Lock()
+	delete(r.engines, e.id)
+	for p, id := range r.ports {
+		if id == e.id {
+			delete(r.ports, p)
+		}
+	}
+	r.notifyLocked()
+	r.mu.Unlock()
+	_ = os.Remove(r.logPath(e.id))
+	_ = os.Remove(r.logPath(e.id) + ".1")
+	r.logMu.Unlock()
+	r.log.Info("engine stopped", "shard", e.state.ShardID, "engine", e.id)
+}
