@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,9 +48,10 @@ type Config struct {
 	Profile Profile
 	Logger  *slog.Logger
 	Now     func() time.Time
-	// DataDir, when set, persists deployments so a whole-cluster restart
-	// loses nothing.
-	DataDir string
+	// DeploymentsFile, when set, is where deployments persist so a
+	// whole-cluster restart loses nothing (the data dir's deployments.json,
+	// named by supervisor/datadir).
+	DeploymentsFile string
 	// APIAddr is this node's HTTP address, carried in node meta.
 	APIAddr string
 	// TombstoneTTL is how long deletions are remembered (default 30 days).
@@ -647,8 +647,6 @@ func (c *Cluster) persistLoop() {
 	}
 }
 
-const deploymentsFile = "deployments.json"
-
 type deploymentsOnDisk struct {
 	FormatVersion int                `json:"format_version"`
 	Deployments   []DeploymentRecord `json:"deployments"`
@@ -674,24 +672,24 @@ func withDeployment(deps []DeploymentRecord, r DeploymentRecord) []DeploymentRec
 	return slices.Insert(deps, i, r)
 }
 
-// writeDeployments writes deps to deployments.json atomically; the caller
-// holds saveMu.
+// writeDeployments writes deps to the deployments file atomically; the
+// caller holds saveMu.
 func (c *Cluster) writeDeployments(deps []DeploymentRecord) error {
-	if c.cfg.DataDir == "" {
+	if c.cfg.DeploymentsFile == "" {
 		return nil
 	}
 	b, err := json.MarshalIndent(deploymentsOnDisk{FormatVersion: 1, Deployments: deps}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("persist deployments: %w", err)
 	}
-	return atomicfile.Write(filepath.Join(c.cfg.DataDir, deploymentsFile), b, 0o600)
+	return atomicfile.Write(c.cfg.DeploymentsFile, b, 0o600)
 }
 
 func (c *Cluster) loadDeployments() error {
-	if c.cfg.DataDir == "" {
+	if c.cfg.DeploymentsFile == "" {
 		return nil
 	}
-	p := filepath.Join(c.cfg.DataDir, deploymentsFile)
+	p := c.cfg.DeploymentsFile
 	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -61,7 +61,7 @@ func startNode(t testing.TB, name string, port int, dir string, mutate func(*Con
 	prof, _ := ProfileByName("local")
 	lb := &syncBuffer{}
 	cfg := Config{
-		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof, DataDir: dir,
+		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof, DeploymentsFile: filepath.Join(dir, deploymentsFile),
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Label:  "test",
 	}
@@ -79,6 +79,9 @@ func startNode(t testing.TB, name string, port int, dir string, mutate func(*Con
 
 // waitFor polls cond until it holds or the deadline passes; it is the only
 // way these tests wait.
+// deploymentsFile is what the data dir calls the file (supervisor/datadir).
+const deploymentsFile = "deployments.json"
+
 func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(within)

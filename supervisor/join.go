@@ -2,12 +2,9 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,8 +12,8 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/internal/atomicfile"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 )
 
 // joinLoop joins the given peers, retrying with exponential backoff until
@@ -154,36 +151,22 @@ func dedupe(peers []string, self string) []string {
 	return out
 }
 
-// identity is what a node remembers across restarts.
-type identity struct {
-	Name  string   `json:"name"`
-	Epoch int64    `json:"epoch"`
-	Peers []string `json:"peers,omitempty"`
-}
-
 // loadIdentity reads node.json, checks the name, and bumps the boot epoch
 // so this run's records are newer than any the cluster still holds from the
 // last run, even if the clock went backwards in between.
-func loadIdentity(dir, name string, now func() time.Time) (identity, error) {
-	p := filepath.Join(dir, "node.json")
-	var id identity
-	b, err := os.ReadFile(p)
+func loadIdentity(dir datadir.Dir, name string, now func() time.Time) (datadir.Identity, error) {
+	id, found, err := dir.ReadIdentity()
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, datadir.ErrCorrupt):
+		return id, fmt.Errorf("--data-dir: %v; move it aside to start as a new node", err)
 	case err != nil:
-		return id, fmt.Errorf("--data-dir: read %s: %w", p, err)
-	default:
-		if err := json.Unmarshal(b, &id); err != nil {
-			return id, fmt.Errorf("--data-dir: %s is corrupt (%v); move it aside to start as a new node", p, err)
-		}
-		if id.Name != "" && id.Name != name {
-			return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir, id.Name)
-		}
+		return id, fmt.Errorf("--data-dir: %w", err)
+	case found && id.Name != "" && id.Name != name:
+		return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir.Root(), id.Name)
 	}
 	id.Name = name
 	id.Epoch = max(id.Epoch+1, now().UnixNano())
-	out, _ := json.MarshalIndent(id, "", "  ")
-	if err := atomicfile.Write(p, out, 0o600); err != nil {
+	if err := dir.WriteIdentity(id); err != nil {
 		return id, fmt.Errorf("--data-dir: %w", err)
 	}
 	return id, nil
@@ -203,8 +186,7 @@ func (n *Node) rememberPeers() {
 		return
 	}
 	n.id.Peers = peers
-	out, _ := json.MarshalIndent(n.id, "", "  ")
-	if err := atomicfile.Write(filepath.Join(n.cfg.DataDir, "node.json"), out, 0o600); err != nil {
+	if err := n.dir.WriteIdentity(n.id); err != nil {
 		n.log.Warn("remember peers", "err", err)
 	}
 }

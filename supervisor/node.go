@@ -28,6 +28,7 @@ import (
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -100,8 +101,10 @@ type Node struct {
 	// snap is the read model of the last reconcile pass (see Status).
 	snap atomic.Pointer[status.Snapshot]
 
-	// id is what node.json holds; the join loop keeps its peers current.
-	id      identity
+	// dir is the data dir; id is what its node.json holds, whose peers
+	// the join loop keeps current.
+	dir     datadir.Dir
+	id      datadir.Identity
 	settled atomic.Bool
 	// loadPublished is when shard load last went out in the record.
 	loadPublished time.Time
@@ -140,11 +143,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
-	id, err := loadIdentity(cfg.DataDir, cfg.Name, cfg.Clock.Now)
+	dir := datadir.New(cfg.DataDir)
+	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now)
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
+	n = &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
 		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
 	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
@@ -180,7 +184,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
-		Now: cfg.Clock.Now, DataDir: cfg.DataDir, APIAddr: n.AdvertisedAPI(),
+		Now: cfg.Clock.Now, DeploymentsFile: dir.DeploymentsFile(), APIAddr: n.AdvertisedAPI(),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped

@@ -8,8 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -336,10 +335,8 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 	// Every node remembers its peers in its data dir...
 	for _, n := range nodes {
 		testwait.Until(t, 5*time.Second, n.Name()+" remembers 2 peers", func() (bool, string) {
-			b, _ := os.ReadFile(filepath.Join(n.cfg.DataDir, "node.json"))
-			var id identity
-			_ = json.Unmarshal(b, &id)
-			return len(id.Peers) == 2, fmt.Sprint(id.Peers)
+			id, _, err := datadir.New(n.cfg.DataDir).ReadIdentity()
+			return len(id.Peers) == 2, fmt.Sprint(id.Peers, err)
 		})
 	}
 	for _, n := range nodes {

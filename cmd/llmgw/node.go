@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
@@ -72,7 +73,9 @@ func nodeFlags() []cli.Flag {
 // nodeConfig turns flags into a supervisor.Config. Every error names the
 // flag and says what is wanted; nothing has started when it returns.
 func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
-	cfg := supervisor.Config{Name: c.String("name"), DataDir: c.String("data-dir"), Version: version, Logger: log, LeaseTTL: c.Duration("lease-ttl"), TestHooks: c.Bool("test-hooks")}
+	cfg := supervisor.Config{Name: c.String("name"), DataDir: c.String("data-dir"), Version: version, Logger: log, LeaseTTL: c.Duration("lease-ttl"), TestHooks: c.Bool("test-hooks"),
+		// One clock for the node and its engine runner.
+		Clock: clock.Real()}
 	if cfg.Name == "" || strings.ContainsAny(cfg.Name, " /\t\n") {
 		return cfg, fmt.Errorf("--name %q: want a non-empty name without spaces or '/'", cfg.Name)
 	}
@@ -184,7 +187,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
 	}
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
-		hc := host.Config{Host: cfg.Name, LogDir: filepath.Join(cfg.DataDir, "logs")}
+		hc := host.Config{Host: cfg.Name, LogDir: datadir.New(cfg.DataDir).LogsDir()}
 		if runner != nil {
 			hc.Containers = runner.DescribeEngines
 			hc.Engines = runner.HostEngines
@@ -382,7 +385,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 	}
 	probe := cfg.GPUs
 	return engine.NewRunner(ctx, engine.Config{
-		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Host: host, Self: self, WeightsDir: c.String("weights-dir"),
+		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Clock: cfg.Clock, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
 		GPUs: func() []placement.GPU {
 			s, err := probe.Discover(context.Background())
