@@ -7,6 +7,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testwait"
 )
 
 // BenchmarkRecordPropagation50 measures how long a NodeRecord change takes
@@ -41,7 +43,7 @@ func BenchmarkRecordPropagation50(b *testing.B) {
 			}
 		}
 	}
-	waitFor(b, 60*time.Second, "50 nodes converge", func() (bool, string) {
+	testwait.Until(b, 60*time.Second, "50 nodes converge", func() (bool, string) {
 		for _, c := range nodes {
 			if len(c.store.Nodes()) != n {
 				return false, fmt.Sprint(len(c.store.Nodes()))
@@ -55,7 +57,7 @@ func BenchmarkRecordPropagation50(b *testing.B) {
 		src := nodes[i%n]
 		start := time.Now()
 		r := src.UpdateLocal(func(r *NodeRecord) { r.Labels = map[string]string{"iter": fmt.Sprint(i)} })
-		waitFor(b, 30*time.Second, "change reaches everyone", func() (bool, string) {
+		testwait.Until(b, 30*time.Second, "change reaches everyone", func() (bool, string) {
 			for _, c := range nodes {
 				ns, ok := c.store.Node(src.cfg.Name)
 				if !ok || ns.Record.Version.Newer(r.Version) || r.Version.Newer(ns.Record.Version) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -77,24 +78,8 @@ func startNode(t testing.TB, name string, port int, dir string, mutate func(*Con
 	return tn
 }
 
-// waitFor polls cond until it holds or the deadline passes; it is the only
-// way these tests wait.
 // deploymentsFile is what the data dir calls the file (supervisor/datadir).
 const deploymentsFile = "deployments.json"
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true within %v; last: %s", what, within, last)
-}
 
 func memberState(c *Cluster, name string) MemberState {
 	for _, m := range c.Members() {
@@ -117,7 +102,7 @@ func TestThreeNodesConvergeWithGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*testNode{a, b, c} {
-		waitFor(t, 10*time.Second, n.cfg.Name+" sees everyone", func() (bool, string) {
+		testwait.Until(t, 10*time.Second, n.cfg.Name+" sees everyone", func() (bool, string) {
 			ms := n.Members()
 			var desc []string
 			ok := len(ms) == 3
@@ -143,7 +128,7 @@ func TestLeaveShowsLeftEverywhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*testNode{a, b} {
-		waitFor(t, 5*time.Second, n.cfg.Name+" sees c left", func() (bool, string) {
+		testwait.Until(t, 5*time.Second, n.cfg.Name+" sees c left", func() (bool, string) {
 			s := memberState(n.Cluster, "c")
 			return s == StateLeft, string(s)
 		})
@@ -161,7 +146,7 @@ func TestKilledNodeShowsDeadWithinProfileBound(t *testing.T) {
 	killed := time.Now()
 	_ = c.Shutdown() // no leave: a crash
 	for _, n := range []*testNode{a, b} {
-		waitFor(t, bound-time.Since(killed), n.cfg.Name+" sees c dead within "+bound.String(), func() (bool, string) {
+		testwait.Until(t, bound-time.Since(killed), n.cfg.Name+" sees c dead within "+bound.String(), func() (bool, string) {
 			s := memberState(n.Cluster, "c")
 			return s == StateDead, string(s)
 		})
@@ -177,13 +162,13 @@ func TestRestartedNodeRejoinsWithSameNameAndAddress(t *testing.T) {
 	oldEpoch := b.Local().Version.Epoch
 	port := b.port
 	_ = b.Shutdown()
-	waitFor(t, a.cfg.Profile.DetectionBound(2), "a sees b dead", func() (bool, string) {
+	testwait.Until(t, a.cfg.Profile.DetectionBound(2), "a sees b dead", func() (bool, string) {
 		s := memberState(a.Cluster, "b")
 		return s == StateDead, string(s)
 	})
 	b2 := startNode(t, "b", port, "", nil)
 	mustJoin(t, b2, a)
-	waitFor(t, 10*time.Second, "a sees b alive with its new record", func() (bool, string) {
+	testwait.Until(t, 10*time.Second, "a sees b alive with its new record", func() (bool, string) {
 		for _, m := range a.Members() {
 			if m.Name == "b" {
 				ok := m.State == StateAlive && m.Record != nil && m.Record.Version.Epoch > oldEpoch
@@ -202,7 +187,7 @@ func TestWrongGossipKeyCannotJoinAndTheClusterSaysWhy(t *testing.T) {
 	if _, err := intruder.Join([]string{a.Address()}); err == nil {
 		t.Fatal("join with the wrong key succeeded")
 	}
-	waitFor(t, 5*time.Second, "a logs why", func() (bool, string) {
+	testwait.Until(t, 5*time.Second, "a logs why", func() (bool, string) {
 		l := a.log.String()
 		return strings.Contains(l, "decrypt") && strings.Contains(l, "gossip-key-file"), l
 	})
@@ -228,7 +213,7 @@ func TestLargeRecordTravelsReliably(t *testing.T) {
 	if msg, _ := encode(message{Nodes: []NodeRecord{r}}); len(msg) <= a.bigThreshold {
 		t.Fatalf("test record is %d bytes, not above the %d threshold", len(msg), a.bigThreshold)
 	}
-	waitFor(t, 3*time.Second, "b has a's 64 GPUs", func() (bool, string) {
+	testwait.Until(t, 3*time.Second, "b has a's 64 GPUs", func() (bool, string) {
 		ns, ok := b.store.Node("a")
 		return ok && len(ns.Record.GPUs) == 64, fmt.Sprint(len(ns.Record.GPUs))
 	})
@@ -242,7 +227,7 @@ func TestBeatRenewsWithoutResendingContent(t *testing.T) {
 	before, _ := b.store.Node("a")
 	a.Renew()
 	want := a.Local().Version
-	waitFor(t, 3*time.Second, "b takes a's renewal", func() (bool, string) {
+	testwait.Until(t, 3*time.Second, "b takes a's renewal", func() (bool, string) {
 		ns, _ := b.store.Node("a")
 		return ns.Record.Version == want && ns.SeenAt.After(before.SeenAt), fmt.Sprint(ns.Record.Version)
 	})
@@ -258,14 +243,14 @@ func TestDeploymentsReplicateDeleteAndPersist(t *testing.T) {
 	if _, err := a.PutDeployment(spec); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 3*time.Second, "b learns llama", func() (bool, string) {
+	testwait.Until(t, 3*time.Second, "b learns llama", func() (bool, string) {
 		d, ok := b.store.Deployment("llama")
 		return ok && !d.Deleted && d.Spec.Replicas == 2, fmt.Sprint(d)
 	})
 	if _, ok, err := b.DeleteDeployment("llama"); !ok || err != nil {
 		t.Fatalf("delete: %v %v", ok, err)
 	}
-	waitFor(t, 3*time.Second, "a learns the deletion", func() (bool, string) {
+	testwait.Until(t, 3*time.Second, "a learns the deletion", func() (bool, string) {
 		d, _ := a.store.Deployment("llama")
 		return d.Deleted, fmt.Sprint(d)
 	})
@@ -347,7 +332,7 @@ func mustJoin(t testing.TB, n, to *testNode) {
 func waitMembers(t testing.TB, want int, nodes ...*testNode) {
 	t.Helper()
 	for _, n := range nodes {
-		waitFor(t, 10*time.Second, fmt.Sprintf("%s sees %d members with records", n.cfg.Name, want), func() (bool, string) {
+		testwait.Until(t, 10*time.Second, fmt.Sprintf("%s sees %d members with records", n.cfg.Name, want), func() (bool, string) {
 			ms := n.Members()
 			alive := 0
 			for _, m := range ms {
@@ -386,7 +371,7 @@ func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
 	a.mu.Unlock()
 	a.store.MergeNode(r)
 	a.Renew()
-	waitFor(t, 2*time.Second, "b has a's new labels well before push/pull", func() (bool, string) {
+	testwait.Until(t, 2*time.Second, "b has a's new labels well before push/pull", func() (bool, string) {
 		ns, _ := b.store.Node("a")
 		return ns.Record.Labels["zone"] == "z9", fmt.Sprint(ns.Record.Labels)
 	})
