@@ -406,7 +406,9 @@ func TestDuplicatesAfterPartition(t *testing.T) {
 	}{
 		{"earliest claim wins", 5, 3, LeaseValid, LeaseValid, "n2"},
 		{"equal claims: lower name", 3, 3, LeaseValid, LeaseValid, "n1"},
-		{"starting counts as a claim", 1, 3, LeaseStarting, LeaseValid, "n1"},
+		{"starting counts as a claim", 1, 3, LeaseStarting, LeaseStarting, "n1"},
+		// A replacement may load for minutes: the copy that answers stays.
+		{"a serving copy beats an earlier one still loading", 1, 3, LeaseStarting, LeaseValid, "n2"},
 		{"lapsed does not", 1, 3, LeaseLapsed, LeaseValid, "n2"},
 	}
 	for _, tt := range tests {

@@ -111,9 +111,18 @@ type holder struct {
 
 func (h holder) ok() bool { return h.node != nil }
 
-// before orders duplicate claims: earliest claim stamp, then lower node
-// name; the winner keeps the shard and the others stop.
+// before orders duplicate claims: a copy that serves (valid lease) before
+// one still loading, then the earliest claim stamp, then the lower node
+// name; the winner keeps the shard and the others stop. Serving first: a
+// replacement may load for minutes, and stopping the copy that answers
+// for one that does not yet would leave the shard without service. Among
+// copies that both serve, the earlier claim wins; a holder whose leases
+// lapsed (its agent was gone or frozen longer than the TTL) claims afresh
+// when it returns, so the copy that stayed valid is the earlier one.
 func (a holder) before(b holder) bool {
+	if av, bv := a.held.Lease == LeaseValid, b.held.Lease == LeaseValid; av != bv {
+		return av
+	}
 	if a.held.ClaimStamp != b.held.ClaimStamp {
 		return a.held.ClaimStamp < b.held.ClaimStamp
 	}
@@ -272,8 +281,8 @@ func allDigits(s string) bool {
 // kept draining, or neither (its supervisor then stops it).
 //
 // Kept: the current spec version on a live node with a valid or starting
-// lease, not failing, on GPUs without recent faults; among duplicates the
-// earliest claim wins. Stability beats optimality: a kept shard stays even
+// lease, not failing, on GPUs without recent faults; among duplicates a
+// serving copy wins, then the earliest claim (see holder.before). Stability beats optimality: a kept shard stays even
 // where placement would not put it today (labels changed, foreign memory
 // grew).
 //

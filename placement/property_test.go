@@ -398,15 +398,16 @@ func TestPropertyPermutation(t *testing.T) {
 }
 
 // Adding a node or a deployment that has nothing to do with a held shard
-// never moves it. (A shard that keeps failing is kept only for want of a
-// better place, so a new node may take it.)
+// never moves it. (A shard that keeps failing, or sits on a GPU with recent
+// faults, is kept only for want of a better place, so a new node may take
+// it.)
 func TestPropertyStability(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		v := genView(t)
 		failing := map[string]bool{}
 		for _, n := range v.Nodes {
 			for _, h := range n.Shards {
-				if h.Failing {
+				if h.Failing || onFaultedGPUs(n, h.GPUs) {
 					failing[n.Name+"/"+h.ShardID] = true
 				}
 			}
@@ -475,8 +476,20 @@ func TestPropertyDuplicates(t *testing.T) {
 		n := rapid.IntRange(2, 6).Draw(t, "holders")
 		var v View
 		type claim struct {
-			stamp int64
-			name  string
+			serving bool
+			stamp   int64
+			name    string
+		}
+		// A serving copy beats one still loading; then the earliest claim,
+		// then the lower name.
+		better := func(c, b claim) bool {
+			if c.serving != b.serving {
+				return c.serving
+			}
+			if c.stamp != b.stamp {
+				return c.stamp < b.stamp
+			}
+			return c.name < b.name
 		}
 		var best *claim
 		for range n {
@@ -485,10 +498,10 @@ func TestPropertyDuplicates(t *testing.T) {
 				continue
 			}
 			stamp := int64(rapid.IntRange(0, 3).Draw(t, "stamp"))
-			v.Nodes = append(v.Nodes, mkNode(name, hgpus(1, "H100", 80, false),
-				holding(hold("a-0", ver, rapid.SampledFrom([]LeaseState{LeaseValid, LeaseStarting}).Draw(t, "lease"), stamp, 0))))
-			c := claim{stamp, name}
-			if best == nil || c.stamp < best.stamp || (c.stamp == best.stamp && c.name < best.name) {
+			lease := rapid.SampledFrom([]LeaseState{LeaseValid, LeaseStarting}).Draw(t, "lease")
+			v.Nodes = append(v.Nodes, mkNode(name, hgpus(1, "H100", 80, false), holding(hold("a-0", ver, lease, stamp, 0))))
+			c := claim{lease == LeaseValid, stamp, name}
+			if best == nil || better(c, *best) {
 				best = &c
 			}
 		}

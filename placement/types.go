@@ -81,8 +81,10 @@ type HeldShard struct {
 	// MemoryPerGPU is what the shard was placed with (0: whole GPUs).
 	MemoryPerGPU uint64     `json:"memory_per_gpu_bytes,omitempty"`
 	Lease        LeaseState `json:"lease"`
-	// ClaimStamp orders duplicate holders after a partition heals: the
-	// earliest claim keeps the shard, then the lower node name.
+	// ClaimStamp orders duplicate holders (after a partition heals, or a
+	// holder returns): among copies that serve alike, the earliest claim
+	// keeps the shard, then the lower node name. A holder whose leases
+	// lapsed claims afresh when it returns.
 	ClaimStamp int64 `json:"claim_stamp"`
 	// Failing is set when the engine keeps crashing here; placement may then
 	// move the shard to another node.

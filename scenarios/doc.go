@@ -129,6 +129,15 @@
 //	    no /v1/shards it read offered fewer than N routable replicas (surge
 //	    before drain in a rolling update). Its counters go to the summary.
 //
+// A watch on the engines themselves (cmd_health_loop.go):
+//
+//	health-loop NAME start deployment=D | stop | expect-no-gap
+//	    Every 25 ms, GET /health of every engine process serving D on this
+//	    machine (found in /proc by its --model argument, whatever any node
+//	    reports). A poll in which none answers 200 is a gap: no client could
+//	    have been served, however it routed. expect-no-gap says whether any
+//	    poll found one. Its counters go to the summary.
+//
 // Measuring and debugging (cmd_measure.go):
 //
 //	measure NAME from=EVENT to=EVENT [max=DURATION]

@@ -85,6 +85,7 @@ type runner struct {
 	events         map[string]time.Time
 	snapshots      map[string]*snapshot
 	loops          map[string]*requestLoop
+	healthLoops    map[string]*healthLoop
 	res            *Result
 	// namespaces is the network of net=netns; nil with net=loopback.
 	namespaces *netnsNet
@@ -120,6 +121,7 @@ func commandTable() map[string]cmdSpec {
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
 		"request-loop": {"deployment min-routable", (*runner).cmdRequestLoop},
+		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
 	}
 }
 
@@ -175,7 +177,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		ctx: ctx, commands: commands, opts: opts, work: work, res: &res,
 		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
 		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
-		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, pollEvery: 50 * time.Millisecond,
+		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, healthLoops: map[string]*healthLoop{}, pollEvery: 50 * time.Millisecond,
 	}
 	r.tokenFile = filepath.Join(work, "token")
 	tok := make([]byte, 20)
@@ -252,6 +254,10 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	for _, l := range r.loops {
 		l.stop()
 		r.addLoopNote(l)
+	}
+	for _, l := range r.healthLoops {
+		l.stop()
+		r.addHealthNote(l)
 	}
 	if runErr == nil && !failed {
 		res.Passed = true

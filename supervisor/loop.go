@@ -22,9 +22,17 @@ func (n *Node) loop(ctx context.Context) {
 	defer tick.Stop()
 	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
 	defer renew.Stop()
+	lastRenew := n.clock.Now()
 	for {
 		if ctx.Err() != nil {
 			return
+		}
+		// A gap longer than the TTL since the last renewal (the agent was
+		// frozen, or starved): this node's leases lapsed in every other
+		// node's view meanwhile, and its shards may run elsewhere now.
+		if gap := n.clock.Now().Sub(lastRenew); gap > n.cfg.LeaseTTL {
+			n.reclaim("no renewal for " + gap.Round(time.Millisecond).String())
+			lastRenew = n.renew()
 		}
 		n.reconcile(ctx)
 		select {
@@ -35,9 +43,49 @@ func (n *Node) loop(ctx context.Context) {
 		case <-n.wake:
 		case <-tick.C:
 		case <-renew.C:
-			n.cluster.Renew()
+			lastRenew = n.renew()
 		}
 	}
+}
+
+// renew renews this node's leases and notes when on disk, so that a
+// restarted agent can tell whether they lapsed while it was away. It
+// returns the time of the renewal.
+func (n *Node) renew() time.Time {
+	now := n.clock.Now()
+	n.cluster.Renew()
+	if err := n.dir.WriteRenewal(now); err != nil && !n.renewalWarned {
+		n.renewalWarned = true
+		n.log.Warn("cannot note the lease renewal on disk; after a restart this node's engines will claim afresh", "err", err)
+	}
+	return now
+}
+
+// reclaimIfLapsed reclaims at start what an earlier agent left running
+// when its leases lapsed while no agent ran: it last renewed longer than
+// the TTL ago, or did not say when.
+func (n *Node) reclaimIfLapsed() {
+	last, found, err := n.dir.ReadRenewal()
+	switch away := n.started.Sub(last); {
+	case err != nil:
+		n.reclaim("the last renewal is unknown: " + err.Error())
+	case !found:
+		n.reclaim("no renewal noted")
+	case away > n.cfg.LeaseTTL:
+		n.reclaim("last renewal " + away.Round(time.Millisecond).String() + " before this start")
+	}
+}
+
+// reclaim makes the runner claim what it holds afresh (see engine.Runner.
+// Reclaim): this node's leases lapsed, so the cluster may have started
+// replacements, and a copy that stayed valid must win over this node's.
+func (n *Node) reclaim(why string) {
+	r, ok := n.runner.(reclaimer)
+	if !ok || len(n.runner.Shards()) == 0 {
+		return
+	}
+	n.log.Warn("this node's leases lapsed; its engines claim their shards afresh, so copies that stayed valid elsewhere keep them", "why", why)
+	r.Reclaim(n.clock.Now())
 }
 
 // reconcile is one pass of the loop: view, plan, this node's part to the
@@ -46,6 +94,7 @@ func (n *Node) loop(ctx context.Context) {
 func (n *Node) reconcile(ctx context.Context) {
 	start := time.Now()
 	now := n.clock.Now()
+	writes := n.writes.Load() // before the read: what it is sure to see
 	members := n.cluster.Members()
 	deps := n.cluster.Deployments()
 	view := BuildView(members, deps, now, n.cfg.LeaseTTL)
@@ -67,8 +116,43 @@ func (n *Node) reconcile(ctx context.Context) {
 		// Readers see what this node now holds, not the record before.
 		members = n.cluster.Members()
 	}
-	n.snap.Store(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
-		Members: members, Deployments: deps, ReconcileTook: time.Since(start)}))
+	n.publish(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
+		Members: members, Deployments: deps, ReconcileTook: time.Since(start)}), writes)
+}
+
+// publish makes snap what readers see; it saw the first writes deployment
+// writes this node accepted.
+func (n *Node) publish(snap *status.Snapshot, writes uint64) {
+	n.snap.Store(snap)
+	n.snapWrites.Store(writes)
+	n.mu.Lock()
+	close(n.published)
+	n.published = make(chan struct{})
+	n.mu.Unlock()
+}
+
+// awaitWrite waits until a published snapshot has seen this node's write
+// number w (bounded: the loop reconciles within milliseconds of being
+// woken, but a stopping node never will).
+func (n *Node) awaitWrite(w uint64) {
+	n.wakeLoop()
+	deadline := time.NewTimer(2 * time.Second)
+	defer deadline.Stop()
+	for n.snapWrites.Load() < w {
+		n.mu.Lock()
+		next := n.published
+		n.mu.Unlock()
+		if n.snapWrites.Load() >= w {
+			return
+		}
+		select {
+		case <-next:
+		case <-deadline.C:
+			return
+		case <-n.closed:
+			return
+		}
+	}
 }
 
 // loadPublishInterval spaces record updates that only carry new engine

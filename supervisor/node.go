@@ -100,12 +100,21 @@ type Node struct {
 
 	// snap is the read model of the last reconcile pass (see Status).
 	snap atomic.Pointer[status.Snapshot]
+	// writes counts the deployment writes this node accepted; snapWrites
+	// is how many of them the published snapshot saw, and published is
+	// closed (and replaced, under mu) at every publication. Place and
+	// Unplace wait on them, so a client reads its own write back.
+	writes, snapWrites atomic.Uint64
+	published          chan struct{}
 
 	// dir is the data dir; id is what its node.json holds, whose peers
 	// the join loop keeps current.
 	dir     datadir.Dir
 	id      datadir.Identity
 	settled atomic.Bool
+	// renewalWarned: a failed note of the renewal on disk was logged (the
+	// control loop owns it).
+	renewalWarned bool
 	// loadPublished is when shard load last went out in the record.
 	loadPublished time.Time
 	// wake makes the control loop reconcile now (the node settled).
@@ -149,7 +158,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n = &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
-		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
+		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers), published: make(chan struct{})}
 	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
 	if n.runner == nil {
@@ -189,6 +198,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped
 	}
+	n.reclaimIfLapsed()
 	// Faulted GPUs are marked from the first record on: placement must
 	// not use one in the seconds before the first GPU tick.
 	gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})

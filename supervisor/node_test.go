@@ -367,3 +367,36 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 		})
 	}
 }
+
+// A client reads its own write back from the node that took it: right
+// after a place (or an unplace) answers, that node's /v1/deployments and
+// /v1/plan show it, though the read model is rebuilt by the control loop.
+func TestWritesAreReadBackAtOnce(t *testing.T) {
+	h := newHarness(t)
+	n := h.start("a")
+	for i := range 10 {
+		spec := fmt.Sprintf(`{"name":"chat","model":"m/tiny","engine":"fake","args":["--round=%d"]}`, i)
+		var placed status.DeploymentInfo
+		if code := call(t, "POST", api(n, "/v1/deployments"), testToken, []byte(spec), &placed); code != 200 {
+			t.Fatalf("round %d: place: HTTP %d", i, code)
+		}
+		var deps []status.DeploymentInfo
+		call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+		if len(deps) != 1 || deps[0].SpecVersion != placed.SpecVersion {
+			t.Fatalf("round %d: right after the place, /v1/deployments shows %+v; want spec version %s", i, deps, placed.SpecVersion)
+		}
+		var p PlanInfo
+		call(t, "GET", api(n, "/v1/plan"), "", nil, &p)
+		if p.Deployments["chat"] != placed.SpecVersion {
+			t.Fatalf("round %d: right after the place, the plan was computed from %v; want chat at %s", i, p.Deployments, placed.SpecVersion)
+		}
+	}
+	if code := call(t, "DELETE", api(n, "/v1/deployments/chat"), testToken, nil, nil); code != 200 {
+		t.Fatalf("unplace: HTTP %d", code)
+	}
+	var deps []status.DeploymentInfo
+	call(t, "GET", api(n, "/v1/deployments"), "", nil, &deps)
+	if len(deps) != 0 {
+		t.Fatalf("right after the unplace, /v1/deployments shows %+v; want none", deps)
+	}
+}

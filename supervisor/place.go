@@ -28,6 +28,8 @@ func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
 		return status.DeploymentInfo{}, fmt.Errorf("store deployment %s: %w", spec.Name, err)
 	}
 	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
+	// What this node shows from now on has seen the write.
+	n.awaitWrite(n.writes.Add(1))
 	info := status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
 	for _, d := range n.Status().Deployments(n.clock.Now()) {
 		if d.Name == spec.Name && d.SpecVersion == info.SpecVersion {
@@ -48,5 +50,6 @@ func (n *Node) Unplace(name string) error {
 		return fmt.Errorf("%w named %q", ErrNoDeployment, name)
 	}
 	n.log.Info("deployment removed", "name", name)
+	n.awaitWrite(n.writes.Add(1))
 	return nil
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/supervisor/engine"
@@ -33,12 +34,18 @@ type settler interface{ Settle() }
 // (the engines keep running).
 type closer interface{ Close() }
 
+// reclaimer is a Runner whose claims can be stamped afresh, after this
+// node's leases lapsed (see Node.reclaim).
+type reclaimer interface{ Reclaim(now time.Time) }
+
 // gpuCloser is a GPU probe that holds a library open (NVML).
 type gpuCloser interface{ Close() error }
 
 var (
-	_ Runner  = (*engine.Runner)(nil)
-	_ settler = (*engine.Runner)(nil)
-	_ closer  = (*engine.Runner)(nil)
-	_ Runner  = (*engine.ClaimOnly)(nil)
+	_ Runner    = (*engine.Runner)(nil)
+	_ settler   = (*engine.Runner)(nil)
+	_ closer    = (*engine.Runner)(nil)
+	_ Runner    = (*engine.ClaimOnly)(nil)
+	_ reclaimer = (*engine.Runner)(nil)
+	_ reclaimer = (*engine.ClaimOnly)(nil)
 )

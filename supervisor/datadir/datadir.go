@@ -5,6 +5,7 @@
 //	deployments.json  the deployments the node has heard of, for a
 //	                  whole-cluster restart (written by gossip)
 //	token             the cluster token, when the agent generated it
+//	renewal.json      when the node last renewed its leases
 //	shards/           one state file per engine (package shardstate)
 //	logs/             each engine's output, <engine id>.log and .log.1
 //	runtime/          the process runtime's records
@@ -24,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/llmgw/llmgw/internal/atomicfile"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -52,6 +54,10 @@ func (d Dir) TokenFile() string { return filepath.Join(d.root, "token") }
 
 // ShardsDir holds the shard state files (package shardstate).
 func (d Dir) ShardsDir() string { return filepath.Join(d.root, "shards") }
+
+// RenewalFile is renewal.json: when this node last renewed its leases,
+// so a restarted agent can tell whether they lapsed while it was away.
+func (d Dir) RenewalFile() string { return filepath.Join(d.root, "renewal.json") }
 
 // LogsDir holds the engines' logs.
 func (d Dir) LogsDir() string { return filepath.Join(d.root, "logs") }
@@ -113,4 +119,37 @@ func (d Dir) WriteIdentity(id Identity) error {
 		return err
 	}
 	return atomicfile.Write(d.NodeFile(), out, 0o600)
+}
+
+// renewal is renewal.json's content.
+type renewal struct {
+	RenewedAt time.Time `json:"renewed_at"`
+}
+
+// ReadRenewal reads when the node last renewed its leases and changes
+// nothing. found is false, with no error, when there is no file; a file
+// that does not parse is an error wrapping ErrCorrupt.
+func (d Dir) ReadRenewal() (at time.Time, found bool, err error) {
+	p := d.RenewalFile()
+	b, err := os.ReadFile(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return time.Time{}, false, nil
+	case err != nil:
+		return time.Time{}, false, fmt.Errorf("read %s: %w", p, err)
+	}
+	var r renewal
+	if err := json.Unmarshal(b, &r); err != nil {
+		return time.Time{}, true, fmt.Errorf("%s is %w (%v)", p, ErrCorrupt, err)
+	}
+	return r.RenewedAt, true, nil
+}
+
+// WriteRenewal records that the node renewed its leases at t, atomically.
+func (d Dir) WriteRenewal(t time.Time) error {
+	b, err := json.Marshal(renewal{RenewedAt: t})
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(d.RenewalFile(), b, 0o600)
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/llmgw/llmgw/supervisor/shardstate"
 )
@@ -19,6 +20,7 @@ func TestLayout(t *testing.T) {
 		d.NodeFile():                  "/var/lib/llmgw/node.json",
 		d.DeploymentsFile():           "/var/lib/llmgw/deployments.json",
 		d.TokenFile():                 "/var/lib/llmgw/token",
+		d.RenewalFile():               "/var/lib/llmgw/renewal.json",
 		d.ShardsDir():                 "/var/lib/llmgw/shards",
 		d.LogsDir():                   "/var/lib/llmgw/logs",
 		d.EngineLogFile("chat-0-abc"): "/var/lib/llmgw/logs/chat-0-abc.log",
@@ -110,5 +112,28 @@ func TestReadIdentityOfACorruptFile(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(d.NodeFile()); string(b) != `{"name":` {
 		t.Fatalf("node.json changed to %q", b)
+	}
+}
+
+// The renewal time survives a round trip to the file; a missing file is no
+// error and a corrupt one says so and stays.
+func TestRenewal(t *testing.T) {
+	d := New(t.TempDir())
+	if _, found, err := d.ReadRenewal(); found || err != nil {
+		t.Fatalf("no file: found %v, err %v", found, err)
+	}
+	at := time.Date(2026, 12, 1, 12, 0, 0, 123, time.UTC)
+	if err := d.WriteRenewal(at); err != nil {
+		t.Fatal(err)
+	}
+	got, found, err := d.ReadRenewal()
+	if err != nil || !found || !got.Equal(at) {
+		t.Fatalf("read back %v (found %v, err %v), want %v", got, found, err, at)
+	}
+	if err := os.WriteFile(d.RenewalFile(), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := d.ReadRenewal(); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt file: err %v, want ErrCorrupt", err)
 	}
 }

@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
@@ -27,21 +30,26 @@ func (r *Runner) adopt(ctx context.Context) error {
 	for _, e := range running {
 		live[e.ID] = e
 	}
+	var adopted, orphans []adoptedEngine
 	for _, st := range states {
 		id := st.Spec.EngineID
 		e, ok := live[id]
 		// Unknown (a shim not answering, containerd restarting) is not
 		// gone: adopt it and let the watcher look again.
 		if !ok || e.State == runtime.StateExited {
-			r.log.Info("engine of a shard state file is gone; removing the file", "shard", st.ShardID, "engine", id)
 			if ok {
 				_ = r.cfg.Runtime.Stop(ctx, id, 0)
+			} else if err := r.stopStray(ctx, st); err != nil {
+				// Still running, untracked: keep the file for the next try
+				// rather than start a second engine beside it.
+				return fmt.Errorf("runner: %w", err)
 			}
+			r.log.Info("engine of a shard state file is gone; removing the file", "shard", st.ShardID, "engine", id)
 			_ = shardstate.Remove(shards, shardstate.FileID(st))
 			continue
 		}
 		delete(live, id)
-		r.track(id, st, e.PID, false)
+		adopted = append(adopted, r.track(id, st, e.PID, false))
 		r.log.Info("adopted running engine", "shard", st.ShardID, "engine", id, "pid", e.PID)
 	}
 	for id, e := range live {
@@ -55,14 +63,70 @@ func (r *Runner) adopt(ctx context.Context) error {
 			_ = r.cfg.Runtime.Stop(ctx, id, 0)
 			continue
 		}
-		r.track(id, st, e.PID, true)
+		orphans = append(orphans, r.track(id, st, e.PID, true))
 		r.log.Warn("found a running engine without a state file; it is stopped once the node has settled", "engine", id)
+	}
+	r.probeAdopted(ctx, adopted)
+	for _, a := range slices.Concat(adopted, orphans) {
+		r.wg.Add(1)
+		go r.watch(a.ctx, a.e, true)
 	}
 	return nil
 }
 
-// track registers an adopted engine and starts watching it.
-func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) {
+// stopStray stops the engine a state file names when the runtime does not
+// list it (its record was lost or corrupt) but it still runs, found by the
+// file's pid and command: left running it would hold its GPUs and port
+// under no claim while the plan starts the shard again beside it.
+func (r *Runner) stopStray(ctx context.Context, st shardstate.State) error {
+	ss, ok := r.cfg.Runtime.(runtime.StrayStopper)
+	if !ok || st.PID <= 0 {
+		return nil
+	}
+	found, err := ss.StopStray(ctx, runtime.Stray{ID: st.Spec.EngineID, PID: st.PID, Command: st.Spec.Command}, r.cfg.Grace)
+	if found {
+		r.log.Warn("stopped an engine the runtime no longer listed (its record was lost); the plan starts it afresh", "shard", st.ShardID, "engine", st.Spec.EngineID, "pid", st.PID, "err", err)
+	}
+	if err != nil {
+		return fmt.Errorf("engine %s of shard %s runs untracked: %w", st.Spec.EngineID, st.ShardID, err)
+	}
+	return nil
+}
+
+// adoptProbeTimeout bounds how long the first readiness probe of the
+// adopted engines may hold up the agent's start.
+const adoptProbeTimeout = 5 * time.Second
+
+// probeAdopted judges every adopted engine's readiness before the runner
+// is handed to the node. The node's first record, and so its first plan,
+// then shows a serving engine as ready: judged "not ready" until its first
+// probe, a serving old-version copy would lose its place in a rolling
+// update (only a valid lease keeps it), and its node would stop it before
+// the new copy could serve.
+func (r *Runner) probeAdopted(ctx context.Context, adopted []adoptedEngine) {
+	ctx, cancel := context.WithTimeout(ctx, adoptProbeTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, a := range adopted {
+		wg.Go(func() {
+			r.mu.Lock()
+			pid := a.e.state.PID
+			r.mu.Unlock()
+			r.setReady(a.e, r.probeReady(ctx, a.e) && r.ownsPort(a.e, pid), pid)
+		})
+	}
+	wg.Wait()
+}
+
+// adoptedEngine is an adopted engine whose watcher has not started yet,
+// with the context it is to run under.
+type adoptedEngine struct {
+	e   *managed
+	ctx context.Context
+}
+
+// track registers an adopted engine; adopt starts its watcher.
+func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) adoptedEngine {
 	ctx, cancel := context.WithCancel(context.Background())
 	// Until the plan says more, the state file is the spec: enough to
 	// probe readiness and, after a crash, to start the engine again.
@@ -77,6 +141,5 @@ func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) {
 		r.ports[st.Spec.HTTPPort] = id
 	}
 	r.mu.Unlock()
-	r.wg.Add(1)
-	go r.watch(ctx, e, true)
+	return adoptedEngine{e, ctx}
 }

@@ -50,6 +50,16 @@ func (c *ClaimOnly) Reconcile(_ context.Context, desired []Desired) {
 	}
 }
 
+// Reclaim stamps every claim afresh (see Runner.Reclaim).
+func (c *ClaimOnly) Reclaim(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, s := range c.held {
+		s.ClaimStamp = now.UnixNano()
+		c.held[k] = s
+	}
+}
+
 // Shards implements supervisor.Runner.
 func (c *ClaimOnly) Shards() []gossip.ShardRecord {
 	c.mu.Lock()

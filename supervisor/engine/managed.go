@@ -43,6 +43,9 @@ type managed struct {
 	portForeign bool
 	// startErr is why the last start failed; cleared by a start that works.
 	startErr string
+	// drain: it served when it was told to stop, so it keeps serving for
+	// Config.DrainDelay first (see finish).
+	drain bool
 	// orphan: found running with our labels but no state file. Without
 	// the file its port, GPUs and claim are unknown, so it is stopped once
 	// the node settles (the plan then starts the shard afresh if wanted).

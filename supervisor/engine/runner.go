@@ -50,6 +50,11 @@ type Config struct {
 	// FailingAfter is the number of crashes in a row after which the shard
 	// is reported failing, so placement may move it.
 	FailingAfter int
+	// DrainDelay is how long an engine that serves keeps serving after it
+	// is told to stop (no longer planned here), before SIGTERM: its record
+	// says "stopping" at once, and every node, and every router reading
+	// one, must learn that before the engine stops answering. 0: 1 s.
+	DrainDelay time.Duration
 	// StableAfter is how long an engine must stay ready before its crash
 	// count starts over. Running is not enough (a model that loads for two
 	// minutes and then runs out of memory is crash-looping), and neither is
@@ -161,6 +166,9 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.LoadInterval == 0 {
 		cfg.LoadInterval = 5 * time.Second
 	}
+	if cfg.DrainDelay == 0 {
+		cfg.DrainDelay = time.Second
+	}
 	if cfg.StableAfter == 0 {
 		cfg.StableAfter = time.Minute
 	}
@@ -221,7 +229,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		}
 		if e.status != gossip.ShardStopping {
 			e.status = gossip.ShardStopping
-			e.ready = false
+			e.drain, e.ready = e.ready, false
 			why := "no longer planned here"
 			if e.orphan {
 				why = "no state file (orphan)"
@@ -263,7 +271,27 @@ func (r *Runner) notifyLocked() {
 	}
 }
 
-// Shards implements Engines.
+// Reclaim claims every shard held here afresh, stamped now: this node's
+// leases lapsed (its agent was away or frozen longer than the lease TTL),
+// so the cluster may have started replacements, and the copy that stayed
+// valid must win a tie between two serving copies (see placement's
+// duplicate rule). Orphans claim nothing and keep nothing.
+func (r *Runner) Reclaim(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.engines {
+		if e.orphan {
+			continue
+		}
+		e.state.ClaimStamp = now.UnixNano()
+		if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), e.state); err != nil {
+			r.log.Error("save shard state", "shard", e.state.ShardID, "err", err)
+		}
+	}
+	r.notifyLocked()
+}
+
+// Shards implements supervisor.Runner.
 func (r *Runner) Shards() []gossip.ShardRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -318,3 +318,37 @@ func TestReconcileDoesNotWakeItsCaller(t *testing.T) {
 	default:
 	}
 }
+
+// An engine whose runtime record is lost (corrupt, moved aside) is found by
+// its state file's pid and stopped before the plan starts its shard again:
+// never a second engine beside an untracked first one holding its GPUs.
+func TestEngineWithACorruptRuntimeRecordIsNotLeftRunning(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	d := desired("chat")
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	first := readyPID(r, "chat-0")
+	// Should the runner lose it, the test must not: nothing else tracks it.
+	t.Cleanup(func() { _ = syscall.Kill(-first, syscall.SIGKILL) })
+	r.Close()
+	id := EngineID(d.ShardID, d.SpecVersion)
+	if err := os.WriteFile(filepath.Join(env.dir.RuntimeDir(), id+".json"), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := env.open()
+	t.Cleanup(func() {
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+	})
+	r2.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r2, "chat ready again", func([]string) bool { return readyPID(r2, "chat-0") > 0 })
+	if second := readyPID(r2, "chat-0"); second == first {
+		t.Fatalf("the engine with the lost record (pid %d) is reported as the shard's engine", first)
+	}
+	testwait.Until(t, 10*time.Second, "the untracked first engine is gone", func() (bool, string) {
+		err := syscall.Kill(first, 0)
+		return err != nil, fmt.Sprintf("pid %d: kill -0: %v", first, err)
+	})
+}

@@ -81,6 +81,7 @@ func (e *runnerEnv) openUnsettled(mutate func(*Config)) *Runner {
 		Node: "n1", Runtime: rt, DataDir: e.dir, Host: "127.0.0.1", Self: e.self, SimulatedGPUs: true,
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3, LoadInterval: 100 * time.Millisecond,
+		DrainDelay: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	mutate(&cfg)
@@ -307,4 +308,79 @@ func TestLoadIsReadByTheProfilesMetricNames(t *testing.T) {
 	if s.Running != 3 || s.KVCacheUsage != 0.25 {
 		t.Fatalf("read %+v from an SGLang page; want running 3, KV cache 0.25", s)
 	}
+}
+
+// A restarted agent hands over a serving engine as ready at once: its first
+// record, and so its node's first plan, must not take a serving copy for
+// one still loading (in a rolling update only a valid lease keeps an
+// old-version copy, and its node would stop it before the new one serves).
+func TestAdoptedEngineIsReadyWhenTheRunnerIsHandedOver(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	d := desired("chat")
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	pid := readyPID(r, "chat-0")
+	r.Close()
+
+	// Unsettled, as a restarted agent is: no watcher poll is awaited.
+	r2 := env.openUnsettled(func(*Config) {})
+	t.Cleanup(func() {
+		r2.Settle()
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+	})
+	s := r2.Shards()
+	if len(s) != 1 || !s[0].Ready || s[0].Status != gossip.ShardReady || s[0].PID != pid {
+		t.Fatalf("right after the restart the runner reports %+v; want chat-0 ready, pid %d", s, pid)
+	}
+}
+
+// Reclaim stamps every claim afresh, in the records and in the state files
+// the next agent adopts from.
+func TestReclaimStampsClaimsAfresh(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.open()
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	first := r.Shards()[0].ClaimStamp
+	at := time.Unix(0, first).Add(time.Hour)
+	r.Reclaim(at)
+	if got := r.Shards()[0].ClaimStamp; got != at.UnixNano() {
+		t.Fatalf("claim stamp after Reclaim = %d, want %d (was %d)", got, at.UnixNano(), first)
+	}
+	r.Close()
+	r2 := env.open()
+	t.Cleanup(func() {
+		r2.Reconcile(context.Background(), nil)
+		waitShard(t, r2, "stopped", func(s []string) bool { return len(s) == 0 })
+	})
+	if s := r2.Shards(); len(s) != 1 || s[0].ClaimStamp != at.UnixNano() {
+		t.Fatalf("adopted after Reclaim: %+v; want the fresh claim stamp %d", s, at.UnixNano())
+	}
+}
+
+// An engine that serves is not stopped the moment its node stops planning
+// it: its record says "stopping" at once (no node routes to it any more),
+// and it keeps answering for the drain delay, so that routers with a view a
+// moment old do not find its port closed.
+func TestServingEngineDrainsBeforeItStops(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *Config) { c.DrainDelay = 800 * time.Millisecond })
+	r.Reconcile(context.Background(), []Desired{desired("chat")})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	url := r.Shards()[0].URL
+	r.Reconcile(context.Background(), nil)
+	if s := r.Shards(); len(s) != 1 || s[0].Status != gossip.ShardStopping || s[0].Ready {
+		t.Fatalf("right after it was unplanned: %+v; want it reported stopping, not ready", s)
+	}
+	testwait.StaysTrue(t, 400*time.Millisecond, "the engine answers while it drains", func() (bool, string) {
+		resp, err := http.Get(url + "/health")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	waitShard(t, r, "stopped after the drain", func(s []string) bool { return len(s) == 0 })
 }

@@ -191,6 +191,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 		r.log.Error("save shard state", "err", err)
 	}
 	r.mu.Lock()
+	st.ClaimStamp = e.state.ClaimStamp // a Reclaim meanwhile stands
 	e.state = st
 	e.readySince = time.Time{}
 	e.startErr = ""
@@ -277,11 +278,24 @@ func (r *Runner) setReady(e *managed, ready bool, pid int) {
 	}
 }
 
-// finish stops the engine and forgets it. A stop that fails is tried
+// finish stops the engine and forgets it. One that served when it was told
+// to stop keeps serving for DrainDelay first. A stop that fails is tried
 // again with backoff: forgetting an engine that still runs would leave its
 // GPUs busy under no one's claim. If the agent closes meanwhile, the state
 // file stays, and the next agent adopts the engine and stops it.
 func (r *Runner) finish(e *managed) {
+	r.mu.Lock()
+	drain := e.drain
+	r.mu.Unlock()
+	if drain {
+		t := time.NewTimer(r.cfg.DrainDelay)
+		select {
+		case <-r.quit:
+			t.Stop()
+			return // the next agent adopts it and decides
+		case <-t.C:
+		}
+	}
 	for delay := r.cfg.BackoffMin; ; delay = min(2*delay, r.cfg.BackoffMax) {
 		err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
 		if err == nil || errors.Is(err, runtime.ErrNotFound) {

@@ -133,3 +133,21 @@ type ImagePuller interface {
 	// when missing.
 	EnsureImage(ctx context.Context, ref string) error
 }
+
+// Stray is an engine the supervisor's state file remembers but the runtime
+// no longer lists (its record was lost or unreadable): what the file says
+// of it.
+type Stray struct {
+	ID      string
+	PID     int
+	Command []string
+}
+
+// StrayStopper is a Runtime that can find a Stray by what the state file
+// remembers and stop it, so that an engine whose record was lost is never
+// left running untracked beside its replacement. It reports whether it
+// found one. (containerd lists by the container's own labels and needs no
+// record: it has nothing to find this way.)
+type StrayStopper interface {
+	StopStray(ctx context.Context, s Stray, grace time.Duration) (found bool, err error)
+}

@@ -379,7 +379,49 @@ func (r *Runtime) env(spec runtime.EngineSpec) []string {
 	// CUDA numbers devices fastest-first by default; llmgw's indices are
 	// NVML's, which follow the PCI bus order. An empty list hides every GPU
 	// from an engine that was given none.
-	return append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES="+strings.Join(idx, ","))
+	return append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES="+strings.Join(idx, ","), engineEnv+"="+spec.ID)
+}
+
+// engineEnv marks an engine's environment with its engine ID, so that an
+// engine whose record was lost can still be told from a stranger that got
+// its pid (see StopStray).
+const engineEnv = "LLMGW_ENGINE_ID"
+
+var _ runtime.StrayStopper = (*Runtime)(nil)
+
+// StopStray implements runtime.StrayStopper: the process s.PID is ours if
+// its environment names s.ID (or, for an engine started before the mark,
+// its command line is s.Command) and it leads its own process group, as
+// every engine this runtime starts does. Its group then gets SIGTERM, up to
+// grace, and SIGKILL. A pid that is gone or is someone else's is not found.
+func (r *Runtime) StopStray(ctx context.Context, s runtime.Stray, grace time.Duration) (bool, error) {
+	if s.PID <= 1 {
+		return false, nil
+	}
+	st, err := readStat(r.proc, s.PID)
+	if err != nil || st.dead() || st.pgrp != s.PID || !r.isEngine(s) {
+		return false, nil
+	}
+	rec := record{ID: s.ID, PID: s.PID, PGID: s.PID, StartTicks: st.startTime, BootID: r.boot}
+	if r.signal(rec, syscall.SIGTERM) && !r.waitGone(ctx, rec, grace) {
+		r.signal(rec, syscall.SIGKILL)
+		if !r.waitGone(context.Background(), rec, r.killTO) {
+			return true, fmt.Errorf("process runtime: stray engine %q (pid %d) survives SIGKILL", s.ID, s.PID)
+		}
+	}
+	return true, nil
+}
+
+// isEngine reports whether the process s.PID is the engine s describes.
+func (r *Runtime) isEngine(s runtime.Stray) bool {
+	dir := filepath.Join(r.proc, strconv.Itoa(s.PID))
+	if env, err := os.ReadFile(filepath.Join(dir, "environ")); err == nil {
+		if slices.Contains(strings.Split(string(env), "\x00"), engineEnv+"="+s.ID) {
+			return true
+		}
+	}
+	argv, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	return err == nil && len(s.Command) > 0 && slices.Equal(strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00"), s.Command)
 }
 
 // reap waits for a child of this agent, so it does not linger as a zombie,

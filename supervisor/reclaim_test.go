@@ -1,0 +1,106 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/supervisor/datadir"
+	"github.com/llmgw/llmgw/supervisor/engine"
+)
+
+// holdingRunner holds one shard and notes every Reclaim.
+type holdingRunner struct {
+	mu       sync.Mutex
+	reclaims []time.Time
+}
+
+func (h *holdingRunner) Reconcile(context.Context, []engine.Desired) {}
+func (h *holdingRunner) Shards() []gossip.ShardRecord {
+	return []gossip.ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: "v1", Status: gossip.ShardReady, Ready: true}}
+}
+func (h *holdingRunner) Changes() <-chan struct{} { return nil }
+func (h *holdingRunner) OwnPIDs() []int           { return nil }
+func (h *holdingRunner) Reclaim(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reclaims = append(h.reclaims, now)
+}
+
+func (h *holdingRunner) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.reclaims)
+}
+
+// An agent that starts longer than the lease TTL after the last renewal
+// noted in its data dir (or with none noted) has lost its leases: what it
+// adopts claims afresh. A quick restart keeps its claims.
+func TestRestartAfterTheTTLReclaims(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		renewed time.Duration // before the start; 0: nothing noted
+		want    int
+	}{
+		{"renewed just before", -100 * time.Millisecond, 0},
+		{"renewed a minute before", -time.Minute, 1},
+		{"no renewal noted", 0, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			cfg := h.config("a")
+			if tt.renewed != 0 {
+				if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now().Add(tt.renewed)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := &holdingRunner{}
+			cfg.Runner = r
+			n, err := Start(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Kill()
+			if got := r.count(); got != tt.want {
+				t.Fatalf("%d reclaims at start, want %d", got, tt.want)
+			}
+			// The loop notes its renewals for the next start.
+			testwait.Until(t, 5*time.Second, "a renewal noted on disk", func() (bool, string) {
+				at, found, err := datadir.New(cfg.DataDir).ReadRenewal()
+				return found && err == nil && at.After(time.Now().Add(-time.Minute)), fmt.Sprint(at, found, err)
+			})
+		})
+	}
+}
+
+// A node whose loop did not renew for longer than the TTL (its agent was
+// frozen) reclaims what it holds before it plans again.
+func TestLeaseGapReclaims(t *testing.T) {
+	h := newHarness(t)
+	cfg := h.config("a")
+	if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var skew atomic.Int64
+	cfg.Clock = clock.Func(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
+	r := &holdingRunner{}
+	cfg.Runner = r
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Kill()
+	testwait.StaysTrue(t, 2*cfg.LeaseTTL/3, "no reclaim while the node renews", func() (bool, string) {
+		return r.count() == 0, fmt.Sprint(r.count(), " reclaims")
+	})
+	skew.Store(int64(2 * cfg.LeaseTTL)) // as if frozen for two TTLs
+	testwait.Until(t, 5*time.Second, "a reclaim after the gap", func() (bool, string) {
+		return r.count() == 1, fmt.Sprint(r.count(), " reclaims")
+	})
+}
