@@ -61,7 +61,8 @@
 //	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)]
 //	        [net=loopback|netns] [log-level=info] [within=DURATION]
 //	    Start N nodes with free ports, their own data dirs, one shared token
-//	    file, --test-hooks and simulated GPUs; wait until every node sees all
+//	    file and gossip key (made for the run, so gossip is encrypted),
+//	    --test-hooks and simulated GPUs; wait until every node sees all
 //	    N alive with their GPUs (within: 30s and 1s a node unless given).
 //	    net=loopback (default): every node on 127.0.0.1. net=netns: every
 //	    node in a network namespace of its own (root and iproute2 needed;

@@ -131,6 +131,7 @@ func (r *runner) start(n *node) error {
 		"--profile", r.cfg.profile,
 		"--simulate-gpus", n.gpus,
 		"--token-file", r.tokenFile,
+		"--gossip-key-file", r.gossipKeyFile,
 		"--lease-ttl", r.cfg.leaseTTL.String(),
 		"--runtime", r.cfg.runtime,
 		"--log-level", r.cfg.logLevel,

@@ -3,6 +3,7 @@ package scenarios
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,7 +23,8 @@ import (
 type Options struct {
 	// Binary is the llmgw binary to run nodes with.
 	Binary string
-	// WorkDir receives a directory per scenario: data dirs, logs, token.
+	// WorkDir receives a directory per scenario: data dirs, logs, token,
+	// gossip key.
 	// Empty: a temporary directory, removed afterwards.
 	WorkDir string
 	// Rewrite replaces the expected outputs in the file with the actual
@@ -75,8 +77,11 @@ type runner struct {
 	work      string
 	token     string
 	tokenFile string
-	http      *http.Client
-	cfg       clusterCfg
+	// gossipKeyFile is the run's gossip key, passed to every node: every
+	// scenario gossips encrypted, as a real cluster does.
+	gossipKeyFile string
+	http          *http.Client
+	cfg           clusterCfg
 	// clusterStarted: the cluster command ran; the others need it first.
 	clusterStarted bool
 	nodes          []*node
@@ -184,6 +189,12 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 	_, _ = rand.Read(tok)
 	r.token = hex.EncodeToString(tok)
 	if err := os.WriteFile(r.tokenFile, []byte(r.token+"\n"), 0o600); err != nil {
+		return res, err
+	}
+	r.gossipKeyFile = filepath.Join(work, "gossip.key")
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	if err := os.WriteFile(r.gossipKeyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
 		return res, err
 	}
 	defer r.teardownNet()

@@ -86,6 +86,14 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			return err
 		}
 	}
+	// One gossip key for the demo's nodes: the demo runs encrypted, as a
+	// real cluster must (a node refuses to gossip in the clear unasked).
+	keyFile := filepath.Join(dir, "gossip.key")
+	if _, err := os.Stat(keyFile); err != nil {
+		if _, err := writeNewGossipKey(keyFile); err != nil {
+			return err
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -101,6 +109,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--runtime", "process",
 			"--simulate-gpus", c.String("gpus"),
 			"--token-file", tokenFile,
+			"--gossip-key-file", keyFile,
 			"--label", "zone=demo-" + strconv.Itoa(i%2),
 		}
 		if i > 0 {
@@ -142,7 +151,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	}
 	w := c.Root().Writer
 	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("gpus"))
-	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving.\n\n")
+	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving. Gossip is encrypted with %s.\n\n", keyFile)
 	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  open %s/ in a browser\n\n", addr)
 	fmt.Fprintf(w, "Ask a replica:\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\n", url)
 	fmt.Fprintf(w, "Change it (mutations need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)

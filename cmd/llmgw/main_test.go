@@ -37,6 +37,8 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 	os.WriteFile(shortKey, []byte("c2hvcnQ=\n"), 0o600) // "short": 5 bytes
 	notB64 := filepath.Join(dir, "bad.key")
 	os.WriteFile(notB64, []byte("!!!"), 0o600)
+	goodKey := filepath.Join(dir, "good.key")
+	os.WriteFile(goodKey, []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"), 0o600)
 	base := []string{"node", "up", "--name", "n1", "--data-dir", filepath.Join(dir, "data"), "--bind", "127.0.0.1:0", "--api", "127.0.0.1:0"}
 	cases := []struct {
 		args []string
@@ -46,6 +48,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--simulate-gpus", "lots-of-gpus"}, []string{"--simulate-gpus"}},
 		{[]string{"--gossip-key-file", shortKey}, []string{"--gossip-key-file", "5 bytes", "16, 24 or 32"}},
 		{[]string{"--gossip-key-file", notB64}, []string{"--gossip-key-file", "base64"}},
+		{[]string{"--gossip-key-file", goodKey, "--insecure-gossip"}, []string{"--insecure-gossip", "--gossip-key-file"}},
 		{[]string{"--join", "nowhere"}, []string{"--join", "host:port"}},
 		{[]string{"--join", "no-such-host.invalid:7946"}, []string{"--join", "does not resolve"}},
 		{[]string{"--join", "127.0.0.1:99999"}, []string{"--join", "port"}},

@@ -6,6 +6,8 @@
 //	                  whole-cluster restart (written by gossip)
 //	token             the cluster token, when the agent generated it
 //	renewal.json      when the node last renewed its leases
+//	gossip.key        the gossip encryption key, when the agent generated
+//	                  it (or an operator put the cluster's there)
 //	shards/           one state file per engine (package shardstate)
 //	logs/             each engine's output, <engine id>.log and .log.1
 //	runtime/          the process runtime's records
@@ -51,6 +53,11 @@ func (d Dir) DeploymentsFile() string { return filepath.Join(d.root, "deployment
 // TokenFile is where the agent keeps the cluster token it generated (or
 // one put there for it) when no --token-file is given.
 func (d Dir) TokenFile() string { return filepath.Join(d.root, "token") }
+
+// GossipKeyFile is where the agent keeps the gossip key when no
+// --gossip-key-file is given: the one it generated on starting a new
+// cluster, or the cluster's key copied there for it.
+func (d Dir) GossipKeyFile() string { return filepath.Join(d.root, "gossip.key") }
 
 // ShardsDir holds the shard state files (package shardstate).
 func (d Dir) ShardsDir() string { return filepath.Join(d.root, "shards") }

@@ -21,6 +21,7 @@ func TestLayout(t *testing.T) {
 		d.DeploymentsFile():           "/var/lib/llmgw/deployments.json",
 		d.TokenFile():                 "/var/lib/llmgw/token",
 		d.RenewalFile():               "/var/lib/llmgw/renewal.json",
+		d.GossipKeyFile():             "/var/lib/llmgw/gossip.key",
 		d.ShardsDir():                 "/var/lib/llmgw/shards",
 		d.LogsDir():                   "/var/lib/llmgw/logs",
 		d.EngineLogFile("chat-0-abc"): "/var/lib/llmgw/logs/chat-0-abc.log",
