@@ -98,6 +98,9 @@ type Stats struct {
 	Received uint64 `json:"received"`
 	Dropped  uint64 `json:"dropped"`
 	Members  int    `json:"members"`
+	// Drops counts refused records (and undecodable messages) by reason;
+	// every reason of DropReasons is present.
+	Drops map[DropReason]uint64 `json:"drops"`
 }
 
 // Cluster is one node's membership in the gossip cluster.
@@ -134,6 +137,11 @@ type Cluster struct {
 	wg      sync.WaitGroup
 
 	sent, received, dropped atomic.Uint64
+	// drops counts refused records by reason; the map is fixed at New.
+	drops map[DropReason]*atomic.Uint64
+	// refusedAt is when a refusal was last logged, per reason and record:
+	// a bad record a peer holds comes back with every push/pull.
+	refusedAt map[string]time.Time
 	// ready is set once ml and queue exist. memberlist.Create starts its
 	// listeners before it returns, and a peer that still knows this
 	// address (an agent restarted in place) may gossip to it at once;
@@ -180,9 +188,13 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 		store:   NewStore(cfg.Now, cfg.TombstoneTTL),
 		hlc:     NewHLC(cfg.Name, cfg.Now),
 		members: map[string]*memberInfo{},
+		drops:   map[DropReason]*atomic.Uint64{},
 		changes: make(chan struct{}, 1),
 		persist: make(chan struct{}, 1),
 		done:    make(chan struct{}),
+	}
+	for _, r := range DropReasons() {
+		c.drops[r] = new(atomic.Uint64)
 	}
 	if err := c.loadDeployments(); err != nil {
 		return nil, err
@@ -398,8 +410,42 @@ func (c *Cluster) Members() []Member {
 
 // Stats returns traffic counters.
 func (c *Cluster) Stats() Stats {
-	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers()}
+	drops := make(map[DropReason]uint64, len(c.drops))
+	for r, n := range c.drops {
+		drops[r] = n.Load()
+	}
+	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops}
 }
+
+// refuse counts a refused record under reason and logs why. The log line
+// for one record is written at most once a minute: a bad record that a
+// peer holds arrives again with every push/pull, and the count says how
+// often.
+func (c *Cluster) refuse(reason DropReason, record string, err error, attrs ...any) {
+	c.drops[reason].Add(1)
+	key := string(reason) + "/" + record
+	now := c.cfg.Now()
+	c.mu.Lock()
+	if c.refusedAt == nil || len(c.refusedAt) >= maxRefusalsLogged {
+		// Bounded: names come from peers. Forgetting them all only means
+		// a few lines are logged again.
+		c.refusedAt = map[string]time.Time{}
+	}
+	last, seen := c.refusedAt[key]
+	quiet := seen && now.Sub(last) < refusalLogEvery
+	if !quiet {
+		c.refusedAt[key] = now
+	}
+	c.mu.Unlock()
+	if !quiet {
+		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
+	}
+}
+
+const (
+	refusalLogEvery   = time.Minute
+	maxRefusalsLogged = 1024
+)
 
 // Leave tells the cluster this node is leaving, so peers mark it left
 // rather than dead, then stops gossip.
@@ -523,14 +569,22 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	m, err := decode(b)
 	if err != nil {
 		c.dropped.Add(1)
+		c.drops[DropMalformed].Add(1)
 		c.log.Warn("dropped gossip message", "err", err)
 		return
 	}
 	c.received.Add(1)
+	// Every record is checked on its own: one bad record is refused and
+	// counted, and the rest of the message (a push/pull carries the whole
+	// state) is still taken.
 	changed := false
 	for _, n := range m.Nodes {
 		if n.Name == c.cfg.Name {
 			continue // our own record: we are its only writer
+		}
+		if err := checkNode(n); err != nil {
+			c.refuse(DropInvalidNode, "node "+n.Name, err)
+			continue
 		}
 		if c.store.MergeNode(n) {
 			changed = true
@@ -541,6 +595,10 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	}
 	for _, bt := range m.Beats {
 		if bt.Name == c.cfg.Name {
+			continue
+		}
+		if err := checkBeat(bt); err != nil {
+			c.refuse(DropInvalidNode, "beat "+bt.Name, err)
 			continue
 		}
 		if c.store.MergeBeat(bt) {
@@ -559,6 +617,10 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	}
 	depChanged := false
 	for _, d := range m.Deployments {
+		if err := checkDeployment(d); err != nil {
+			c.refuse(DropInvalidDeployment, "deployment "+d.Name, err)
+			continue
+		}
 		c.hlc.Witness(d.Stamp)
 		if c.store.MergeDeployment(d) {
 			depChanged = true
@@ -701,7 +763,13 @@ func (c *Cluster) loadDeployments() error {
 	if err := json.Unmarshal(b, &d); err != nil {
 		return fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", p, err)
 	}
+	// A bad record is left out, as it would be from a peer: the file may
+	// come from an older agent, or have been edited by hand.
 	for _, r := range d.Deployments {
+		if err := checkDeployment(r); err != nil {
+			c.refuse(DropInvalidDeployment, "deployment "+r.Name, err, "file", p)
+			continue
+		}
 		c.hlc.Witness(r.Stamp)
 		c.store.MergeDeployment(r)
 	}

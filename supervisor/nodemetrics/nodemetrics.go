@@ -87,6 +87,9 @@ var (
 		"How long this node's last reconcile pass took (plan, then engines).", nil, nil)
 	descGossip = prometheus.NewDesc("llmgw_gossip_messages_total",
 		"Gossip messages of this node: sent, received, and dropped (undecodable or refused).", []string{"direction"}, nil)
+	descGossipDrops = prometheus.NewDesc("llmgw_gossip_dropped_total",
+		"Gossip records this node refused, by reason (gossip.DropReasons): malformed messages, and records that fail the checks a local write gets.",
+		[]string{"reason"}, nil)
 	descGossipMembers = prometheus.NewDesc("llmgw_gossip_memberlist_members",
 		"Members memberlist counts as alive or suspect, this node included.", nil, nil)
 	descGPUTotal = prometheus.NewDesc("llmgw_gpu_memory_total_bytes",
@@ -125,7 +128,7 @@ type nodeCollector struct {
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
-		descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
+		descGossipDrops, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
@@ -181,6 +184,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, descGossip, float64(st.Sent), "sent")
 	counter(ch, descGossip, float64(st.Received), "received")
 	counter(ch, descGossip, float64(st.Dropped), "dropped")
+	for _, r := range gossip.DropReasons() {
+		counter(ch, descGossipDrops, float64(st.Drops[r]), string(r))
+	}
 	gauge(ch, descGossipMembers, float64(st.Members))
 
 	if self, ok := snap.Member(snap.Self()); ok {

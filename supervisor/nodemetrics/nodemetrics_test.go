@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
@@ -149,4 +151,23 @@ func TestMetricsFromTwoNodes(t *testing.T) {
 		t.Errorf("tool-call histogram has series before any call: %v", h)
 	}
 	_ = a
+}
+
+// A record this node refused is counted by reason in /metrics: here one
+// deployments.json left behind with a spec no API would accept.
+func TestMetricsCountRefusedGossipRecords(t *testing.T) {
+	cfg := supervisortest.Config(t, "alpha")
+	bad := `{"format_version":1,"deployments":[{"name":"chat","spec":{"name":"chat","model":"m","engine":"nope","replicas":1},"stamp":{"wall":1,"origin":"alpha"}}]}`
+	if err := os.WriteFile(datadir.New(cfg.DataDir).DeploymentsFile(), []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux, Options{NoProcessMetrics: true}) }
+	n := supervisortest.Start(t, cfg)
+	fams := scrape(t, n)
+	if got, ok := value(fams, "llmgw_gossip_dropped_total", "reason", "invalid_deployment"); !ok || got != 1 {
+		t.Errorf("llmgw_gossip_dropped_total{reason=invalid_deployment} = %v (present %v), want 1", got, ok)
+	}
+	if got, ok := value(fams, "llmgw_gossip_dropped_total", "reason", "malformed"); !ok || got != 0 {
+		t.Errorf("llmgw_gossip_dropped_total{reason=malformed} = %v (present %v), want 0", got, ok)
+	}
 }
