@@ -328,7 +328,7 @@ func (c *Cluster) Renew() {
 // PutDeployment records spec as the newest desired state for its name,
 // persists it, and sends it to the cluster. The spec must be valid.
 func (c *Cluster) PutDeployment(spec placement.Deployment) (DeploymentRecord, error) {
-	return c.putDeployment(DeploymentRecord{Name: spec.Name, Spec: &spec, Stamp: c.hlc.Now()})
+	return c.putDeployment(DeploymentRecord{Name: spec.Name, Spec: &spec})
 }
 
 // DeleteDeployment replaces a deployment with a tombstone. It reports
@@ -338,20 +338,35 @@ func (c *Cluster) DeleteDeployment(name string) (DeploymentRecord, bool, error) 
 	if !ok || old.Deleted {
 		return DeploymentRecord{}, false, nil
 	}
-	r, err := c.putDeployment(DeploymentRecord{Name: name, Deleted: true, Stamp: c.hlc.Now()})
+	r, err := c.putDeployment(DeploymentRecord{Name: name, Deleted: true})
 	return r, true, err
 }
 
+// putDeployment stamps r, saves it and takes it into the store.
 func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
 	// Persist before answering: an acknowledged place must survive this
 	// node crashing the next instant. And persist before taking it into
 	// the store: a place that could not be saved is refused, so it must
 	// not spread either.
 	c.saveMu.Lock()
-	deps := withDeployment(c.store.Deployments(), r)
-	err := c.writeDeployments(deps)
-	if err == nil {
-		c.store.MergeDeployment(r)
+	deps := c.store.Deployments()
+	// Stamp after the snapshot, and past the record r replaces: the stamp
+	// then beats what the file will hold beside it. (Stamped before, a
+	// peer's later write could land in between, and the file would keep
+	// the loser.)
+	if old, ok := findDeployment(deps, r.Name); ok {
+		c.hlc.Witness(old.Stamp)
+	}
+	r.Stamp = c.hlc.Now()
+	err := c.writeDeployments(withDeployment(deps, r))
+	if err == nil && !c.store.MergeDeployment(r) {
+		// A later write of this name arrived while r was being saved: it
+		// stands, r does not, and the file must not keep r.
+		cur, _ := c.store.Deployment(r.Name)
+		err = fmt.Errorf("deployment %s: a later write (stamp %v) arrived while this one was saved; it stands, this one was not applied", r.Name, cur.Stamp)
+		if werr := c.writeDeployments(c.store.Deployments()); werr != nil {
+			err = errors.Join(err, werr)
+		}
 	}
 	c.saveMu.Unlock()
 	if err != nil {
@@ -577,13 +592,14 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	// Every record is checked on its own: one bad record is refused and
 	// counted, and the rest of the message (a push/pull carries the whole
 	// state) is still taken.
+	now := c.cfg.Now()
 	changed := false
 	for _, n := range m.Nodes {
 		if n.Name == c.cfg.Name {
 			continue // our own record: we are its only writer
 		}
-		if err := checkNode(n); err != nil {
-			c.refuse(DropInvalidNode, "node "+n.Name, err)
+		if reason, err := checkNode(n, now); err != nil {
+			c.refuse(reason, "node "+n.Name, err)
 			continue
 		}
 		if c.store.MergeNode(n) {
@@ -597,8 +613,8 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		if bt.Name == c.cfg.Name {
 			continue
 		}
-		if err := checkBeat(bt); err != nil {
-			c.refuse(DropInvalidNode, "beat "+bt.Name, err)
+		if reason, err := checkBeat(bt, now); err != nil {
+			c.refuse(reason, "beat "+bt.Name, err)
 			continue
 		}
 		if c.store.MergeBeat(bt) {
@@ -617,8 +633,8 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	}
 	depChanged := false
 	for _, d := range m.Deployments {
-		if err := checkDeployment(d); err != nil {
-			c.refuse(DropInvalidDeployment, "deployment "+d.Name, err)
+		if reason, err := checkDeployment(d, now); err != nil {
+			c.refuse(reason, "deployment "+d.Name, err)
 			continue
 		}
 		c.hlc.Witness(d.Stamp)
@@ -720,6 +736,17 @@ func (c *Cluster) saveDeployments() error {
 	return c.writeDeployments(c.store.Deployments())
 }
 
+// findDeployment finds the record named name in deps, sorted by name.
+func findDeployment(deps []DeploymentRecord, name string) (DeploymentRecord, bool) {
+	i, found := slices.BinarySearchFunc(deps, name, func(d DeploymentRecord, name string) int {
+		return strings.Compare(d.Name, name)
+	})
+	if !found {
+		return DeploymentRecord{}, false
+	}
+	return deps[i], true
+}
+
 // withDeployment returns deps, sorted by name, with r in place of the
 // record of the same name. r is a local change with a fresh stamp, so it
 // supersedes whatever is held.
@@ -765,9 +792,10 @@ func (c *Cluster) loadDeployments() error {
 	}
 	// A bad record is left out, as it would be from a peer: the file may
 	// come from an older agent, or have been edited by hand.
+	now := c.cfg.Now()
 	for _, r := range d.Deployments {
-		if err := checkDeployment(r); err != nil {
-			c.refuse(DropInvalidDeployment, "deployment "+r.Name, err, "file", p)
+		if reason, err := checkDeployment(r, now); err != nil {
+			c.refuse(reason, "deployment "+r.Name, err, "file", p)
 			continue
 		}
 		c.hlc.Witness(r.Stamp)
@@ -790,10 +818,16 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 		c.members[n.Name] = info
 	}
 	info.addr = n.Address()
-	if meta.Epoch > info.epoch {
+	// An epoch beyond the bound would void every record the node sends
+	// until the clocks caught up with it.
+	_, epochErr := checkEpoch("memberlist meta of "+n.Name, meta.Epoch, c.cfg.Now())
+	if meta.Epoch > info.epoch && epochErr == nil {
 		info.epoch = meta.Epoch
 	}
 	c.mu.Unlock()
+	if epochErr != nil {
+		c.refuse(DropEpochAhead, "meta "+n.Name, epochErr)
+	}
 	c.notify()
 }
 

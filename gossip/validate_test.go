@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -105,5 +107,105 @@ func writeDeploymentsFile(t *testing.T, dir string, recs ...DeploymentRecord) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, deploymentsFile), b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A stamp further ahead of this node's clock than MaxClockOffset is
+// refused, and the clock does not follow it: witnessed, it would make every
+// later stamp of this node as wrong as the sender's clock.
+func TestStampsFarAheadAreRefused(t *testing.T) {
+	now := time.Now()
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Now = func() time.Time { return now } })
+	ahead := now.Add(MaxClockOffset + time.Second).UnixMilli()
+	near := now.Add(MaxClockOffset - time.Second).UnixMilli()
+	b, _ := encode(message{Deployments: []DeploymentRecord{depRecord("far", specNamed("far"), ahead), depRecord("near", specNamed("near"), near)}})
+	a.receive(b, false)
+	if _, ok := a.store.Deployment("far"); ok {
+		t.Error("a stamp beyond the bound was taken in")
+	}
+	if _, ok := a.store.Deployment("near"); !ok {
+		t.Error("a stamp within the bound was refused")
+	}
+	if got := a.Stats().Drops[DropStampAhead]; got != 1 {
+		t.Errorf("stamps ahead counted %d, want 1", got)
+	}
+	if s := a.hlc.Now(); s.Wall >= ahead {
+		t.Errorf("the clock followed the refused stamp: %v", s)
+	}
+}
+
+// The logical counter carries into the wall time instead of wrapping to
+// zero, which would issue a stamp older than the last one.
+func TestHLCLogicalCounterNeverWraps(t *testing.T) {
+	wall := time.UnixMilli(1000)
+	h := NewHLC("n1", func() time.Time { return wall })
+	top := Stamp{Wall: 1000, Logical: ^uint32(0), Origin: "n2"}
+	h.Witness(top)
+	s := h.Now()
+	if !top.Less(s) {
+		t.Fatalf("%v issued after witnessing %v", s, top)
+	}
+	if s2 := h.Now(); !s.Less(s2) {
+		t.Fatalf("%v then %v: went backwards", s, s2)
+	}
+}
+
+// Boot epochs are Unix nanoseconds: one far ahead would make the node's
+// real records older than a bogus one until the clocks catch up.
+func TestEpochsFarAheadAreRefused(t *testing.T) {
+	now := time.Now()
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Now = func() time.Time { return now } })
+	good := NodeRecord{Name: "peer", Version: Version{Epoch: now.UnixNano(), Seq: 1}, API: "127.0.0.1:2"}
+	huge := NodeRecord{Name: "peer", Version: Version{Epoch: now.Add(time.Hour).UnixNano(), Seq: 1}, API: "127.0.0.1:3"}
+	b, _ := encode(message{Nodes: []NodeRecord{good}})
+	a.receive(b, false)
+	b, _ = encode(message{Nodes: []NodeRecord{huge}, Beats: []Beat{{Name: "peer", Version: Version{Epoch: 1 << 62, Seq: 2}, Content: Version{Epoch: 1 << 62, Seq: 2}}}})
+	a.receive(b, false)
+	if ns, _ := a.store.Node("peer"); ns.Record.Version != good.Version {
+		t.Errorf("peer's record is at %+v, want the good one %+v", ns.Record.Version, good.Version)
+	}
+	if got := a.Stats().Drops[DropEpochAhead]; got != 2 {
+		t.Errorf("epochs ahead counted %d, want 2 (record and beat)", got)
+	}
+	// The epoch in memberlist's meta voids a node's older records: a huge
+	// one would void them all.
+	meta, _ := json.Marshal(nodeMeta{V: 1, Epoch: 1 << 62})
+	a.setMember(&memberlist.Node{Name: "peer", Meta: meta}, StateAlive)
+	for _, m := range a.Members() {
+		if m.Name == "peer" && m.Epoch != 0 {
+			t.Errorf("the meta epoch %d was taken", m.Epoch)
+		}
+	}
+	if got := a.Stats().Drops[DropEpochAhead]; got != 3 {
+		t.Errorf("epochs ahead counted %d, want 3 with the meta", got)
+	}
+}
+
+// The file must never hold a stamp that lost: here the store holds a
+// later stamp than the clock would issue (as when a peer's write lands in
+// the moment between stamping and saving).
+func TestLosingStampIsNeverSaved(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	a := startNode(t, "a", 0, dir, func(c *Config) { c.Now = func() time.Time { return now } })
+	later := depRecord("chat", specNamed("chat"), now.Add(10*time.Second).UnixMilli())
+	later.Stamp.Origin = "b"
+	a.store.MergeDeployment(later)
+	spec := placement.Deployment{Name: "chat", Model: "new", Replicas: 1}
+	rec, err := a.PutDeployment(spec)
+	held, _ := a.store.Deployment("chat")
+	b, rerr := os.ReadFile(filepath.Join(dir, deploymentsFile))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	var disk deploymentsOnDisk
+	if err := json.Unmarshal(b, &disk); err != nil {
+		t.Fatal(err)
+	}
+	if len(disk.Deployments) != 1 || disk.Deployments[0].Stamp != held.Stamp {
+		t.Fatalf("the file holds %+v, the store %v: the file kept a stamp that lost", disk.Deployments, held.Stamp)
+	}
+	if err == nil && (held.Stamp != rec.Stamp || held.Spec.Model != "new") {
+		t.Fatalf("the place was acknowledged with %v but the store holds %v", rec.Stamp, held.Stamp)
 	}
 }
