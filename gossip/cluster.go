@@ -90,6 +90,9 @@ type Member struct {
 	// unknown). A Record of an older epoch is what the node said before it
 	// restarted: its claims are void.
 	Epoch int64 `json:"epoch,omitempty"`
+	// ClockOffset is the node's clock minus the cluster's, as this node
+	// estimates it from probes (nil until a peer was probed).
+	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
 }
 
 // Stats count gossip traffic.
@@ -101,6 +104,10 @@ type Stats struct {
 	// Drops counts refused records (and undecodable messages) by reason;
 	// every reason of DropReasons is present.
 	Drops map[DropReason]uint64 `json:"drops"`
+	// ClockOffset is this node's clock minus the cluster's, estimated from
+	// ClockPeers peers (0: no estimate).
+	ClockOffset time.Duration `json:"clock_offset_ns"`
+	ClockPeers  int           `json:"clock_peers"`
 }
 
 // Cluster is one node's membership in the gossip cluster.
@@ -142,6 +149,12 @@ type Cluster struct {
 	// refusedAt is when a refusal was last logged, per reason and record:
 	// a bad record a peer holds comes back with every push/pull.
 	refusedAt map[string]time.Time
+	// clocks are the samples of each peer's clock (clock.go);
+	// clockLevel is how far off this node's own clock was last found, and
+	// clockWarnedAt when it last said so. Under mu.
+	clocks        map[string]*clockSamples
+	clockLevel    int
+	clockWarnedAt time.Time
 	// ready is set once ml and queue exist. memberlist.Create starts its
 	// listeners before it returns, and a peer that still knows this
 	// address (an agent restarted in place) may gossip to it at once;
@@ -224,6 +237,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	}
 	mc.Delegate = &delegate{c: c}
 	mc.Events = &eventDelegate{c: c}
+	mc.Ping = &pingDelegate{c: c}
 	mc.Logger = log.New(memberlistLog{log: cfg.Logger}, "", 0)
 	if cfg.Drop != nil {
 		t, err := newDropTransport(mc, cfg.Drop)
@@ -344,6 +358,9 @@ func (c *Cluster) DeleteDeployment(name string) (DeploymentRecord, bool, error) 
 
 // putDeployment stamps r, saves it and takes it into the store.
 func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
+	if err := c.checkClockForWrite(); err != nil {
+		return r, fmt.Errorf("deployment %s: %w", r.Name, err)
+	}
 	// Persist before answering: an acknowledged place must survive this
 	// node crashing the next instant. And persist before taking it into
 	// the store: a place that could not be saved is refused, so it must
@@ -394,11 +411,21 @@ func (c *Cluster) Members() []Member {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	self, clocks, sampled := c.clockView(c.cfg.Now())
+	clockOf := func(name string) *time.Duration {
+		if d, ok := clocks[name]; ok {
+			return &d
+		}
+		if name == c.cfg.Name && sampled > 0 {
+			return &self
+		}
+		return nil
+	}
 	var out []Member
 	seen := map[string]bool{}
 	for _, ns := range c.store.Nodes() {
 		rec := ns.Record
-		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt}
+		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt, ClockOffset: clockOf(rec.Name)}
 		if info, ok := c.members[rec.Name]; ok {
 			m.State, m.Address, m.Since, m.Epoch = info.state, info.addr, info.since, info.epoch
 		}
@@ -416,7 +443,7 @@ func (c *Cluster) Members() []Member {
 	}
 	for name, info := range c.members {
 		if !seen[name] {
-			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since})
+			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name)})
 		}
 	}
 	sortMembers(out)
@@ -429,7 +456,9 @@ func (c *Cluster) Stats() Stats {
 	for r, n := range c.drops {
 		drops[r] = n.Load()
 	}
-	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops}
+	off, peers := c.ClockOffset()
+	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops,
+		ClockOffset: off, ClockPeers: peers}
 }
 
 // refuse counts a refused record under reason and logs why. The log line

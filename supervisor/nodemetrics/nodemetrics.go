@@ -90,6 +90,9 @@ var (
 	descGossipDrops = prometheus.NewDesc("llmgw_gossip_dropped_total",
 		"Gossip records this node refused, by reason (gossip.DropReasons): malformed messages, and records that fail the checks a local write gets.",
 		[]string{"reason"}, nil)
+	descClockOffset = prometheus.NewDesc("llmgw_clock_offset_seconds",
+		"This node's clock minus the cluster's (the median of its own and its peers' clocks, estimated from gossip probes); absent until a peer was probed. Its writes are refused beyond ±"+gossip.MaxClockOffset.String()+".",
+		nil, nil)
 	descGossipMembers = prometheus.NewDesc("llmgw_gossip_memberlist_members",
 		"Members memberlist counts as alive or suspect, this node included.", nil, nil)
 	descGPUTotal = prometheus.NewDesc("llmgw_gpu_memory_total_bytes",
@@ -128,7 +131,7 @@ type nodeCollector struct {
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
-		descGossipDrops, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
+		descGossipDrops, descClockOffset, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
@@ -188,6 +191,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, descGossipDrops, float64(st.Drops[r]), string(r))
 	}
 	gauge(ch, descGossipMembers, float64(st.Members))
+	if st.ClockPeers > 0 {
+		gauge(ch, descClockOffset, st.ClockOffset.Seconds())
+	}
 
 	if self, ok := snap.Member(snap.Self()); ok {
 		c.collectSelf(ch, self)

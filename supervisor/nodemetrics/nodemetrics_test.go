@@ -2,6 +2,7 @@ package nodemetrics
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
@@ -170,4 +172,15 @@ func TestMetricsCountRefusedGossipRecords(t *testing.T) {
 	if got, ok := value(fams, "llmgw_gossip_dropped_total", "reason", "malformed"); !ok || got != 0 {
 		t.Errorf("llmgw_gossip_dropped_total{reason=malformed} = %v (present %v), want 0", got, ok)
 	}
+}
+
+// Once a peer was probed, /metrics says how far this node's clock is from
+// the cluster's: near zero for two nodes on one host.
+func TestMetricsShowTheClockOffset(t *testing.T) {
+	_, aport := startNode(t, "alpha")
+	b, _ := startNode(t, "bravo", aport)
+	testwait.Until(t, 10*time.Second, "bravo's /metrics has its clock offset", func() (bool, string) {
+		got, ok := value(scrape(t, b), "llmgw_clock_offset_seconds")
+		return ok && got > -1 && got < 1, fmt.Sprint(got, ok)
+	})
 }
