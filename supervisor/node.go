@@ -144,7 +144,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
 	dir := datadir.New(cfg.DataDir)
-	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now)
+	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now, cfg.Logger.With("node", cfg.Name))
 	if err != nil {
 		return nil, err
 	}
