@@ -320,6 +320,11 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 	c.local.Content = c.content
 	r := c.local
 	c.mu.Unlock()
+	// Peers check this record as this node checks theirs. Sending one
+	// they refuse would leave this node out of their placement unnoticed.
+	if _, err := checkNode(r, c.cfg.Now()); err != nil && c.logNow("self/"+err.Error()) {
+		c.log.Error("peers will refuse this node's record", "err", err)
+	}
 	c.store.MergeNode(r)
 	c.send("node/"+r.Name, message{Nodes: []NodeRecord{r}})
 	c.notify()
@@ -467,23 +472,27 @@ func (c *Cluster) Stats() Stats {
 // often.
 func (c *Cluster) refuse(reason DropReason, record string, err error, attrs ...any) {
 	c.drops[reason].Add(1)
-	key := string(reason) + "/" + record
+	if c.logNow(string(reason) + "/" + record) {
+		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
+	}
+}
+
+// logNow reports whether the line keyed key is due: not logged within
+// refusalLogEvery.
+func (c *Cluster) logNow(key string) bool {
 	now := c.cfg.Now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.refusedAt == nil || len(c.refusedAt) >= maxRefusalsLogged {
 		// Bounded: names come from peers. Forgetting them all only means
 		// a few lines are logged again.
 		c.refusedAt = map[string]time.Time{}
 	}
-	last, seen := c.refusedAt[key]
-	quiet := seen && now.Sub(last) < refusalLogEvery
-	if !quiet {
-		c.refusedAt[key] = now
+	if last, seen := c.refusedAt[key]; seen && now.Sub(last) < refusalLogEvery {
+		return false
 	}
-	c.mu.Unlock()
-	if !quiet {
-		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
-	}
+	c.refusedAt[key] = now
+	return true
 }
 
 const (

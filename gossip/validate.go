@@ -3,6 +3,9 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -104,12 +107,95 @@ func checkEpoch(what string, epoch int64, now time.Time) (DropReason, error) {
 	return "", nil
 }
 
-// checkNode checks a node record from a peer.
+// checkNode checks a node record from a peer: a valid name, an epoch
+// within the bound, addresses that parse, bounded counts (a record is held
+// by every node and travels in every push/pull), and engine URLs at the
+// holder's own address. A gateway sends requests where the URL says, so a
+// record must not be able to point a shard at some other host.
 func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	if err := ValidateNodeName(r.Name); err != nil {
 		return DropInvalidNode, fmt.Errorf("%w: node record: %w", ErrInvalidRecord, err)
 	}
-	return checkEpoch("node record "+r.Name+": version", r.Version.Epoch, now)
+	if reason, err := checkEpoch("node record "+r.Name+": version", r.Version.Epoch, now); err != nil {
+		return reason, err
+	}
+	bad := func(field, format string, args ...any) (DropReason, error) {
+		return DropInvalidNode, fmt.Errorf("%w: node record %q: %s: "+format, append([]any{ErrInvalidRecord, r.Name, field}, args...)...)
+	}
+	// The hosts the node advertises: its engines must be at one of them.
+	// (API and gossip may differ, as in the netns scenarios.)
+	hosts := map[string]bool{}
+	for _, a := range []struct{ field, addr string }{{"api", r.API}, {"gossip", r.Gossip}} {
+		if a.addr == "" {
+			continue
+		}
+		h, p, err := net.SplitHostPort(a.addr)
+		if port, perr := strconv.Atoi(p); err != nil || h == "" || perr != nil || port < 1 || port > 65535 {
+			return bad(a.field, "%q, want host:port", a.addr)
+		}
+		hosts[strings.ToLower(h)] = true
+	}
+	if len(r.GPUs) > maxNodeGPUs {
+		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)
+	}
+	seen := map[int]bool{}
+	for _, g := range r.GPUs {
+		if g.Index < 0 || seen[g.Index] {
+			return bad("gpus", "index %d is negative or listed twice", g.Index)
+		}
+		seen[g.Index] = true
+	}
+	if len(r.Labels) > maxNodeLabels {
+		return bad("labels", "%d labels, at most %d", len(r.Labels), maxNodeLabels)
+	}
+	for k, v := range r.Labels {
+		if k == "" || len(k) > maxLabelLen || len(v) > maxLabelLen {
+			return bad("labels", "%q=%q, want keys and values of at most %d characters", k, v, maxLabelLen)
+		}
+	}
+	if len(r.CachedModels) > maxNodeShards {
+		return bad("cached_models", "%d models, at most %d", len(r.CachedModels), maxNodeShards)
+	}
+	if len(r.Shards) > maxNodeShards {
+		return bad("shards", "%d shards, at most %d", len(r.Shards), maxNodeShards)
+	}
+	for i, s := range r.Shards {
+		field := fmt.Sprintf("shards[%d]", i)
+		if s.ShardID == "" || len(s.ShardID) > maxShardID || strings.IndexFunc(s.ShardID, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+			return bad(field+".shard_id", "%q, want 1-%d printable characters without spaces", s.ShardID, maxShardID)
+		}
+		if err := placement.ValidateName(s.Deployment); err != nil {
+			return bad(field+".deployment", "%v", err)
+		}
+		if len(s.GPUs) > maxShardGPUs {
+			return bad(field+".gpus", "%d GPUs, at most %d", len(s.GPUs), maxShardGPUs)
+		}
+		if s.URL != "" {
+			if err := checkEngineURL(s.URL, hosts); err != nil {
+				return bad(field+".url", "%v", err)
+			}
+		}
+	}
+	return "", nil
+}
+
+// checkEngineURL wants http(s)://host:port at one of the holder's hosts.
+func checkEngineURL(raw string, hosts map[string]bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.Hostname() == "" {
+		return fmt.Errorf("%q, want http://host:port without credentials", raw)
+	}
+	if port, err := strconv.Atoi(u.Port()); err != nil || port < 1 || port > 65535 {
+		return fmt.Errorf("%q, want a port from 1 to 65535", raw)
+	}
+	h := strings.ToLower(u.Hostname())
+	if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q is a wildcard address, which reaches no engine from another host (give the node --advertise)", raw)
+	}
+	if !hosts[h] {
+		return fmt.Errorf("%q is not at the node's advertised address", raw)
+	}
+	return nil
 }
 
 // checkBeat checks a renewal from a peer.
@@ -119,6 +205,19 @@ func checkBeat(b Beat, now time.Time) (DropReason, error) {
 	}
 	return checkEpoch("beat "+b.Name+": version", b.Version.Epoch, now)
 }
+
+// Bounds of a node record: far above any real node (8 GPUs, a few dozen
+// shards), far below what would make every node's copy of the state, and
+// every push/pull, large.
+const (
+	maxNodeGPUs   = 256
+	maxNodeShards = 1024
+	// maxShardGPUs is placement's bound on tensor_parallel.
+	maxShardGPUs  = 64
+	maxNodeLabels = 64
+	maxLabelLen   = 256
+	maxShardID    = 256
+)
 
 // maxNodeName bounds a node name; memberlist carries it in every packet.
 const maxNodeName = 128

@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -207,5 +208,90 @@ func TestLosingStampIsNeverSaved(t *testing.T) {
 	}
 	if err == nil && (held.Stamp != rec.Stamp || held.Spec.Model != "new") {
 		t.Fatalf("the place was acknowledged with %v but the store holds %v", rec.Stamp, held.Stamp)
+	}
+}
+
+// Node records are checked too: a shard's URL is where requests for it go,
+// so it must point at its holder, and counts are bounded.
+func TestNodeRecordsAreChecked(t *testing.T) {
+	now := time.Now()
+	rec := func(mut func(r *NodeRecord)) NodeRecord {
+		r := NodeRecord{Name: "peer", Version: Version{Epoch: now.UnixNano(), Seq: 1}, API: "10.0.0.5:7070", Gossip: "10.0.1.5:7946",
+			GPUs: gpus(2, "peer"),
+			Shards: []ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: "abc", GPUs: []int{0},
+				Status: ShardReady, URL: "http://10.0.0.5:8100"}}}
+		if mut != nil {
+			mut(&r)
+		}
+		return r
+	}
+	good := []struct {
+		why string
+		r   NodeRecord
+	}{
+		{"engine at the API host", rec(nil)},
+		{"engine at the gossip host", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://10.0.1.5:8100" })},
+		{"no engine URL yet", rec(func(r *NodeRecord) { r.Shards[0].URL = "" })},
+	}
+	bad := []struct {
+		why, field string
+		r          NodeRecord
+	}{
+		{"engine elsewhere", "url", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://203.0.113.9:8100" })},
+		{"engine at a wildcard", "url", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://0.0.0.0:8100" })},
+		{"engine URL not http", "url", rec(func(r *NodeRecord) { r.Shards[0].URL = "file:///etc/passwd" })},
+		{"engine URL with credentials", "url", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://u:p@10.0.0.5:8100" })},
+		{"too many GPUs", "gpus", rec(func(r *NodeRecord) { r.GPUs = gpus(maxNodeGPUs+1, "peer") })},
+		{"a GPU index twice", "gpus", rec(func(r *NodeRecord) { r.GPUs[1].Index = 0 })},
+		{"too many shards", "shards", rec(func(r *NodeRecord) { r.Shards = make([]ShardRecord, maxNodeShards+1) })},
+		{"a shard of no valid deployment", "deployment", rec(func(r *NodeRecord) { r.Shards[0].Deployment = "Chat!" })},
+		{"a shard without an ID", "shard_id", rec(func(r *NodeRecord) { r.Shards[0].ShardID = "" })},
+		{"a shard on too many GPUs", "gpus", rec(func(r *NodeRecord) { r.Shards[0].GPUs = make([]int, maxShardGPUs+1) })},
+		{"a bad API address", "api", rec(func(r *NodeRecord) { r.API = "nowhere" })},
+		{"too many labels", "labels", rec(func(r *NodeRecord) {
+			r.Labels = map[string]string{}
+			for i := range maxNodeLabels + 1 {
+				r.Labels[fmt.Sprint("k", i)] = "v"
+			}
+		})},
+	}
+	for _, c := range good {
+		if _, err := checkNode(c.r, now); err != nil {
+			t.Errorf("%s: refused: %v", c.why, err)
+		}
+	}
+	for _, c := range bad {
+		reason, err := checkNode(c.r, now)
+		if err == nil || reason != DropInvalidNode || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: %s %v, want invalid_node naming %s", c.why, reason, err, c.field)
+		}
+	}
+	// And through a live node: the bad record is refused and counted,
+	// the good one in the same message is taken.
+	a := startNode(t, "a", 0, "", nil)
+	other := rec(nil)
+	other.Name = "other"
+	b, _ := encode(message{Nodes: []NodeRecord{bad[0].r, other}})
+	a.receive(b, false)
+	if _, ok := a.store.Node("peer"); ok {
+		t.Error("a record whose engine URL points elsewhere was taken")
+	}
+	if _, ok := a.store.Node("other"); !ok {
+		t.Error("the good record beside it was refused")
+	}
+	if got := a.Stats().Drops[DropInvalidNode]; got != 1 {
+		t.Errorf("invalid node records counted %d, want 1", got)
+	}
+}
+
+// This node's own record gets the checks its peers will apply, so a
+// record they would refuse is an error here, not a silent absence there.
+func TestOwnRecordPeersWouldRefuseIsAnError(t *testing.T) {
+	a := startNode(t, "a", 0, "", nil)
+	a.UpdateLocal(func(r *NodeRecord) {
+		r.Shards = []ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", Status: ShardReady, URL: "http://0.0.0.0:8100"}}
+	})
+	if l := a.log.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "shards[0].url") {
+		t.Fatalf("no error names the URL peers will refuse:\n%s", l)
 	}
 }
