@@ -61,6 +61,12 @@ type Config struct {
 	// simulates network partitions where network namespaces are not
 	// available.
 	Drop func(peer string) bool
+	// TokenFingerprint identifies the cluster token without revealing it
+	// (supervisor derives it: an HMAC of a fixed label keyed by the
+	// token). It rides in node meta; a peer announcing another one has
+	// another token, and each side logs an error naming the other. Empty:
+	// nothing is announced or compared.
+	TokenFingerprint string
 }
 
 // MemberState is memberlist's verdict on a node, as this node sees it.
@@ -93,6 +99,9 @@ type Member struct {
 	// ClockOffset is the node's clock minus the cluster's, as this node
 	// estimates it from probes (nil until a peer was probed).
 	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
+	// TokenMismatch: the node announces another cluster token's
+	// fingerprint. API calls between the two fail, and MCP forwarding.
+	TokenMismatch bool `json:"token_mismatch,omitempty"`
 }
 
 // Stats count gossip traffic.
@@ -108,6 +117,8 @@ type Stats struct {
 	// ClockPeers peers (0: no estimate).
 	ClockOffset time.Duration `json:"clock_offset_ns"`
 	ClockPeers  int           `json:"clock_peers"`
+	// TokenMismatches counts members announcing another token.
+	TokenMismatches int `json:"token_mismatches"`
 }
 
 // Cluster is one node's membership in the gossip cluster.
@@ -169,6 +180,8 @@ type memberInfo struct {
 	addr  string
 	since time.Time
 	epoch int64
+	// token is the token fingerprint the node announces ("" if none).
+	token string
 }
 
 // New starts memberlist listening and returns the node, not yet joined to
@@ -433,6 +446,7 @@ func (c *Cluster) Members() []Member {
 		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt, ClockOffset: clockOf(rec.Name)}
 		if info, ok := c.members[rec.Name]; ok {
 			m.State, m.Address, m.Since, m.Epoch = info.state, info.addr, info.since, info.epoch
+			m.TokenMismatch = c.otherToken(info.token)
 		}
 		if n, ok := live[rec.Name]; ok && n.State == memberlist.StateSuspect {
 			m.State = StateSuspect
@@ -448,7 +462,8 @@ func (c *Cluster) Members() []Member {
 	}
 	for name, info := range c.members {
 		if !seen[name] {
-			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name)})
+			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name),
+				TokenMismatch: c.otherToken(info.token)})
 		}
 	}
 	sortMembers(out)
@@ -462,8 +477,23 @@ func (c *Cluster) Stats() Stats {
 		drops[r] = n.Load()
 	}
 	off, peers := c.ClockOffset()
+	mismatches := 0
+	c.mu.Lock()
+	for _, info := range c.members {
+		if c.otherToken(info.token) {
+			mismatches++
+		}
+	}
+	c.mu.Unlock()
 	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops,
-		ClockOffset: off, ClockPeers: peers}
+		ClockOffset: off, ClockPeers: peers, TokenMismatches: mismatches}
+}
+
+// otherToken reports whether a peer's announced token fingerprint shows
+// another cluster token than this node's. Nothing announced (an older
+// agent, or no token) is no evidence either way.
+func (c *Cluster) otherToken(fingerprint string) bool {
+	return c.cfg.TokenFingerprint != "" && fingerprint != "" && fingerprint != c.cfg.TokenFingerprint
 }
 
 // refuse counts a refused record under reason and logs why. The log line
@@ -856,6 +886,8 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 		c.members[n.Name] = info
 	}
 	info.addr = n.Address()
+	newToken := meta.Tok != info.token
+	info.token = meta.Tok
 	// An epoch beyond the bound would void every record the node sends
 	// until the clocks caught up with it.
 	_, epochErr := checkEpoch("memberlist meta of "+n.Name, meta.Epoch, c.cfg.Now())
@@ -865,6 +897,13 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 	c.mu.Unlock()
 	if epochErr != nil {
 		c.refuse(DropEpochAhead, "meta "+n.Name, epochErr)
+	}
+	if newToken && c.otherToken(meta.Tok) {
+		// Gossip works (the key is another secret), but each node refuses
+		// the other's API calls: say so on both sides, or the cluster
+		// half-works with no one knowing why.
+		c.log.Error("peer has a different cluster token: API calls between this node and it are refused; give every node the same --token-file",
+			"peer", n.Name, "address", n.Address(), "peer_token_fingerprint", meta.Tok, "token_fingerprint", c.cfg.TokenFingerprint)
 	}
 	c.notify()
 }
@@ -895,14 +934,18 @@ var _ memberlist.Delegate = (*delegate)(nil)
 // epoch: it arrives with the very message that makes a restarted node alive
 // again, before the new record does, so receivers can tell the old boot's
 // record (and its claims) from the current one.
+//
+// Tok is the fingerprint of the cluster token (Config.TokenFingerprint),
+// never the token.
 type nodeMeta struct {
 	V     int    `json:"v"`
 	API   string `json:"api,omitempty"`
 	Epoch int64  `json:"epoch,omitempty"`
+	Tok   string `json:"tok,omitempty"`
 }
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch})
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint})
 	if len(b) > limit {
 		// memberlist panics on oversized meta; an API address never gets
 		// close, but refuse to be the reason.

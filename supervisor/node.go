@@ -185,6 +185,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
 		Now: cfg.Clock.Now, DeploymentsFile: dir.DeploymentsFile(), APIAddr: n.AdvertisedAPI(),
+		TokenFingerprint: fingerprint(cfg.Token),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped

@@ -43,7 +43,11 @@ func nodesCommand() *cli.Command {
 				if !m.StartedAt.IsZero() {
 					age = shortDuration(time.Since(m.StartedAt))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.State, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
+				state := string(m.State)
+				if m.TokenMismatch {
+					state += " (other token)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
 			}
 			return tw.Flush()
 		},

@@ -93,6 +93,8 @@ var (
 	descClockOffset = prometheus.NewDesc("llmgw_clock_offset_seconds",
 		"This node's clock minus the cluster's (the median of its own and its peers' clocks, estimated from gossip probes); absent until a peer was probed. Its writes are refused beyond ±"+gossip.MaxClockOffset.String()+".",
 		nil, nil)
+	descTokenMismatch = prometheus.NewDesc("llmgw_gossip_token_mismatch_peers",
+		"Members announcing another cluster token's fingerprint: API calls between them and this node are refused.", nil, nil)
 	descGossipMembers = prometheus.NewDesc("llmgw_gossip_memberlist_members",
 		"Members memberlist counts as alive or suspect, this node included.", nil, nil)
 	descGPUTotal = prometheus.NewDesc("llmgw_gpu_memory_total_bytes",
@@ -131,7 +133,7 @@ type nodeCollector struct {
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
-		descGossipDrops, descClockOffset, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
+		descGossipDrops, descClockOffset, descTokenMismatch, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
@@ -191,6 +193,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, descGossipDrops, float64(st.Drops[r]), string(r))
 	}
 	gauge(ch, descGossipMembers, float64(st.Members))
+	gauge(ch, descTokenMismatch, float64(st.TokenMismatches))
 	if st.ClockPeers > 0 {
 		gauge(ch, descClockOffset, st.ClockOffset.Seconds())
 	}

@@ -134,6 +134,7 @@ func TestMetricsFromTwoNodes(t *testing.T) {
 		{"llmgw_gpu_faulted", []string{"gpu", "0"}, 0},
 		{"llmgw_engine_scrape_errors_total", nil, 3},
 		{"llmgw_gossip_memberlist_members", nil, 2},
+		{"llmgw_gossip_token_mismatch_peers", nil, 0},
 	}
 	for _, c := range checks {
 		got, ok := value(fams, c.name, c.labels...)
