@@ -61,6 +61,12 @@ type Config struct {
 	// simulates network partitions where network namespaces are not
 	// available.
 	Drop func(peer string) bool
+	// TokenFingerprint identifies the cluster token without revealing it
+	// (supervisor derives it: an HMAC of a fixed label keyed by the
+	// token). It rides in node meta; a peer announcing another one has
+	// another token, and each side logs an error naming the other. Empty:
+	// nothing is announced or compared.
+	TokenFingerprint string
 }
 
 // MemberState is memberlist's verdict on a node, as this node sees it.
@@ -90,6 +96,12 @@ type Member struct {
 	// unknown). A Record of an older epoch is what the node said before it
 	// restarted: its claims are void.
 	Epoch int64 `json:"epoch,omitempty"`
+	// ClockOffset is the node's clock minus the cluster's, as this node
+	// estimates it from probes (nil until a peer was probed).
+	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
+	// TokenMismatch: the node announces another cluster token's
+	// fingerprint. API calls between the two fail, and MCP forwarding.
+	TokenMismatch bool `json:"token_mismatch,omitempty"`
 }
 
 // Stats count gossip traffic.
@@ -98,6 +110,15 @@ type Stats struct {
 	Received uint64 `json:"received"`
 	Dropped  uint64 `json:"dropped"`
 	Members  int    `json:"members"`
+	// Drops counts refused records (and undecodable messages) by reason;
+	// every reason of DropReasons is present.
+	Drops map[DropReason]uint64 `json:"drops"`
+	// ClockOffset is this node's clock minus the cluster's, estimated from
+	// ClockPeers peers (0: no estimate).
+	ClockOffset time.Duration `json:"clock_offset_ns"`
+	ClockPeers  int           `json:"clock_peers"`
+	// TokenMismatches counts members announcing another token.
+	TokenMismatches int `json:"token_mismatches"`
 }
 
 // Cluster is one node's membership in the gossip cluster.
@@ -134,6 +155,17 @@ type Cluster struct {
 	wg      sync.WaitGroup
 
 	sent, received, dropped atomic.Uint64
+	// drops counts refused records by reason; the map is fixed at New.
+	drops map[DropReason]*atomic.Uint64
+	// refusedAt is when a refusal was last logged, per reason and record:
+	// a bad record a peer holds comes back with every push/pull.
+	refusedAt map[string]time.Time
+	// clocks are the samples of each peer's clock (clock.go);
+	// clockLevel is how far off this node's own clock was last found, and
+	// clockWarnedAt when it last said so. Under mu.
+	clocks        map[string]*clockSamples
+	clockLevel    int
+	clockWarnedAt time.Time
 	// ready is set once ml and queue exist. memberlist.Create starts its
 	// listeners before it returns, and a peer that still knows this
 	// address (an agent restarted in place) may gossip to it at once;
@@ -148,6 +180,8 @@ type memberInfo struct {
 	addr  string
 	since time.Time
 	epoch int64
+	// token is the token fingerprint the node announces ("" if none).
+	token string
 }
 
 // New starts memberlist listening and returns the node, not yet joined to
@@ -180,9 +214,13 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 		store:   NewStore(cfg.Now, cfg.TombstoneTTL),
 		hlc:     NewHLC(cfg.Name, cfg.Now),
 		members: map[string]*memberInfo{},
+		drops:   map[DropReason]*atomic.Uint64{},
 		changes: make(chan struct{}, 1),
 		persist: make(chan struct{}, 1),
 		done:    make(chan struct{}),
+	}
+	for _, r := range DropReasons() {
+		c.drops[r] = new(atomic.Uint64)
 	}
 	if err := c.loadDeployments(); err != nil {
 		return nil, err
@@ -212,6 +250,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	}
 	mc.Delegate = &delegate{c: c}
 	mc.Events = &eventDelegate{c: c}
+	mc.Ping = &pingDelegate{c: c}
 	mc.Logger = log.New(memberlistLog{log: cfg.Logger}, "", 0)
 	if cfg.Drop != nil {
 		t, err := newDropTransport(mc, cfg.Drop)
@@ -294,6 +333,11 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 	c.local.Content = c.content
 	r := c.local
 	c.mu.Unlock()
+	// Peers check this record as this node checks theirs. Sending one
+	// they refuse would leave this node out of their placement unnoticed.
+	if _, err := checkNode(r, c.cfg.Now()); err != nil && c.logNow("self/"+err.Error()) {
+		c.log.Error("peers will refuse this node's record", "err", err)
+	}
 	c.store.MergeNode(r)
 	c.send("node/"+r.Name, message{Nodes: []NodeRecord{r}})
 	c.notify()
@@ -316,7 +360,7 @@ func (c *Cluster) Renew() {
 // PutDeployment records spec as the newest desired state for its name,
 // persists it, and sends it to the cluster. The spec must be valid.
 func (c *Cluster) PutDeployment(spec placement.Deployment) (DeploymentRecord, error) {
-	return c.putDeployment(DeploymentRecord{Name: spec.Name, Spec: &spec, Stamp: c.hlc.Now()})
+	return c.putDeployment(DeploymentRecord{Name: spec.Name, Spec: &spec})
 }
 
 // DeleteDeployment replaces a deployment with a tombstone. It reports
@@ -326,20 +370,38 @@ func (c *Cluster) DeleteDeployment(name string) (DeploymentRecord, bool, error) 
 	if !ok || old.Deleted {
 		return DeploymentRecord{}, false, nil
 	}
-	r, err := c.putDeployment(DeploymentRecord{Name: name, Deleted: true, Stamp: c.hlc.Now()})
+	r, err := c.putDeployment(DeploymentRecord{Name: name, Deleted: true})
 	return r, true, err
 }
 
+// putDeployment stamps r, saves it and takes it into the store.
 func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
+	if err := c.checkClockForWrite(); err != nil {
+		return r, fmt.Errorf("deployment %s: %w", r.Name, err)
+	}
 	// Persist before answering: an acknowledged place must survive this
 	// node crashing the next instant. And persist before taking it into
 	// the store: a place that could not be saved is refused, so it must
 	// not spread either.
 	c.saveMu.Lock()
-	deps := withDeployment(c.store.Deployments(), r)
-	err := c.writeDeployments(deps)
-	if err == nil {
-		c.store.MergeDeployment(r)
+	deps := c.store.Deployments()
+	// Stamp after the snapshot, and past the record r replaces: the stamp
+	// then beats what the file will hold beside it. (Stamped before, a
+	// peer's later write could land in between, and the file would keep
+	// the loser.)
+	if old, ok := findDeployment(deps, r.Name); ok {
+		c.hlc.Witness(old.Stamp)
+	}
+	r.Stamp = c.hlc.Now()
+	err := c.writeDeployments(withDeployment(deps, r))
+	if err == nil && !c.store.MergeDeployment(r) {
+		// A later write of this name arrived while r was being saved: it
+		// stands, r does not, and the file must not keep r.
+		cur, _ := c.store.Deployment(r.Name)
+		err = fmt.Errorf("deployment %s: a later write (stamp %v) arrived while this one was saved; it stands, this one was not applied", r.Name, cur.Stamp)
+		if werr := c.writeDeployments(c.store.Deployments()); werr != nil {
+			err = errors.Join(err, werr)
+		}
 	}
 	c.saveMu.Unlock()
 	if err != nil {
@@ -367,13 +429,24 @@ func (c *Cluster) Members() []Member {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	self, clocks, sampled := c.clockView(c.cfg.Now())
+	clockOf := func(name string) *time.Duration {
+		if d, ok := clocks[name]; ok {
+			return &d
+		}
+		if name == c.cfg.Name && sampled > 0 {
+			return &self
+		}
+		return nil
+	}
 	var out []Member
 	seen := map[string]bool{}
 	for _, ns := range c.store.Nodes() {
 		rec := ns.Record
-		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt}
+		m := Member{Name: rec.Name, State: StateUnknown, Address: rec.Gossip, Record: &rec, SeenAt: ns.SeenAt, ClockOffset: clockOf(rec.Name)}
 		if info, ok := c.members[rec.Name]; ok {
 			m.State, m.Address, m.Since, m.Epoch = info.state, info.addr, info.since, info.epoch
+			m.TokenMismatch = c.otherToken(info.token)
 		}
 		if n, ok := live[rec.Name]; ok && n.State == memberlist.StateSuspect {
 			m.State = StateSuspect
@@ -389,7 +462,8 @@ func (c *Cluster) Members() []Member {
 	}
 	for name, info := range c.members {
 		if !seen[name] {
-			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since})
+			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name),
+				TokenMismatch: c.otherToken(info.token)})
 		}
 	}
 	sortMembers(out)
@@ -398,8 +472,63 @@ func (c *Cluster) Members() []Member {
 
 // Stats returns traffic counters.
 func (c *Cluster) Stats() Stats {
-	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers()}
+	drops := make(map[DropReason]uint64, len(c.drops))
+	for r, n := range c.drops {
+		drops[r] = n.Load()
+	}
+	off, peers := c.ClockOffset()
+	mismatches := 0
+	c.mu.Lock()
+	for _, info := range c.members {
+		if c.otherToken(info.token) {
+			mismatches++
+		}
+	}
+	c.mu.Unlock()
+	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops,
+		ClockOffset: off, ClockPeers: peers, TokenMismatches: mismatches}
 }
+
+// otherToken reports whether a peer's announced token fingerprint shows
+// another cluster token than this node's. Nothing announced (an older
+// agent, or no token) is no evidence either way.
+func (c *Cluster) otherToken(fingerprint string) bool {
+	return c.cfg.TokenFingerprint != "" && fingerprint != "" && fingerprint != c.cfg.TokenFingerprint
+}
+
+// refuse counts a refused record under reason and logs why. The log line
+// for one record is written at most once a minute: a bad record that a
+// peer holds arrives again with every push/pull, and the count says how
+// often.
+func (c *Cluster) refuse(reason DropReason, record string, err error, attrs ...any) {
+	c.drops[reason].Add(1)
+	if c.logNow(string(reason) + "/" + record) {
+		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
+	}
+}
+
+// logNow reports whether the line keyed key is due: not logged within
+// refusalLogEvery.
+func (c *Cluster) logNow(key string) bool {
+	now := c.cfg.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refusedAt == nil || len(c.refusedAt) >= maxRefusalsLogged {
+		// Bounded: names come from peers. Forgetting them all only means
+		// a few lines are logged again.
+		c.refusedAt = map[string]time.Time{}
+	}
+	if last, seen := c.refusedAt[key]; seen && now.Sub(last) < refusalLogEvery {
+		return false
+	}
+	c.refusedAt[key] = now
+	return true
+}
+
+const (
+	refusalLogEvery   = time.Minute
+	maxRefusalsLogged = 1024
+)
 
 // Leave tells the cluster this node is leaving, so peers mark it left
 // rather than dead, then stops gossip.
@@ -523,14 +652,23 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	m, err := decode(b)
 	if err != nil {
 		c.dropped.Add(1)
+		c.drops[DropMalformed].Add(1)
 		c.log.Warn("dropped gossip message", "err", err)
 		return
 	}
 	c.received.Add(1)
+	// Every record is checked on its own: one bad record is refused and
+	// counted, and the rest of the message (a push/pull carries the whole
+	// state) is still taken.
+	now := c.cfg.Now()
 	changed := false
 	for _, n := range m.Nodes {
 		if n.Name == c.cfg.Name {
 			continue // our own record: we are its only writer
+		}
+		if reason, err := checkNode(n, now); err != nil {
+			c.refuse(reason, "node "+n.Name, err)
+			continue
 		}
 		if c.store.MergeNode(n) {
 			changed = true
@@ -541,6 +679,10 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	}
 	for _, bt := range m.Beats {
 		if bt.Name == c.cfg.Name {
+			continue
+		}
+		if reason, err := checkBeat(bt, now); err != nil {
+			c.refuse(reason, "beat "+bt.Name, err)
 			continue
 		}
 		if c.store.MergeBeat(bt) {
@@ -559,6 +701,10 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	}
 	depChanged := false
 	for _, d := range m.Deployments {
+		if reason, err := checkDeployment(d, now); err != nil {
+			c.refuse(reason, "deployment "+d.Name, err)
+			continue
+		}
 		c.hlc.Witness(d.Stamp)
 		if c.store.MergeDeployment(d) {
 			depChanged = true
@@ -658,6 +804,17 @@ func (c *Cluster) saveDeployments() error {
 	return c.writeDeployments(c.store.Deployments())
 }
 
+// findDeployment finds the record named name in deps, sorted by name.
+func findDeployment(deps []DeploymentRecord, name string) (DeploymentRecord, bool) {
+	i, found := slices.BinarySearchFunc(deps, name, func(d DeploymentRecord, name string) int {
+		return strings.Compare(d.Name, name)
+	})
+	if !found {
+		return DeploymentRecord{}, false
+	}
+	return deps[i], true
+}
+
 // withDeployment returns deps, sorted by name, with r in place of the
 // record of the same name. r is a local change with a fresh stamp, so it
 // supersedes whatever is held.
@@ -701,7 +858,14 @@ func (c *Cluster) loadDeployments() error {
 	if err := json.Unmarshal(b, &d); err != nil {
 		return fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", p, err)
 	}
+	// A bad record is left out, as it would be from a peer: the file may
+	// come from an older agent, or have been edited by hand.
+	now := c.cfg.Now()
 	for _, r := range d.Deployments {
+		if reason, err := checkDeployment(r, now); err != nil {
+			c.refuse(reason, "deployment "+r.Name, err, "file", p)
+			continue
+		}
 		c.hlc.Witness(r.Stamp)
 		c.store.MergeDeployment(r)
 	}
@@ -722,10 +886,25 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 		c.members[n.Name] = info
 	}
 	info.addr = n.Address()
-	if meta.Epoch > info.epoch {
+	newToken := meta.Tok != info.token
+	info.token = meta.Tok
+	// An epoch beyond the bound would void every record the node sends
+	// until the clocks caught up with it.
+	_, epochErr := checkEpoch("memberlist meta of "+n.Name, meta.Epoch, c.cfg.Now())
+	if meta.Epoch > info.epoch && epochErr == nil {
 		info.epoch = meta.Epoch
 	}
 	c.mu.Unlock()
+	if epochErr != nil {
+		c.refuse(DropEpochAhead, "meta "+n.Name, epochErr)
+	}
+	if newToken && c.otherToken(meta.Tok) {
+		// Gossip works (the key is another secret), but each node refuses
+		// the other's API calls: say so on both sides, or the cluster
+		// half-works with no one knowing why.
+		c.log.Error("peer has a different cluster token: API calls between this node and it are refused; give every node the same --token-file",
+			"peer", n.Name, "address", n.Address(), "peer_token_fingerprint", meta.Tok, "token_fingerprint", c.cfg.TokenFingerprint)
+	}
 	c.notify()
 }
 
@@ -755,14 +934,18 @@ var _ memberlist.Delegate = (*delegate)(nil)
 // epoch: it arrives with the very message that makes a restarted node alive
 // again, before the new record does, so receivers can tell the old boot's
 // record (and its claims) from the current one.
+//
+// Tok is the fingerprint of the cluster token (Config.TokenFingerprint),
+// never the token.
 type nodeMeta struct {
 	V     int    `json:"v"`
 	API   string `json:"api,omitempty"`
 	Epoch int64  `json:"epoch,omitempty"`
+	Tok   string `json:"tok,omitempty"`
 }
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch})
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint})
 	if len(b) > limit {
 		// memberlist panics on oversized meta; an API address never gets
 		// close, but refuse to be the reason.

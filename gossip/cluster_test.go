@@ -62,9 +62,14 @@ func startNode(t testing.TB, name string, port int, dir string, mutate func(*Con
 	prof, _ := ProfileByName("local")
 	lb := &syncBuffer{}
 	cfg := Config{
-		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof, DeploymentsFile: filepath.Join(dir, deploymentsFile),
+		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof,
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Label:  "test",
+	}
+	if dir != "" {
+		// No dir, no file: joined to "" the name would be a file in the
+		// package directory that every test shares.
+		cfg.DeploymentsFile = filepath.Join(dir, deploymentsFile)
 	}
 	if mutate != nil {
 		mutate(&cfg)

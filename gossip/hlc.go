@@ -2,6 +2,7 @@ package gossip
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -53,9 +54,15 @@ func (h *HLC) Now() Stamp {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	wall := h.now().UnixMilli()
-	if wall > h.last.Wall {
+	switch {
+	case wall > h.last.Wall:
 		h.last = Stamp{Wall: wall, Origin: h.origin}
-	} else {
+	case h.last.Logical == math.MaxUint32:
+		// Carry rather than wrap: a wrapped counter would issue a stamp
+		// older than the last. One millisecond ahead of the wall clock is
+		// far inside MaxClockOffset.
+		h.last = Stamp{Wall: h.last.Wall + 1, Origin: h.origin}
+	default:
 		h.last = Stamp{Wall: h.last.Wall, Logical: h.last.Logical + 1, Origin: h.origin}
 	}
 	return h.last

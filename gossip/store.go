@@ -110,8 +110,8 @@ func supersedes(d, old DeploymentRecord) bool {
 		return d.Deleted
 	}
 	if d.Spec == nil || old.Spec == nil {
-		// Only malformed records (decode drops them) get here; a spec
-		// still beats none, so the order stays total.
+		// Only invalid records (the receiver's checks drop them) get
+		// here; a spec still beats none, so the order stays total.
 		return old.Spec == nil && d.Spec != nil
 	}
 	a, _ := json.Marshal(d.Spec)

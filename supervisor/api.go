@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -183,6 +184,10 @@ func (n *Node) handlePlace(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, placement.ErrInvalidDeployment):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, gossip.ErrClockOutOfBounds):
+		// This node's clock, not the request, is wrong: another node can
+		// take the same request.
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
@@ -196,6 +201,8 @@ func (n *Node) handleUnplace(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, ErrNoDeployment):
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no deployment named %q", name))
+	case errors.Is(err, gossip.ErrClockOutOfBounds):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -154,7 +155,12 @@ func dedupe(peers []string, self string) []string {
 // loadIdentity reads node.json, checks the name, and bumps the boot epoch
 // so this run's records are newer than any the cluster still holds from the
 // last run, even if the clock went backwards in between.
-func loadIdentity(dir datadir.Dir, name string, now func() time.Time) (datadir.Identity, error) {
+//
+// A stored epoch beyond gossip.MaxClockOffset of now (the node once booted
+// with its clock far ahead) starts over at now, with a log line: peers
+// refuse epochs that far ahead, so they never took a record of it, and
+// bumping it would keep the node out until the clocks caught up.
+func loadIdentity(dir datadir.Dir, name string, now func() time.Time, log *slog.Logger) (datadir.Identity, error) {
 	id, found, err := dir.ReadIdentity()
 	switch {
 	case errors.Is(err, datadir.ErrCorrupt):
@@ -165,7 +171,13 @@ func loadIdentity(dir datadir.Dir, name string, now func() time.Time) (datadir.I
 		return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir.Root(), id.Name)
 	}
 	id.Name = name
-	id.Epoch = max(id.Epoch+1, now().UnixNano())
+	t := now()
+	if limit := t.Add(gossip.MaxClockOffset).UnixNano(); id.Epoch > limit {
+		log.Warn("the stored boot epoch lies in the future (this node once booted with its clock ahead); starting over at now, as peers refuse an epoch that far ahead",
+			"stored_epoch", time.Unix(0, id.Epoch).UTC().Format(time.RFC3339), "now", t.UTC().Format(time.RFC3339), "bound", gossip.MaxClockOffset, "file", dir.NodeFile())
+		id.Epoch = 0
+	}
+	id.Epoch = max(id.Epoch+1, t.UnixNano())
 	if err := dir.WriteIdentity(id); err != nil {
 		return id, fmt.Errorf("--data-dir: %w", err)
 	}

@@ -153,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
 	dir := datadir.New(cfg.DataDir)
-	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now)
+	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now, cfg.Logger.With("node", cfg.Name))
 	if err != nil {
 		return nil, err
 	}
@@ -194,6 +194,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
 		Now: cfg.Clock.Now, DeploymentsFile: dir.DeploymentsFile(), APIAddr: n.AdvertisedAPI(),
+		TokenFingerprint: fingerprint(cfg.Token),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped

@@ -37,17 +37,35 @@ func nodesCommand() *cli.Command {
 				return printJSON(c.Root().Writer, info.Members)
 			}
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tAGE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE")
 			for _, m := range info.Members {
 				age := "-"
 				if !m.StartedAt.IsZero() {
 					age = shortDuration(time.Since(m.StartedAt))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.State, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), age)
+				state := string(m.State)
+				if m.TokenMismatch {
+					state += " (other token)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// clockOffset writes a node's clock minus the cluster's as "+0.1s", with
+// a "!" past gossip.MaxClockOffset, where the node refuses writes; "-"
+// when the answering node has no estimate.
+func clockOffset(d *time.Duration) string {
+	if d == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%+.1fs", d.Seconds())
+	if *d > gossip.MaxClockOffset || *d < -gossip.MaxClockOffset {
+		s += "!"
+	}
+	return s
 }
 
 // gpuSummary writes "8× H100 80GB HBM3" (or several groups, comma-separated).

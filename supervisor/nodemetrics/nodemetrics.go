@@ -87,6 +87,14 @@ var (
 		"How long this node's last reconcile pass took (plan, then engines).", nil, nil)
 	descGossip = prometheus.NewDesc("llmgw_gossip_messages_total",
 		"Gossip messages of this node: sent, received, and dropped (undecodable or refused).", []string{"direction"}, nil)
+	descGossipDrops = prometheus.NewDesc("llmgw_gossip_dropped_total",
+		"Gossip records this node refused, by reason (gossip.DropReasons): malformed messages, and records that fail the checks a local write gets.",
+		[]string{"reason"}, nil)
+	descClockOffset = prometheus.NewDesc("llmgw_clock_offset_seconds",
+		"This node's clock minus the cluster's (the median of its own and its peers' clocks, estimated from gossip probes); absent until a peer was probed. Its writes are refused beyond ±"+gossip.MaxClockOffset.String()+".",
+		nil, nil)
+	descTokenMismatch = prometheus.NewDesc("llmgw_gossip_token_mismatch_peers",
+		"Members announcing another cluster token's fingerprint: API calls between them and this node are refused.", nil, nil)
 	descGossipMembers = prometheus.NewDesc("llmgw_gossip_memberlist_members",
 		"Members memberlist counts as alive or suspect, this node included.", nil, nil)
 	descGPUTotal = prometheus.NewDesc("llmgw_gpu_memory_total_bytes",
@@ -125,7 +133,7 @@ type nodeCollector struct {
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
-		descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
+		descGossipDrops, descClockOffset, descTokenMismatch, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
@@ -181,7 +189,14 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, descGossip, float64(st.Sent), "sent")
 	counter(ch, descGossip, float64(st.Received), "received")
 	counter(ch, descGossip, float64(st.Dropped), "dropped")
+	for _, r := range gossip.DropReasons() {
+		counter(ch, descGossipDrops, float64(st.Drops[r]), string(r))
+	}
 	gauge(ch, descGossipMembers, float64(st.Members))
+	gauge(ch, descTokenMismatch, float64(st.TokenMismatches))
+	if st.ClockPeers > 0 {
+		gauge(ch, descClockOffset, st.ClockOffset.Seconds())
+	}
 
 	if self, ok := snap.Member(snap.Self()); ok {
 		c.collectSelf(ch, self)

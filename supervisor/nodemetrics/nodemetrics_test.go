@@ -2,8 +2,10 @@ package nodemetrics
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
@@ -130,6 +134,7 @@ func TestMetricsFromTwoNodes(t *testing.T) {
 		{"llmgw_gpu_faulted", []string{"gpu", "0"}, 0},
 		{"llmgw_engine_scrape_errors_total", nil, 3},
 		{"llmgw_gossip_memberlist_members", nil, 2},
+		{"llmgw_gossip_token_mismatch_peers", nil, 0},
 	}
 	for _, c := range checks {
 		got, ok := value(fams, c.name, c.labels...)
@@ -149,4 +154,34 @@ func TestMetricsFromTwoNodes(t *testing.T) {
 		t.Errorf("tool-call histogram has series before any call: %v", h)
 	}
 	_ = a
+}
+
+// A record this node refused is counted by reason in /metrics: here one
+// deployments.json left behind with a spec no API would accept.
+func TestMetricsCountRefusedGossipRecords(t *testing.T) {
+	cfg := supervisortest.Config(t, "alpha")
+	bad := `{"format_version":1,"deployments":[{"name":"chat","spec":{"name":"chat","model":"m","engine":"nope","replicas":1},"stamp":{"wall":1,"origin":"alpha"}}]}`
+	if err := os.WriteFile(datadir.New(cfg.DataDir).DeploymentsFile(), []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux, Options{NoProcessMetrics: true}) }
+	n := supervisortest.Start(t, cfg)
+	fams := scrape(t, n)
+	if got, ok := value(fams, "llmgw_gossip_dropped_total", "reason", "invalid_deployment"); !ok || got != 1 {
+		t.Errorf("llmgw_gossip_dropped_total{reason=invalid_deployment} = %v (present %v), want 1", got, ok)
+	}
+	if got, ok := value(fams, "llmgw_gossip_dropped_total", "reason", "malformed"); !ok || got != 0 {
+		t.Errorf("llmgw_gossip_dropped_total{reason=malformed} = %v (present %v), want 0", got, ok)
+	}
+}
+
+// Once a peer was probed, /metrics says how far this node's clock is from
+// the cluster's: near zero for two nodes on one host.
+func TestMetricsShowTheClockOffset(t *testing.T) {
+	_, aport := startNode(t, "alpha")
+	b, _ := startNode(t, "bravo", aport)
+	testwait.Until(t, 10*time.Second, "bravo's /metrics has its clock offset", func() (bool, string) {
+		got, ok := value(scrape(t, b), "llmgw_clock_offset_seconds")
+		return ok && got > -1 && got < 1, fmt.Sprint(got, ok)
+	})
 }

@@ -23,6 +23,12 @@ type MemberInfo struct {
 	AgentVersion string               `json:"agent_version,omitempty"`
 	Runtime      string               `json:"runtime,omitempty"`
 	Probes       gossip.ProbeSummary  `json:"probes,omitzero"`
+	// ClockOffset is the node's clock minus the cluster's, as the
+	// answering node estimates it (absent until it probed the node).
+	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
+	// TokenMismatch: the node announces another cluster token; it and the
+	// answering node refuse each other's API calls.
+	TokenMismatch bool `json:"token_mismatch,omitempty"`
 }
 
 // ClusterInfo is the body of /v1/cluster.

@@ -1,0 +1,239 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// DropReason says why a record (or a whole message) was refused. Each
+// refused record is counted under one reason (Stats.Drops) and the rest of
+// its message is still taken.
+type DropReason string
+
+// The reasons a record is refused.
+const (
+	// DropMalformed: the whole message did not decode.
+	DropMalformed DropReason = "malformed"
+	// DropInvalidDeployment: a deployment record fails the checks of
+	// POST /v1/deployments, or its name is not its spec's.
+	DropInvalidDeployment DropReason = "invalid_deployment"
+	// DropInvalidNode: a node record or beat that no correct node sends.
+	DropInvalidNode DropReason = "invalid_node"
+	// DropStampAhead: a deployment's stamp is more than MaxClockOffset
+	// ahead of this node's clock.
+	DropStampAhead DropReason = "stamp_ahead"
+	// DropEpochAhead: a boot epoch (record, beat or memberlist meta) is
+	// more than MaxClockOffset ahead of this node's clock.
+	DropEpochAhead DropReason = "epoch_ahead"
+)
+
+// MaxClockOffset bounds how far ahead of this node's clock a stamp or a
+// boot epoch may be and still be taken in, CockroachDB's max-offset idea.
+// Witnessing a stamp moves this node's clock to it, so without a bound one
+// node with a wrong clock (or one forged stamp) would drag every later
+// write of the cluster ahead with it, and a stamp a year ahead would beat
+// every honest write for a year.
+//
+// 30 s, not CockroachDB's 500 ms: llmgw orders operator writes, which are
+// seconds apart, not transactions, and a loaded GPU host (or one whose NTP
+// has not synced yet after boot) can be off by seconds; refusing its writes
+// then would be the bigger harm. Anything synced by NTP or chrony is within
+// milliseconds. A refusal is "not yet" rather than "never": the record
+// arrives again with the next push/pull, and is taken once this node's
+// clock is within the bound of it.
+const MaxClockOffset = 30 * time.Second
+
+// ahead reports whether t (Unix ns) lies more than MaxClockOffset after
+// now.
+func ahead(t int64, now time.Time) bool { return t > now.Add(MaxClockOffset).UnixNano() }
+
+// DropReasons lists every reason, in a fixed order, so a reader can show
+// each (at zero too: a vanished series is not a count that went to zero).
+func DropReasons() []DropReason {
+	return []DropReason{DropMalformed, DropInvalidDeployment, DropInvalidNode, DropStampAhead, DropEpochAhead}
+}
+
+// ErrInvalidRecord is wrapped by every error the record checks return.
+var ErrInvalidRecord = errors.New("invalid gossip record")
+
+// checkDeployment applies to a deployment record, from a peer or from
+// deployments.json, what POST /v1/deployments applies to a spec: a node
+// must not run, or make its peers run, what no API would have accepted.
+// The stamp must come from a valid node and not lie beyond MaxClockOffset
+// of now.
+func checkDeployment(d DeploymentRecord, now time.Time) (DropReason, error) {
+	bad := func(format string, args ...any) (DropReason, error) {
+		return DropInvalidDeployment, fmt.Errorf("%w: deployment record %q: "+format, append([]any{ErrInvalidRecord, d.Name}, args...)...)
+	}
+	if err := placement.ValidateName(d.Name); err != nil {
+		return bad("%w", err)
+	}
+	if err := ValidateNodeName(d.Stamp.Origin); err != nil {
+		return bad("stamp.origin: %w", err)
+	}
+	if ahead(time.UnixMilli(d.Stamp.Wall).UnixNano(), now) {
+		return DropStampAhead, fmt.Errorf("%w: deployment record %q: stamp.wall %s is %s ahead of this node's clock, beyond the %s bound (whose clock is wrong? see llmgw nodes)",
+			ErrInvalidRecord, d.Name, time.UnixMilli(d.Stamp.Wall).UTC().Format(time.RFC3339), time.UnixMilli(d.Stamp.Wall).Sub(now).Round(time.Second), MaxClockOffset)
+	}
+	if d.Deleted {
+		return "", nil
+	}
+	if d.Spec == nil {
+		return bad("spec: missing on a record that is not a tombstone")
+	}
+	if d.Spec.Name != d.Name {
+		return bad("spec.name: %q, want the record's name", d.Spec.Name)
+	}
+	if err := d.Spec.WithDefaults().Validate(); err != nil {
+		return bad("spec.%w", err)
+	}
+	return "", nil
+}
+
+// checkEpoch refuses a boot epoch (Unix ns) beyond MaxClockOffset of now.
+func checkEpoch(what string, epoch int64, now time.Time) (DropReason, error) {
+	if ahead(epoch, now) {
+		return DropEpochAhead, fmt.Errorf("%w: %s: epoch %s is %s ahead of this node's clock, beyond the %s bound",
+			ErrInvalidRecord, what, time.Unix(0, epoch).UTC().Format(time.RFC3339), time.Unix(0, epoch).Sub(now).Round(time.Second), MaxClockOffset)
+	}
+	return "", nil
+}
+
+// checkNode checks a node record from a peer: a valid name, an epoch
+// within the bound, addresses that parse, bounded counts (a record is held
+// by every node and travels in every push/pull), and engine URLs at the
+// holder's own address. A gateway sends requests where the URL says, so a
+// record must not be able to point a shard at some other host.
+func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
+	if err := ValidateNodeName(r.Name); err != nil {
+		return DropInvalidNode, fmt.Errorf("%w: node record: %w", ErrInvalidRecord, err)
+	}
+	if reason, err := checkEpoch("node record "+r.Name+": version", r.Version.Epoch, now); err != nil {
+		return reason, err
+	}
+	bad := func(field, format string, args ...any) (DropReason, error) {
+		return DropInvalidNode, fmt.Errorf("%w: node record %q: %s: "+format, append([]any{ErrInvalidRecord, r.Name, field}, args...)...)
+	}
+	// The hosts the node advertises: its engines must be at one of them.
+	// (API and gossip may differ, as in the netns scenarios.)
+	hosts := map[string]bool{}
+	for _, a := range []struct{ field, addr string }{{"api", r.API}, {"gossip", r.Gossip}} {
+		if a.addr == "" {
+			continue
+		}
+		h, p, err := net.SplitHostPort(a.addr)
+		if port, perr := strconv.Atoi(p); err != nil || h == "" || perr != nil || port < 1 || port > 65535 {
+			return bad(a.field, "%q, want host:port", a.addr)
+		}
+		hosts[strings.ToLower(h)] = true
+	}
+	if len(r.GPUs) > maxNodeGPUs {
+		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)
+	}
+	seen := map[int]bool{}
+	for _, g := range r.GPUs {
+		if g.Index < 0 || seen[g.Index] {
+			return bad("gpus", "index %d is negative or listed twice", g.Index)
+		}
+		seen[g.Index] = true
+	}
+	if len(r.Labels) > maxNodeLabels {
+		return bad("labels", "%d labels, at most %d", len(r.Labels), maxNodeLabels)
+	}
+	for k, v := range r.Labels {
+		if k == "" || len(k) > maxLabelLen || len(v) > maxLabelLen {
+			return bad("labels", "%q=%q, want keys and values of at most %d characters", k, v, maxLabelLen)
+		}
+	}
+	if len(r.CachedModels) > maxNodeShards {
+		return bad("cached_models", "%d models, at most %d", len(r.CachedModels), maxNodeShards)
+	}
+	if len(r.Shards) > maxNodeShards {
+		return bad("shards", "%d shards, at most %d", len(r.Shards), maxNodeShards)
+	}
+	for i, s := range r.Shards {
+		field := fmt.Sprintf("shards[%d]", i)
+		if s.ShardID == "" || len(s.ShardID) > maxShardID || strings.IndexFunc(s.ShardID, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+			return bad(field+".shard_id", "%q, want 1-%d printable characters without spaces", s.ShardID, maxShardID)
+		}
+		if err := placement.ValidateName(s.Deployment); err != nil {
+			return bad(field+".deployment", "%v", err)
+		}
+		if len(s.GPUs) > maxShardGPUs {
+			return bad(field+".gpus", "%d GPUs, at most %d", len(s.GPUs), maxShardGPUs)
+		}
+		if s.URL != "" {
+			if err := checkEngineURL(s.URL, hosts); err != nil {
+				return bad(field+".url", "%v", err)
+			}
+		}
+	}
+	return "", nil
+}
+
+// checkEngineURL wants http(s)://host:port at one of the holder's hosts.
+func checkEngineURL(raw string, hosts map[string]bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil || u.Hostname() == "" {
+		return fmt.Errorf("%q, want http://host:port without credentials", raw)
+	}
+	if port, err := strconv.Atoi(u.Port()); err != nil || port < 1 || port > 65535 {
+		return fmt.Errorf("%q, want a port from 1 to 65535", raw)
+	}
+	h := strings.ToLower(u.Hostname())
+	if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q is a wildcard address, which reaches no engine from another host (give the node --advertise)", raw)
+	}
+	if !hosts[h] {
+		return fmt.Errorf("%q is not at the node's advertised address", raw)
+	}
+	return nil
+}
+
+// checkBeat checks a renewal from a peer.
+func checkBeat(b Beat, now time.Time) (DropReason, error) {
+	if err := ValidateNodeName(b.Name); err != nil {
+		return DropInvalidNode, fmt.Errorf("%w: beat: %w", ErrInvalidRecord, err)
+	}
+	return checkEpoch("beat "+b.Name+": version", b.Version.Epoch, now)
+}
+
+// Bounds of a node record: far above any real node (8 GPUs, a few dozen
+// shards), far below what would make every node's copy of the state, and
+// every push/pull, large.
+const (
+	maxNodeGPUs   = 256
+	maxNodeShards = 1024
+	// maxShardGPUs is placement's bound on tensor_parallel.
+	maxShardGPUs  = 64
+	maxNodeLabels = 64
+	maxLabelLen   = 256
+	maxShardID    = 256
+)
+
+// maxNodeName bounds a node name; memberlist carries it in every packet.
+const maxNodeName = 128
+
+// ValidateNodeName checks a node name: 1-128 characters, no whitespace or
+// control characters, and no '/', which separates name from address where
+// memberlist is told whom it dials ("name/host:port").
+func ValidateNodeName(name string) error {
+	bad := func(want string) error {
+		return &placement.FieldError{Field: "name", Value: name, Want: want}
+	}
+	if name == "" || len(name) > maxNodeName {
+		return bad(fmt.Sprintf("a node name of 1-%d characters", maxNodeName))
+	}
+	if strings.IndexFunc(name, func(r rune) bool { return r == '/' || unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0 {
+		return bad("a node name without spaces, control characters or '/'")
+	}
+	return nil
+}
