@@ -699,15 +699,34 @@ func (c *Cluster) loadDeployments() error {
 	if err != nil {
 		return fmt.Errorf("load deployments: %w", err)
 	}
-	var d deploymentsOnDisk
-	if err := json.Unmarshal(b, &d); err != nil {
-		return fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", p, err)
+	recs, err := parseDeployments(b, p)
+	if err != nil {
+		return err
 	}
-	for _, r := range d.Deployments {
+	for _, r := range recs {
 		c.hlc.Witness(r.Stamp)
 		c.store.MergeDeployment(r)
 	}
 	return nil
+}
+
+// parseDeployments reads the records of deployments.json at path. A
+// record that a peer's message could not carry (checkDeploymentRecord) is
+// no record this node wrote: start-up stops, naming the file, rather than
+// take it in, because push/pull would then send it in every exchange and
+// every peer would drop those messages whole.
+func parseDeployments(b []byte, path string) ([]DeploymentRecord, error) {
+	const fix = "move the file aside to start without them; peers will send theirs"
+	var d deploymentsOnDisk
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("load deployments from %s: %w (%s)", path, err, fix)
+	}
+	for i, r := range d.Deployments {
+		if err := checkDeploymentRecord(r); err != nil {
+			return nil, fmt.Errorf("load deployments from %s: record %d: %w (%s)", path, i, err, fix)
+		}
+	}
+	return d.Deployments, nil
 }
 
 func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {

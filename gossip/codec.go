@@ -81,12 +81,22 @@ func decode(b []byte) (message, error) {
 		}
 	}
 	for _, d := range m.Deployments {
-		if d.Name == "" || (!d.Deleted && d.Spec == nil) {
-			return message{}, fmt.Errorf("%w: deployment record without name or spec", ErrMalformed)
-		}
-		if d.Spec != nil && d.Spec.Name != d.Name {
-			return message{}, fmt.Errorf("%w: deployment record %q carries spec %q", ErrMalformed, d.Name, d.Spec.Name)
+		if err := checkDeploymentRecord(d); err != nil {
+			return message{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
 	}
 	return m, nil
+}
+
+// checkDeploymentRecord is what every deployment record from outside the
+// store must be, from a peer's message or from deployments.json: named,
+// with a spec of that name unless it is a tombstone.
+func checkDeploymentRecord(d DeploymentRecord) error {
+	if d.Name == "" || (!d.Deleted && d.Spec == nil) {
+		return errors.New("deployment record without name or spec")
+	}
+	if d.Spec != nil && d.Spec.Name != d.Name {
+		return fmt.Errorf("deployment record %q carries spec %q", d.Name, d.Spec.Name)
+	}
+	return nil
 }
