@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -367,6 +368,71 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 				placed += d.Placed
 			}
 			return fmt.Sprint(names) == "[one two]" && placed == 2, fmt.Sprint(names, placed)
+		})
+	}
+}
+
+// A start that fails returns its error, closes what it opened, and
+// touches nothing it did not make. Before the fix a deferred cleanup
+// dereferenced the node that "return nil, err" had just set to nil, and
+// its panic hid the real error: a truncated deployments.json and a gossip
+// port in use both crashed the agent with a nil dereference.
+func TestStartErrorsCleanUp(t *testing.T) {
+	hold := func(t *testing.T, addr string) {
+		t.Helper()
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, cfg Config)
+		want  []string
+	}{
+		{"a truncated deployments.json", func(t *testing.T, cfg Config) {
+			if err := os.WriteFile(filepath.Join(cfg.DataDir, "deployments.json"), []byte(`{"format_version":1,"deployments":[{"name":"a"`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"deployments.json", "move the file aside"}},
+		{"the gossip port in use", func(t *testing.T, cfg Config) {
+			hold(t, fmt.Sprintf("127.0.0.1:%d", cfg.BindPort))
+		}, []string{"gossip: listen on 127.0.0.1:", "address already in use"}},
+		{"the API port in use", func(t *testing.T, cfg Config) {
+			hold(t, cfg.APIAddr)
+		}, []string{"--api 127.0.0.1:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := newHarness(t).config("a")
+			cfg.TestHooks = false // what `llmgw node up` runs: memberlist's own transport
+			tc.setup(t, cfg)
+			n, err := Start(context.Background(), cfg)
+			if err == nil {
+				_ = n.Kill()
+				t.Fatal("started; want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans lines: %q", err)
+			}
+			if tc.name != "the API port in use" {
+				// The API listener it opened is closed again.
+				ln, err := net.Listen("tcp", cfg.APIAddr)
+				if err != nil {
+					t.Fatalf("the API port is still held after the failed start: %v", err)
+				}
+				ln.Close()
+			}
 		})
 	}
 }

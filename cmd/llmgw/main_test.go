@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -296,5 +300,55 @@ func TestBadFlagFromTheEnvironmentNamesTheVariable(t *testing.T) {
 	}
 	if got := fromEnv("--lease-ttl 0s: want at least 1s"); got != "--lease-ttl 0s: want at least 1s" {
 		t.Errorf("a flag not set by the environment: %q", got)
+	}
+}
+
+// A node that cannot start says why in one line and exits 1. Before the
+// fix both of these crashed with a nil dereference in supervisor.Start's
+// cleanup instead, and the real error was lost.
+func TestNodeUpStartErrorsAreOneLineExitOne(t *testing.T) {
+	gossipPort, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := func(dir string) []string {
+		return []string{"node", "up", "--name", "n1", "--simulate-gpus", "1xH100-80GB", "--runtime", "none", "--log-level", "error",
+			"--data-dir", dir, "--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort), "--api", fmt.Sprintf("127.0.0.1:%d", apiPort)}
+	}
+	truncated := t.TempDir()
+	if err := os.WriteFile(filepath.Join(truncated, "deployments.json"), []byte(`{"format_version":1,"deployments":[{"na`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	busy := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		dir  string
+		hold bool
+		want string
+	}{
+		{"a truncated deployments.json", truncated, false, filepath.Join(truncated, "deployments.json")},
+		{"the gossip port in use", busy, true, fmt.Sprintf("gossip: listen on 127.0.0.1:%d", gossipPort)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.hold {
+				pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", gossipPort))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pc.Close()
+			}
+			_, err := run(t, args(tc.dir)...)
+			var ce codedError
+			if !errors.As(err, &ce) || ce.code != 1 {
+				t.Fatalf("err = %v; want a failure with exit status 1", err)
+			}
+			if !strings.Contains(ce.msg, tc.want) || strings.Contains(ce.msg, "\n") {
+				t.Errorf("error %q: want one line naming %q", ce.msg, tc.want)
+			}
+		})
 	}
 }
