@@ -436,3 +436,58 @@ func TestStartErrorsCleanUp(t *testing.T) {
 		})
 	}
 }
+
+// The Authorization scheme is case-insensitive: "bearer <token>" is the
+// cluster token as "Bearer <token>" is, for mutations and for reads that
+// show more to token holders. Before, only "Bearer " was recognised and
+// "bearer" got 401.
+func TestTokenSchemeIsCaseInsensitive(t *testing.T) {
+	n := newHarness(t).start("a")
+	send := func(method, path, auth string, body []byte, out any) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, api(n, path), bytes.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if out != nil {
+			_ = json.NewDecoder(resp.Body).Decode(out)
+		}
+		return resp.StatusCode
+	}
+	schemes := []string{"Bearer", "bearer", "BEARER", "bEaReR"}
+	for i, scheme := range schemes {
+		spec := []byte(fmt.Sprintf(`{"name":"chat%d","model":"m","replicas":0,"env":{"HF_TOKEN":"hf_secret"}}`, i))
+		if code := send("POST", "/v1/deployments", scheme+" "+testToken, spec, nil); code != http.StatusOK {
+			t.Errorf("%s: place got HTTP %d, want 200", scheme, code)
+		}
+	}
+	// Reads show the last reconcile pass, which follows the places.
+	testwait.Until(t, 10*time.Second, "the places in the read model", func() (bool, string) {
+		var deps []status.DeploymentInfo
+		send("GET", "/v1/deployments", "", nil, &deps)
+		return len(deps) == len(schemes), fmt.Sprint(len(deps))
+	})
+	for _, scheme := range schemes {
+		var deps []status.DeploymentInfo
+		send("GET", "/v1/deployments", scheme+"  "+testToken, nil, &deps)
+		if len(deps) == 0 || deps[0].Deployment.Env["HF_TOKEN"] != "hf_secret" {
+			t.Errorf("%s: a token holder's read is redacted: %+v", scheme, deps)
+		}
+	}
+	for auth, want := range map[string]int{
+		"Basic " + testToken:        http.StatusUnauthorized,
+		"Bearer":                    http.StatusUnauthorized,
+		"Bearer ":                   http.StatusUnauthorized,
+		"Bearer" + testToken:        http.StatusUnauthorized,
+		"bearer wrong-token-xxxxxx": http.StatusForbidden,
+	} {
+		if code := send("DELETE", "/v1/deployments/chat0", auth, nil, nil); code != want {
+			t.Errorf("%q: HTTP %d, want %d", auth, code, want)
+		}
+	}
+}
