@@ -154,8 +154,9 @@ func describeJSONType(t reflect.Type) string {
 // DecodeDeployment reads a deployment spec strictly: one JSON object, field
 // names spelled exactly as documented (encoding/json would otherwise accept
 // "Replicas" for "replicas"), no unknown fields, no trailing data. It then
-// fills defaults (replicas is 1 when absent; an explicit 0 stays 0) and
-// validates. Every error wraps ErrInvalidDeployment and names the field,
+// fills defaults and validates: replicas is 1 when absent, and an explicit
+// 0 stays 0 (scaled to zero); tensor_parallel and pipeline_parallel are 1
+// when absent, and an explicit 0 is an error. Every error wraps ErrInvalidDeployment and names the field,
 // or, for a body nested too deeply or holding too many values (checked
 // first, see MaxSpecDepth), where the limit was passed.
 //
@@ -193,7 +194,6 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 
 	var d Deployment
 	dv := reflect.ValueOf(&d).Elem()
-	replicasSet := false
 	for _, name := range sortedKeys(raw) {
 		f, ok := deploymentFields[name]
 		if !ok {
@@ -206,14 +206,26 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		if err := json.Unmarshal(value, dv.FieldByIndex(f.index).Addr().Interface()); err != nil {
 			return invalid(&FieldError{Field: name, Value: clip(string(value), 64), Want: f.want})
 		}
-		if name == "replicas" {
-			replicasSet = true
-		}
 	}
-	if !replicasSet {
+	// given: the field is in the spec with a value (null is absent). Only
+	// here can an absent field be told from an explicit 0.
+	given := func(name string) bool { v, ok := raw[name]; return ok && string(v) != "null" }
+	if !given("replicas") {
 		d.Replicas = 1
 	}
+	// WithDefaults turns a zero tensor_parallel or pipeline_parallel into
+	// 1, which is right for a field left out (a Deployment's zero value)
+	// but ran an explicit 0 as 1 without a word: an explicit 0 is kept,
+	// for Validate to refuse with the values it takes.
+	tpZero := given("tensor_parallel") && d.TensorParallel == 0
+	ppZero := given("pipeline_parallel") && d.PipelineParallel == 0
 	d = normalize(d.WithDefaults())
+	if tpZero {
+		d.TensorParallel = 0
+	}
+	if ppZero {
+		d.PipelineParallel = 0
+	}
 	if err := d.Validate(); err != nil {
 		return invalid(err)
 	}

@@ -19,6 +19,8 @@ func TestDecodeSpecRefusesWhatItWouldHalfApply(t *testing.T) {
 		{"two YAML documents", "name: a\nmodel: m\n---\nname: b\nmodel: m\n", "application/yaml", "several YAML documents"},
 		{"a YAML key twice", "name: a\nmodel: m\nreplicas: 1\nreplicas: 2\n", "application/yaml", "replicas"},
 		{"a JSON key twice", `{"name":"a","model":"m","replicas":1,"replicas":2}`, "application/json", "replicas: given more than once"},
+		{"YAML tensor_parallel: 0", "name: a\nmodel: m\ntensor_parallel: 0\n", "application/yaml", `tensor_parallel: invalid value "0": an integer from 1 to 64`},
+		{"YAML pipeline_parallel: 0", "name: a\nmodel: m\npipeline_parallel: 0\n", "application/yaml", `pipeline_parallel: invalid value "0": an integer from 1 to 64`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeSpec([]byte(tc.body), tc.ctype)

@@ -101,6 +101,13 @@ func TestPlaceNeedsModelAndValidKV(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--env") {
 		t.Fatalf("got %v, want an --env error", err)
 	}
+	for _, flag := range []string{"--tp", "--pp"} {
+		// Sent as JSON, a 0 would be left out and run as 1.
+		_, err = run(t, "place", "chat", "--model", "m", flag, "0", "--addr", "http://127.0.0.1:1")
+		if err == nil || !strings.Contains(err.Error(), flag+" 0: want an integer from 1 to 64") {
+			t.Fatalf("%s 0: got %v, want an error naming %s and the values it takes", flag, err, flag)
+		}
+	}
 	_, err = run(t, "place", "chat", "--model", "m", "--gpu-memory", "lots", "--addr", "http://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "--gpu-memory") {
 		t.Fatalf("got %v, want a --gpu-memory error", err)
