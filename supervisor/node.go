@@ -114,8 +114,8 @@ type Node struct {
 	serveWG sync.WaitGroup
 	closed  chan struct{}
 	once    sync.Once
-	// followers holds a slot per open follow=1 log stream (maxFollowers).
-	followers chan struct{}
+	// follows counts the open follow=1 log streams, per caller.
+	follows followSlots
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -146,7 +146,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
-		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers)}
+		closed: make(chan struct{}), wake: make(chan struct{}, 1)}
 	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
 	if n.runner == nil {

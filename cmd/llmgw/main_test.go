@@ -359,3 +359,36 @@ func TestNodeUpStartErrorsAreOneLineExitOne(t *testing.T) {
 		})
 	}
 }
+
+// `llmgw logs` sends the token, which the node wants for engine logs, and
+// says what the node answered when it is missing. Before, it sent none.
+func TestLogsSendsTheToken(t *testing.T) {
+	const token = "logs-token-0123456789"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/shards/chat-0/logs" || r.URL.Query().Get("tail") != "5" {
+			http.Error(w, "unexpected "+r.URL.String(), http.StatusBadRequest)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":"this call needs the cluster token"}`)
+			return
+		}
+		io.WriteString(w, "engine line\n")
+	}))
+	defer srv.Close()
+	out, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL, "--token", token)
+	if err != nil || out != "engine line\n" {
+		t.Fatalf("with --token: %q, %v", out, err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL, "--token-file", tokenFile); err != nil || out != "engine line\n" {
+		t.Fatalf("with --token-file: %q, %v", out, err)
+	}
+	if _, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL); err == nil || !strings.Contains(err.Error(), "needs the cluster token") {
+		t.Fatalf("without a token: %v, want the node's answer", err)
+	}
+}
