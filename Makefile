@@ -47,7 +47,9 @@ lint:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./gossip/
+	$(GO) test -run '^$$' -fuzz FuzzLoadDeployments -fuzztime 30s ./gossip/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeDeployment -fuzztime 30s ./placement/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeSpecMemory -fuzztime 30s ./supervisor/
 
 clean:
 	rm -rf bin $(DEMO)

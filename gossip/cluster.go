@@ -854,14 +854,14 @@ func (c *Cluster) loadDeployments() error {
 	if err != nil {
 		return fmt.Errorf("load deployments: %w", err)
 	}
-	var d deploymentsOnDisk
-	if err := json.Unmarshal(b, &d); err != nil {
-		return fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", p, err)
+	recs, err := parseDeployments(b, p)
+	if err != nil {
+		return err
 	}
 	// A bad record is left out, as it would be from a peer: the file may
 	// come from an older agent, or have been edited by hand.
 	now := c.cfg.Now()
-	for _, r := range d.Deployments {
+	for _, r := range recs {
 		if reason, err := checkDeployment(r, now); err != nil {
 			c.refuse(reason, "deployment "+r.Name, err, "file", p)
 			continue
@@ -870,6 +870,17 @@ func (c *Cluster) loadDeployments() error {
 		c.store.MergeDeployment(r)
 	}
 	return nil
+}
+
+// parseDeployments reads the records of deployments.json at path. A file
+// that does not parse stops the start, naming the file and the fix; the
+// records it holds are checked one by one by the caller, as a peer's are.
+func parseDeployments(b []byte, path string) ([]DeploymentRecord, error) {
+	var d deploymentsOnDisk
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", path, err)
+	}
+	return d.Deployments, nil
 }
 
 func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {

@@ -25,6 +25,84 @@ func (e *UnknownFieldError) Error() string {
 	return fmt.Sprintf("unknown field %q; valid fields are %s", e.Field, strings.Join(e.Valid, ", "))
 }
 
+// Bounds on a spec's shape, checked before anything is built from it, so
+// that what a hostile body costs stays a small multiple of its size.
+const (
+	// MaxSpecDepth bounds how deeply a spec may nest. A deployment nests
+	// two levels (the object; labels, env and args in it), so 32 refuses
+	// nothing a spec can mean. Without it, the work done per open level
+	// made 600 KB of nested objects cost 10 GB.
+	MaxSpecDepth = 32
+	// MaxSpecValues bounds how many keys, values and list entries a spec
+	// holds. A deployment has at most 256 args and a handful of labels and
+	// env vars. The decoders spend up to several hundred bytes on each
+	// value, so without it a body of tiny list entries cost 50 to 250
+	// times its size (600 KB of YAML "a," took 150 MB).
+	MaxSpecValues = 4096
+)
+
+// NestingError is a spec nested deeper than MaxSpecDepth.
+type NestingError struct {
+	Limit int
+	// At says where the limit was passed: "byte 812", "line 3".
+	At string
+}
+
+func (e *NestingError) Error() string {
+	return fmt.Sprintf("nested deeper than %d levels (at %s); a deployment is one object whose labels and env are objects of strings and whose args is a list of strings: flatten it", e.Limit, e.At)
+}
+
+// TooManyValuesError is a spec holding more than MaxSpecValues values.
+type TooManyValuesError struct {
+	Limit int
+	At    string
+}
+
+func (e *TooManyValuesError) Error() string {
+	return fmt.Sprintf("more than %d keys, values and list entries (at %s); a deployment holds at most 256 args and a few labels and env vars: send only those", e.Limit, e.At)
+}
+
+// checkJSONShape refuses data that nests deeper than MaxSpecDepth or holds
+// more than MaxSpecValues values. It reads the bytes once, allocates
+// nothing and builds nothing per level, so it can run before any decoder
+// sees the body; malformed JSON is left to the decoder that follows.
+func checkJSONShape(data []byte) error {
+	depth, values, inString, escaped := 0, 0, false, false
+	for i, c := range data {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		case c == '"':
+			inString = true
+			continue
+		case c == '{' || c == '[':
+			if depth++; depth > MaxSpecDepth {
+				return &NestingError{Limit: MaxSpecDepth, At: fmt.Sprintf("byte %d", i)}
+			}
+		case c == '}' || c == ']':
+			depth--
+			continue
+		case c != ',' && c != ':':
+			continue
+		}
+		// Every value but a container's first follows a comma or a
+		// colon, and the first follows the bracket: a count of the three
+		// is a count of keys, values and list entries.
+		if values++; values > MaxSpecValues {
+			return &TooManyValuesError{Limit: MaxSpecValues, At: fmt.Sprintf("byte %d", i)}
+		}
+	}
+	return nil
+}
+
 // DuplicateFieldError is a field given twice in one object.
 type DuplicateFieldError struct{ Field string }
 
@@ -76,8 +154,11 @@ func describeJSONType(t reflect.Type) string {
 // DecodeDeployment reads a deployment spec strictly: one JSON object, field
 // names spelled exactly as documented (encoding/json would otherwise accept
 // "Replicas" for "replicas"), no unknown fields, no trailing data. It then
-// fills defaults (replicas is 1 when absent; an explicit 0 stays 0) and
-// validates. Every error wraps ErrInvalidDeployment and names the field.
+// fills defaults and validates: replicas is 1 when absent, and an explicit
+// 0 stays 0 (scaled to zero); tensor_parallel and pipeline_parallel are 1
+// when absent, and an explicit 0 is an error. Every error wraps ErrInvalidDeployment and names the field,
+// or, for a body nested too deeply or holding too many values (checked
+// first, see MaxSpecDepth), where the limit was passed.
 //
 // YAML specs are converted to JSON by the API layer before they get here.
 func DecodeDeployment(data []byte) (Deployment, error) {
@@ -87,6 +168,12 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return invalid(errors.New("want a JSON object such as {\"name\": \"llama\", \"model\": \"meta-llama/Llama-3.1-8B-Instruct\"}"))
+	}
+	// Before anything that works per level or per value: the duplicate-key
+	// check and the decoders below each hold state per open object and
+	// allocate per value.
+	if err := checkJSONShape(trimmed); err != nil {
+		return invalid(err)
 	}
 	// Decoding into raw fields first is what makes the check strict: each
 	// key is compared exactly, and each value is decoded on its own so a
@@ -107,7 +194,6 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 
 	var d Deployment
 	dv := reflect.ValueOf(&d).Elem()
-	replicasSet := false
 	for _, name := range sortedKeys(raw) {
 		f, ok := deploymentFields[name]
 		if !ok {
@@ -120,14 +206,26 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		if err := json.Unmarshal(value, dv.FieldByIndex(f.index).Addr().Interface()); err != nil {
 			return invalid(&FieldError{Field: name, Value: clip(string(value), 64), Want: f.want})
 		}
-		if name == "replicas" {
-			replicasSet = true
-		}
 	}
-	if !replicasSet {
+	// given: the field is in the spec with a value (null is absent). Only
+	// here can an absent field be told from an explicit 0.
+	given := func(name string) bool { v, ok := raw[name]; return ok && string(v) != "null" }
+	if !given("replicas") {
 		d.Replicas = 1
 	}
+	// WithDefaults turns a zero tensor_parallel or pipeline_parallel into
+	// 1, which is right for a field left out (a Deployment's zero value)
+	// but ran an explicit 0 as 1 without a word: an explicit 0 is kept,
+	// for Validate to refuse with the values it takes.
+	tpZero := given("tensor_parallel") && d.TensorParallel == 0
+	ppZero := given("pipeline_parallel") && d.PipelineParallel == 0
 	d = normalize(d.WithDefaults())
+	if tpZero {
+		d.TensorParallel = 0
+	}
+	if ppZero {
+		d.PipelineParallel = 0
+	}
 	if err := d.Validate(); err != nil {
 		return invalid(err)
 	}
@@ -159,10 +257,13 @@ func clip(s string, n int) string {
 // duplicateKey reports the first key that appears twice in one JSON
 // object of data, nested objects included (as "labels.zone"). Malformed
 // JSON reports nothing: the decoder that follows says what is wrong.
+//
+// The dotted path is built only for the answer: building it for every
+// value made a body of long keys and many values cost the product of the
+// two.
 func duplicateKey(data []byte) (string, bool) {
 	type frame struct {
 		object    bool
-		path      string // where this object or array sits
 		keys      map[string]bool
 		expectKey bool
 		key       string // the key whose value comes next
@@ -187,19 +288,29 @@ func duplicateKey(data []byte) (string, bool) {
 		}
 		if k, ok := tok.(string); ok && top != nil && top.object && top.expectKey {
 			if top.keys[k] {
-				return top.path + k, true
+				// Every enclosing frame's key is the one whose value
+				// holds the next frame.
+				var path strings.Builder
+				for _, f := range stack[:len(stack)-1] {
+					if f.object {
+						path.WriteString(f.key + ".")
+					}
+				}
+				return path.String() + k, true
 			}
 			top.keys[k], top.expectKey, top.key = true, false, k
 			continue
 		}
 		// A value: a scalar, or the start of an object or array.
-		path := ""
 		if top != nil && top.object {
 			top.expectKey = true
-			path = top.path + top.key + "."
 		}
 		if d, ok := tok.(json.Delim); ok {
-			stack = append(stack, &frame{object: d == '{', path: path, keys: map[string]bool{}, expectKey: d == '{'})
+			f := &frame{object: d == '{', expectKey: d == '{'}
+			if f.object {
+				f.keys = map[string]bool{}
+			}
+			stack = append(stack, f)
 		}
 	}
 }

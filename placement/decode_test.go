@@ -3,8 +3,10 @@ package placement
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -43,6 +45,15 @@ func TestDecodeDeployment(t *testing.T) {
 		{
 			name: "empty maps and lists are dropped",
 			in:   `{"name":"a","model":"m","labels":{},"args":[],"env":{}}`,
+			want: Deployment{Name: "a", Model: "m", Engine: "vllm", Replicas: 1, TensorParallel: 1, PipelineParallel: 1},
+		},
+		{name: "explicit zero tensor_parallel is an error, not a silent 1", in: `{"name":"a","model":"m","tensor_parallel":0}`,
+			wantErr: `tensor_parallel: invalid value "0": an integer from 1 to 64`},
+		{name: "explicit zero pipeline_parallel is an error, not a silent 1", in: `{"name":"a","model":"m","pipeline_parallel":0}`,
+			wantErr: `pipeline_parallel: invalid value "0": an integer from 1 to 64`},
+		{
+			name: "null parallelism is absent",
+			in:   `{"name":"a","model":"m","tensor_parallel":null,"pipeline_parallel":null}`,
 			want: Deployment{Name: "a", Model: "m", Engine: "vllm", Replicas: 1, TensorParallel: 1, PipelineParallel: 1},
 		},
 		{name: "unknown field", in: `{"name":"a","model":"m","replica":2}`,
@@ -129,5 +140,111 @@ func TestBytes(t *testing.T) {
 	var b Bytes = 7
 	if err := json.Unmarshal([]byte("null"), &b); err != nil || b != 7 {
 		t.Errorf("null changed Bytes to %d (err %v)", b, err)
+	}
+}
+
+// allocated is how many bytes f allocates (the whole process's count, so
+// callers keep other goroutines out of the way: no t.Parallel).
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// A deeply nested body is refused by its depth, naming the limit and the
+// fix, before anything is built per level. Before the fix the duplicate-key
+// check built a path string per level first: 100 KB of nested objects cost
+// 420 MB, 600 KB about 10 GB.
+func TestDecodeDeploymentRefusesDeepNesting(t *testing.T) {
+	for name, body := range map[string]string{
+		"objects":           strings.Repeat(`{"a":`, 20000),
+		"objects in labels": `{"name":"a","model":"m","labels":` + strings.Repeat(`{"a":`, 20000),
+		"arrays in args":    `{"name":"a","model":"m","args":` + strings.Repeat(`[`, 100000),
+		"one past the limit": `{"name":"a","model":"m","args":` + strings.Repeat(`[`, MaxSpecDepth) +
+			strings.Repeat(`]`, MaxSpecDepth) + `}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			in := []byte(body)
+			got := allocated(func() { _, err = DecodeDeployment(in) })
+			var ne *NestingError
+			if !errors.As(err, &ne) || !errors.Is(err, ErrInvalidDeployment) {
+				t.Fatalf("err = %v, want a *NestingError wrapping ErrInvalidDeployment", err)
+			}
+			for _, want := range []string{"nested deeper than 32 levels", "flatten it"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if limit := uint64(16 << 10); got > limit {
+				t.Errorf("a %d-byte body allocated %d bytes, want at most %d", len(body), got, limit)
+			}
+		})
+	}
+	// Brackets inside strings are text, and nesting up to the limit is no
+	// nesting error (the field's own type check answers).
+	if d, err := DecodeDeployment([]byte(`{"name":"a","model":"` + strings.Repeat(`[{`, 100) + `"}`)); err != nil || d.Name != "a" {
+		t.Errorf("brackets in a string: %+v, %v", d, err)
+	}
+	_, err := DecodeDeployment([]byte(`{"name":"a","model":"m","args":` + strings.Repeat(`[`, MaxSpecDepth-1) +
+		strings.Repeat(`]`, MaxSpecDepth-1) + `}`))
+	var ne *NestingError
+	var fe *FieldError
+	if errors.As(err, &ne) || !errors.As(err, &fe) || fe.Field != "args" {
+		t.Errorf("nesting at the limit: %v, want the args type error", err)
+	}
+}
+
+// The duplicate-key check builds a key's dotted path only to report it:
+// many values under one long key cost their own size, not the product of
+// the key's length and their number (2 GB for this 300 KB body before).
+// The decoder refuses so many values up front; this is what keeps the
+// check itself linear behind that limit.
+func TestDuplicateKeyCheckIsLinear(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"name":"a","model":"m","` + strings.Repeat("k", 100<<10) + `":{`)
+	for i := range 20000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%d":1`, i)
+	}
+	b.WriteString(`,"7":2}}`)
+	in := []byte(b.String())
+	var (
+		key string
+		dup bool
+	)
+	got := allocated(func() { key, dup = duplicateKey(in) })
+	if !dup || key != strings.Repeat("k", 100<<10)+".7" {
+		t.Fatalf("duplicateKey = %.20q…, %v; want the long key's 7", key, dup)
+	}
+	if limit := uint64(64*len(in) + 1<<20); got > limit {
+		t.Errorf("a %d-byte body allocated %d bytes, want at most %d", len(in), got, limit)
+	}
+	if key, dup := duplicateKey([]byte(`{"labels":{"zone":"a"},"env":{"A":"1","A":"2"}}`)); !dup || key != "env.A" {
+		t.Errorf("duplicateKey = %q, %v; want env.A", key, dup)
+	}
+}
+
+// Validation bounds a spec's maps, so that every valid spec fits the
+// decoder's shape limits.
+func TestValidateBoundsMaps(t *testing.T) {
+	d := Deployment{Name: "a", Model: "m", Labels: map[string]string{}, Env: map[string]string{}}.WithDefaults()
+	for i := range maxLabels + 1 {
+		d.Labels[fmt.Sprintf("k%d", i)] = "v"
+	}
+	var fe *FieldError
+	if err := d.Validate(); !errors.As(err, &fe) || fe.Field != "labels" || !strings.Contains(err.Error(), "at most 256 labels") {
+		t.Errorf("257 labels: %v", err)
+	}
+	d.Labels = nil
+	for i := range maxEnv + 1 {
+		d.Env[fmt.Sprintf("V%d", i)] = "v"
+	}
+	if err := d.Validate(); !errors.As(err, &fe) || fe.Field != "env" || !strings.Contains(err.Error(), "at most 1024 variables") {
+		t.Errorf("1025 env vars: %v", err)
 	}
 }

@@ -70,6 +70,13 @@ var (
 	maxShards = 10000
 )
 
+// Bounds on a spec's maps, so that every valid spec fits the decoder's
+// MaxSpecValues with room to spare, written as YAML or as JSON.
+const (
+	maxLabels = 256
+	maxEnv    = 1024
+)
+
 // FieldError names the field that is wrong, the value, and what is allowed.
 type FieldError struct {
 	Field string
@@ -124,6 +131,9 @@ func (d Deployment) Validate() error {
 	if len(d.GPUType) > 64 {
 		return bad("gpu_type", d.GPUType, "a substring of a GPU name such as H100, at most 64 characters")
 	}
+	if len(d.Labels) > maxLabels {
+		return bad("labels", strconv.Itoa(len(d.Labels)), fmt.Sprintf("at most %d labels", maxLabels))
+	}
 	for _, k := range sortedKeys(d.Labels) {
 		if !labelKey.MatchString(k) {
 			return bad("labels", k, "keys of letters, digits, '.', '_', '/' or '-'")
@@ -139,6 +149,9 @@ func (d Deployment) Validate() error {
 		if len(a) > 4096 || strings.ContainsRune(a, 0) {
 			return bad(fmt.Sprintf("args[%d]", i), a, "at most 4096 characters and no NUL byte")
 		}
+	}
+	if len(d.Env) > maxEnv {
+		return bad("env", strconv.Itoa(len(d.Env)), fmt.Sprintf("at most %d variables", maxEnv))
 	}
 	for _, k := range sortedKeys(d.Env) {
 		if !envName.MatchString(k) {

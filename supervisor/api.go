@@ -85,19 +85,31 @@ func (n *Node) authorized(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// bearerToken is the credentials of an "Authorization: Bearer <token>"
+// header. The scheme is case-insensitive (RFC 9110 section 11.1), so
+// "bearer" and "BEARER" are the same scheme; one or more spaces may follow
+// it. This is the one place the header is parsed.
+func bearerToken(header string) (string, bool) {
+	scheme, tok, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimLeft(tok, " ")
+	return tok, tok != ""
+}
+
 // hasToken reports whether r carries the cluster token, writing nothing:
 // for reads that show more to token holders.
 func (n *Node) hasToken(r *http.Request) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
 	return ok && n.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(n.cfg.Token)) == 1
 }
 
 // CheckToken writes the error and returns false unless r carries the
 // cluster token. Other packages' handlers (MCP) use it too.
 func (n *Node) checkToken(w http.ResponseWriter, r *http.Request) bool {
-	auth := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(auth, "Bearer ")
-	if auth == "" || !ok {
+	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	if !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="llmgw"`)
 		writeError(w, http.StatusUnauthorized, "this call needs the cluster token: Authorization: Bearer <token> (llmgw clients take it from --token, --token-file, LLMGW_TOKEN or LLMGW_TOKEN_FILE)")
 		return false

@@ -4,18 +4,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/supervisor/engine"
 )
 
-// Limits of the log endpoint, which needs no token.
+// Limits of the log endpoint.
 const (
 	// maxTail bounds how many lines a log request returns at once.
 	maxTail = 10000
@@ -23,9 +25,46 @@ const (
 	// following it: an engine that logs without newlines (a progress bar)
 	// must not make "tail=1" send the whole file.
 	maxLogBytes = 32 << 20
-	// maxFollowers bounds the open follow=1 streams per node.
-	maxFollowers = 64
+	// maxFollowers bounds the open follow=1 streams per node, and
+	// maxFollowersPerCaller those of one caller (one address), so that one
+	// caller (a script gone wrong) cannot take every slot from the rest.
+	maxFollowers          = 64
+	maxFollowersPerCaller = 16
 )
+
+// followSlots counts the open follow=1 streams, per node and per caller.
+// The zero value is ready.
+type followSlots struct {
+	mu       sync.Mutex
+	total    int
+	byCaller map[string]int
+}
+
+// take holds a slot for caller until release is called; the error says
+// which limit is reached.
+func (s *followSlots) take(caller string) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.total >= maxFollowers:
+		return nil, fmt.Errorf("%d log streams already follow here; try again later", maxFollowers)
+	case s.byCaller[caller] >= maxFollowersPerCaller:
+		return nil, fmt.Errorf("%d log streams from %s already follow here, the most one caller may hold; stop one or try again later", maxFollowersPerCaller, caller)
+	}
+	if s.byCaller == nil {
+		s.byCaller = map[string]int{}
+	}
+	s.total++
+	s.byCaller[caller]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.total--
+		if s.byCaller[caller]--; s.byCaller[caller] == 0 {
+			delete(s.byCaller, caller)
+		}
+	}, nil
+}
 
 // logPather is a Runner that keeps its engines' logs as files.
 type logPather interface {
@@ -37,8 +76,13 @@ var _ logPather = (*engine.Runner)(nil)
 
 // handleLogs serves a shard's engine log: from this node's file when the
 // shard runs here, else by proxying to the node that holds it, so any node
-// answers for the whole cluster.
+// answers for the whole cluster. It needs the cluster token: engine logs
+// can hold prompts.
 func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
+	caller, ok := n.logsCaller(w, r)
+	if !ok {
+		return
+	}
 	shard := r.PathValue("shard")
 	tail := 100
 	if v := r.URL.Query().Get("tail"); v != "" {
@@ -60,11 +104,11 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	if lp, ok := n.runner.(logPather); ok {
 		if path, ok := lp.LogPath(shard); ok {
-			n.streamLog(w, r, path, tail, follow)
+			n.streamLog(w, r, path, tail, follow, caller)
 			return
 		}
 	}
-	if r.Header.Get("X-Llmgw-Forwarded") != "" {
+	if r.Header.Get(forwardedHeader) != "" {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("shard %q does not run on %s", shard, n.cfg.Name))
 		return
 	}
@@ -78,13 +122,41 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, err.Error())
 		return
 	}
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	proxy.FlushInterval = -1
-	// Logs need no token; never hand the caller's credentials to an
-	// address that came from gossip.
-	r.Header.Del("Authorization")
-	r.Header.Set("X-Llmgw-Forwarded", n.cfg.Name)
+	proxy := &httputil.ReverseProxy{
+		// The caller's token is never handed to an address that came
+		// from gossip: the hop is signed instead (see signHop), over
+		// exactly the request that goes out.
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			n.signHop(pr.Out, "logs", caller)
+		},
+		FlushInterval: -1,
+	}
 	proxy.ServeHTTP(w, r)
+}
+
+// logsCaller lets a logs request through if it carries the cluster token,
+// or was forwarded by a node that checked it (a signed hop), and names the
+// caller its follow slot counts against: the address it came from or, for
+// a forwarded request, the address the forwarding node saw. Otherwise it
+// writes the error.
+func (n *Node) logsCaller(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if r.Header.Get(hopHeader) != "" {
+		caller, err := n.verifyHop(r, "logs")
+		if err != nil {
+			writeError(w, http.StatusForbidden, err.Error())
+			return "", false
+		}
+		return caller, true
+	}
+	if !n.checkToken(w, r) {
+		return "", false
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return host, true
 }
 
 func (n *Node) holderOf(shard string) (node, api string) {
@@ -101,15 +173,14 @@ func (n *Node) holderOf(shard string) (node, api string) {
 	return "", ""
 }
 
-func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, tail int, follow bool) {
+func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, tail int, follow bool, caller string) {
 	if follow {
-		select {
-		case n.followers <- struct{}{}:
-			defer func() { <-n.followers }()
-		default:
-			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%d log streams already follow on %s; try again later", maxFollowers, n.cfg.Name))
+		release, err := n.follows.take(caller)
+		if err != nil {
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%s: %v", n.cfg.Name, err))
 			return
 		}
+		defer release()
 	}
 	f, err := os.Open(path)
 	if err != nil {

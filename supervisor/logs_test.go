@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -85,13 +86,7 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 		return node == "a", node
 	})
 	get := func(n *Node, q string) (int, string) {
-		resp, err := http.Get(api(n, "/v1/shards/x-0/logs"+q))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return getLogs(t, n, "/v1/shards/x-0/logs"+q, testToken)
 	}
 	if code, body := get(b, "?tail=2"); code != 200 || body != "two\nthree\n" {
 		t.Fatalf("via b: %d %q", code, body)
@@ -105,15 +100,14 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	if code, body := get(a, "?follow=yes"); code != 400 || !strings.Contains(body, "follow") {
 		t.Fatalf("bad follow: %d %q", code, body)
 	}
-	resp, _ := http.Get(api(b, "/v1/shards/nope-0/logs"))
-	if resp.StatusCode != 404 {
-		t.Fatalf("unknown shard: %d", resp.StatusCode)
+	if code, _ := getLogs(t, b, "/v1/shards/nope-0/logs", testToken); code != 404 {
+		t.Fatalf("unknown shard: %d", code)
 	}
-	resp.Body.Close()
 	// Follow streams what is appended later.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", api(b, "/v1/shards/x-0/logs?tail=0&follow=1"), nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	fresp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -125,5 +119,194 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	buf := make([]byte, 5)
 	if _, err := io.ReadFull(fresp.Body, buf); err != nil || string(buf) != "four\n" {
 		t.Fatalf("follow: %q %v", buf, err)
+	}
+}
+
+// getLogs GETs a logs path from n with token (none when empty).
+func getLogs(t *testing.T, n *Node, path, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", api(n, path), nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// logPair starts a, which runs shard x-0 with a log, and b, which knows
+// it: b proxies x-0's log requests to a.
+func logPair(t *testing.T) (a, b *Node) {
+	h := newHarness(t)
+	logPath := filepath.Join(t.TempDir(), "x.log")
+	if err := os.WriteFile(logPath, []byte("one\ntwo\nthree\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config("a")
+	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(time.Now), path: logPath}
+	h.cfgs["a"] = cfg
+	a = h.start("a")
+	b = h.start("b", h.gossipAddr("a"))
+	testwait.Until(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
+		node, _ := b.holderOf("x-0")
+		return node == "a", node
+	})
+	return a, b
+}
+
+// Engine logs can hold prompts: reading them needs the cluster token, on
+// the node that runs the shard and through any other. The node that
+// proxies has checked the token and signs the hop; the token itself never
+// leaves it, and a hop that is not signed with the cluster's token, or
+// is stale, is refused. Before, anyone who could reach a node could read
+// every engine log.
+func TestLogsNeedTheToken(t *testing.T) {
+	a, b := logPair(t)
+	for _, n := range []*Node{a, b} {
+		if code, body := getLogs(t, n, "/v1/shards/x-0/logs", ""); code != http.StatusUnauthorized || !strings.Contains(body, "cluster token") {
+			t.Errorf("%s without the token: %d %q, want 401 naming the token", n.Name(), code, body)
+		}
+		if code, _ := getLogs(t, n, "/v1/shards/x-0/logs", "wrong-token-xxxxxxxxxxxx"); code != http.StatusForbidden {
+			t.Errorf("%s with a wrong token: %d, want 403", n.Name(), code)
+		}
+		if code, body := getLogs(t, n, "/v1/shards/x-0/logs?tail=1", testToken); code != 200 || body != "three\n" {
+			t.Errorf("%s with the token: %d %q", n.Name(), code, body)
+		}
+	}
+	// Hops that a node with the cluster's token did not sign just now.
+	sign := func(token, purpose string, at time.Time) http.Header {
+		h := http.Header{}
+		target := "/v1/shards/x-0/logs?tail=1"
+		mac := hopMAC(purposeKey(token, purpose), "GET", target, "b", "127.0.0.1", at.Unix())
+		h.Set(forwardedHeader, "b")
+		h.Set(hopCallerHeader, "127.0.0.1")
+		h.Set(hopHeader, fmt.Sprintf("%d.%x", at.Unix(), mac))
+		return h
+	}
+	for name, tc := range map[string]struct {
+		h    http.Header
+		want string
+	}{
+		"another token":   {sign("another-token-0123456789", "logs", time.Now()), "wrong signature"},
+		"another purpose": {sign(testToken, "mcp", time.Now()), "wrong signature"},
+		"a changed caller": {func() http.Header {
+			h := sign(testToken, "logs", time.Now())
+			h.Set(hopCallerHeader, "10.0.0.9")
+			return h
+		}(), "wrong signature"},
+		"stale":              {sign(testToken, "logs", time.Now().Add(-2*hopWindow)), "clocks"},
+		"no signature":       {http.Header{hopHeader: {"garbage"}, forwardedHeader: {"b"}}, "no valid"},
+		"the right one, now": {sign(testToken, "logs", time.Now()), ""},
+	} {
+		req, _ := http.NewRequest("GET", api(a, "/v1/shards/x-0/logs?tail=1"), nil)
+		req.Header = tc.h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if tc.want == "" {
+			if resp.StatusCode != 200 || string(body) != "three\n" {
+				t.Errorf("%s: %d %q, want the log", name, resp.StatusCode, body)
+			}
+			continue
+		}
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), tc.want) {
+			t.Errorf("%s: %d %q, want 403 saying %q", name, resp.StatusCode, body, tc.want)
+		}
+	}
+}
+
+// follow opens a follow=1 stream of x-0's log on n from the local address
+// from, and returns its status; the stream stays open until ctx ends.
+func follow(t *testing.T, ctx context.Context, n *Node, from, token string) int {
+	t.Helper()
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	req, _ := http.NewRequestWithContext(ctx, "GET", api(n, "/v1/shards/x-0/logs?tail=0&follow=1"), nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+	} else {
+		t.Cleanup(func() { resp.Body.Close() })
+	}
+	return resp.StatusCode
+}
+
+// Follow slots are counted per caller: callers without the token take
+// none (they are refused), and one caller, directly or through another
+// node, cannot hold more than its share, so others still get one. Before,
+// 64 unauthenticated followers took every slot and operators got 429.
+func TestLogFollowSlotsArePerCaller(t *testing.T) {
+	a, b := logPair(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range maxFollowers {
+		if code := follow(t, ctx, a, "127.0.0.1", ""); code != http.StatusUnauthorized {
+			t.Fatalf("unauthenticated follower %d: HTTP %d, want 401", i, code)
+		}
+	}
+	if code := follow(t, ctx, a, "127.0.0.1", testToken); code != http.StatusOK {
+		t.Fatalf("an operator after %d unauthenticated followers: HTTP %d, want 200", maxFollowers, code)
+	}
+	// One caller's share, half of it through b: the hop carries who the
+	// caller is.
+	for i := 1; i < maxFollowersPerCaller; i++ {
+		via := a
+		if i%2 == 0 {
+			via = b
+		}
+		if code := follow(t, ctx, via, "127.0.0.1", testToken); code != http.StatusOK {
+			t.Fatalf("follower %d of one caller via %s: HTTP %d, want 200", i+1, via.Name(), code)
+		}
+	}
+	for _, via := range []*Node{a, b} {
+		if code := follow(t, ctx, via, "127.0.0.1", testToken); code != http.StatusTooManyRequests {
+			t.Errorf("one caller's follower %d via %s: HTTP %d, want 429", maxFollowersPerCaller+1, via.Name(), code)
+		}
+	}
+	if code := follow(t, ctx, a, "127.0.0.2", testToken); code != http.StatusOK {
+		t.Errorf("another caller, once the first holds its share: HTTP %d, want 200", code)
+	}
+}
+
+func TestFollowSlots(t *testing.T) {
+	var s followSlots
+	var releases []func()
+	for i := range maxFollowers {
+		release, err := s.take(fmt.Sprintf("10.0.0.%d", i%(maxFollowers/maxFollowersPerCaller)))
+		if err != nil {
+			t.Fatalf("slot %d: %v", i, err)
+		}
+		releases = append(releases, release)
+	}
+	if _, err := s.take("10.0.0.200"); err == nil || !strings.Contains(err.Error(), "64 log streams already follow") {
+		t.Fatalf("past the node's limit: %v", err)
+	}
+	releases[0]() // 10.0.0.0 gives one back
+	if _, err := s.take("10.0.0.1"); err == nil || !strings.Contains(err.Error(), "from 10.0.0.1") {
+		t.Fatalf("past a caller's limit: %v", err)
+	}
+	if release, err := s.take("10.0.0.0"); err != nil {
+		t.Fatalf("a caller below its limit: %v", err)
+	} else {
+		release()
+	}
+	for _, r := range releases[1:] {
+		r()
+	}
+	if s.total != 0 || len(s.byCaller) != 0 {
+		t.Fatalf("after every release: %d open, %v", s.total, s.byCaller)
 	}
 }

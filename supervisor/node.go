@@ -126,14 +126,15 @@ type Node struct {
 	serveWG sync.WaitGroup
 	closed  chan struct{}
 	once    sync.Once
-	// followers holds a slot per open follow=1 log stream (maxFollowers).
-	followers chan struct{}
+	// follows counts the open follow=1 log streams, per caller.
+	follows followSlots
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
-// for HTTP and gossip, and starts the control loop. On error nothing is
-// left running.
-func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+// for HTTP and gossip, and starts the control loop. On error nothing Start
+// made is left running (cfg.Runner and cfg.GPUs stay the caller's to
+// close), and the error says what failed.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()
 	}
@@ -157,8 +158,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
-		closed: make(chan struct{}), wake: make(chan struct{}, 1), followers: make(chan struct{}, maxFollowers), published: make(chan struct{})}
+	n := &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
+		closed: make(chan struct{}), wake: make(chan struct{}, 1), published: make(chan struct{})}
 	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
 	if n.runner == nil {
@@ -179,15 +180,23 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	}
 	n.gpuSnap = snap
 
-	n.apiLn, err = net.Listen("tcp", cfg.APIAddr)
+	// undo closes what Start has opened so far, newest first, when a later
+	// step fails. Each entry closes one thing that exists: a deferred
+	// closure over n's fields used to run after "return nil, err" had set
+	// the named result n to nil, and its panic hid the real error.
+	var undo []func()
+	fail := func(err error) (*Node, error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		return nil, err
+	}
+	apiLn, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return nil, fmt.Errorf("--api %s: %w", cfg.APIAddr, err)
 	}
-	defer func() {
-		if err != nil {
-			n.apiLn.Close()
-		}
-	}()
+	n.apiLn = apiLn
+	undo = append(undo, func() { _ = apiLn.Close() })
 
 	gcfg := gossip.Config{
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
@@ -217,10 +226,11 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if initial.Runtime == "" {
 		initial.Runtime = "none"
 	}
-	n.cluster, err = gossip.New(gcfg, initial)
+	cluster, err := gossip.New(gcfg, initial)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
+	n.cluster = cluster
 	// The gossip address is only known once memberlist bound, and with it
 	// the last fallback of the advertised API address.
 	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Gossip, r.API = n.cluster.Address(), n.AdvertisedAPI() })

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -365,6 +368,126 @@ func TestWholeClusterRestartKeepsDeployments(t *testing.T) {
 			}
 			return fmt.Sprint(names) == "[one two]" && placed == 2, fmt.Sprint(names, placed)
 		})
+	}
+}
+
+// A start that fails returns its error, closes what it opened, and
+// touches nothing it did not make. Before the fix a deferred cleanup
+// dereferenced the node that "return nil, err" had just set to nil, and
+// its panic hid the real error: a truncated deployments.json and a gossip
+// port in use both crashed the agent with a nil dereference.
+func TestStartErrorsCleanUp(t *testing.T) {
+	hold := func(t *testing.T, addr string) {
+		t.Helper()
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, cfg Config)
+		want  []string
+	}{
+		{"a truncated deployments.json", func(t *testing.T, cfg Config) {
+			if err := os.WriteFile(filepath.Join(cfg.DataDir, "deployments.json"), []byte(`{"format_version":1,"deployments":[{"name":"a"`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"deployments.json", "move the file aside"}},
+		{"the gossip port in use", func(t *testing.T, cfg Config) {
+			hold(t, fmt.Sprintf("127.0.0.1:%d", cfg.BindPort))
+		}, []string{"gossip: listen on 127.0.0.1:", "address already in use"}},
+		{"the API port in use", func(t *testing.T, cfg Config) {
+			hold(t, cfg.APIAddr)
+		}, []string{"--api 127.0.0.1:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := newHarness(t).config("a")
+			cfg.TestHooks = false // what `llmgw node up` runs: memberlist's own transport
+			tc.setup(t, cfg)
+			n, err := Start(context.Background(), cfg)
+			if err == nil {
+				_ = n.Kill()
+				t.Fatal("started; want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans lines: %q", err)
+			}
+			if tc.name != "the API port in use" {
+				// The API listener it opened is closed again.
+				ln, err := net.Listen("tcp", cfg.APIAddr)
+				if err != nil {
+					t.Fatalf("the API port is still held after the failed start: %v", err)
+				}
+				ln.Close()
+			}
+		})
+	}
+}
+
+// The Authorization scheme is case-insensitive: "bearer <token>" is the
+// cluster token as "Bearer <token>" is, for mutations and for reads that
+// show more to token holders. Before, only "Bearer " was recognised and
+// "bearer" got 401.
+func TestTokenSchemeIsCaseInsensitive(t *testing.T) {
+	n := newHarness(t).start("a")
+	send := func(method, path, auth string, body []byte, out any) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, api(n, path), bytes.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if out != nil {
+			_ = json.NewDecoder(resp.Body).Decode(out)
+		}
+		return resp.StatusCode
+	}
+	schemes := []string{"Bearer", "bearer", "BEARER", "bEaReR"}
+	for i, scheme := range schemes {
+		spec := []byte(fmt.Sprintf(`{"name":"chat%d","model":"m","replicas":0,"env":{"HF_TOKEN":"hf_secret"}}`, i))
+		if code := send("POST", "/v1/deployments", scheme+" "+testToken, spec, nil); code != http.StatusOK {
+			t.Errorf("%s: place got HTTP %d, want 200", scheme, code)
+		}
+	}
+	// Reads show the last reconcile pass, which follows the places.
+	testwait.Until(t, 10*time.Second, "the places in the read model", func() (bool, string) {
+		var deps []status.DeploymentInfo
+		send("GET", "/v1/deployments", "", nil, &deps)
+		return len(deps) == len(schemes), fmt.Sprint(len(deps))
+	})
+	for _, scheme := range schemes {
+		var deps []status.DeploymentInfo
+		send("GET", "/v1/deployments", scheme+"  "+testToken, nil, &deps)
+		if len(deps) == 0 || deps[0].Deployment.Env["HF_TOKEN"] != "hf_secret" {
+			t.Errorf("%s: a token holder's read is redacted: %+v", scheme, deps)
+		}
+	}
+	for auth, want := range map[string]int{
+		"Basic " + testToken:        http.StatusUnauthorized,
+		"Bearer":                    http.StatusUnauthorized,
+		"Bearer ":                   http.StatusUnauthorized,
+		"Bearer" + testToken:        http.StatusUnauthorized,
+		"bearer wrong-token-xxxxxx": http.StatusForbidden,
+	} {
+		if code := send("DELETE", "/v1/deployments/chat0", auth, nil, nil); code != want {
+			t.Errorf("%q: HTTP %d, want %d", auth, code, want)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -58,10 +59,17 @@ func secretFlag(name string) bool {
 }
 
 // DecodeSpec reads a deployment from JSON or YAML.
+//
+// What a body may cost stays a small multiple of its size: JSON is checked
+// for nesting by placement before anything is built per level, and YAML is
+// checked here, before the YAML parser builds its tree (yamlGuard).
 func DecodeSpec(body []byte, contentType string) (placement.Deployment, error) {
 	js := body
-	trimmed := strings.TrimSpace(string(body))
-	if !strings.HasPrefix(trimmed, "{") || strings.Contains(contentType, "yaml") {
+	trimmed := bytes.TrimSpace(body)
+	if !bytes.HasPrefix(trimmed, []byte("{")) || strings.Contains(contentType, "yaml") {
+		if err := yamlGuard(body); err != nil {
+			return placement.Deployment{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
+		}
 		// The YAML reader takes the first document only: the rest of a
 		// multi-document body would vanish without a word.
 		if yamlDocuments(body) > 1 {
@@ -81,16 +89,17 @@ func DecodeSpec(body []byte, contentType string) (placement.Deployment, error) {
 // it would be indented), and comments or blank lines alone are no document.
 func yamlDocuments(body []byte) int {
 	docs, content := 0, false
-	for _, line := range strings.Split(string(body), "\n") {
-		t := strings.TrimRight(line, " \t\r")
-		if t == "---" || strings.HasPrefix(t, "--- ") || t == "..." {
+	// SplitSeq: one line at a time, not a slice of every line.
+	for line := range bytes.SplitSeq(body, []byte("\n")) {
+		t := bytes.TrimRight(line, " \t\r")
+		if string(t) == "---" || bytes.HasPrefix(t, []byte("--- ")) || string(t) == "..." {
 			if content {
 				docs++
 			}
 			content = false
 			continue
 		}
-		if s := strings.TrimSpace(t); s != "" && !strings.HasPrefix(s, "#") {
+		if s := bytes.TrimSpace(t); len(s) > 0 && s[0] != '#' {
 			content = true
 		}
 	}

@@ -18,7 +18,7 @@ import (
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "addr", Value: "http://127.0.0.1:7070", Usage: "any node's API address", Sources: cli.EnvVars("LLMGW_ADDR")},
-		&cli.StringFlag{Name: "token", Usage: "cluster token for mutating calls", Sources: cli.EnvVars("LLMGW_TOKEN")},
+		&cli.StringFlag{Name: "token", Usage: "cluster token for mutating calls and engine logs", Sources: cli.EnvVars("LLMGW_TOKEN")},
 		&cli.StringFlag{Name: "token-file", Usage: "file holding the cluster token", Sources: cli.EnvVars("LLMGW_TOKEN_FILE")},
 	}
 }
@@ -51,18 +51,29 @@ func newClient(c *cli.Command) (*client, error) {
 	return &client{base: base, token: tok, http: &http.Client{Timeout: 30 * time.Second}}, nil
 }
 
-// do sends a request and decodes a JSON answer into out. A non-2xx answer
-// becomes an error carrying the node's message.
-func (cl *client) do(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, cl.base+path, bytes.NewReader(body))
+// request builds a request to path on the node, with the token when the
+// client has one: every call that needs it (mutations, MCP, engine logs)
+// gets it from here.
+func (cl *client) request(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, cl.base+path, body)
 	if err != nil {
-		return fmt.Errorf("--addr %s: %w", cl.base, err)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
+		return nil, fmt.Errorf("--addr %s: %w", cl.base, err)
 	}
 	if cl.token != "" {
 		req.Header.Set("Authorization", "Bearer "+cl.token)
+	}
+	return req, nil
+}
+
+// do sends a request and decodes a JSON answer into out. A non-2xx answer
+// becomes an error carrying the node's message.
+func (cl *client) do(ctx context.Context, method, path string, body []byte, contentType string, out any) error {
+	req, err := cl.request(ctx, method, path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := cl.http.Do(req)
 	if err != nil {

@@ -191,6 +191,14 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	if d.Model == "" {
 		return nil, "", fmt.Errorf("--model: required, e.g. --model meta-llama/Llama-3.1-8B-Instruct")
 	}
+	// The spec leaves a zero out (omitempty), and the node would take the
+	// missing field for 1: a 0 must be refused here or it runs as 1.
+	if d.TensorParallel < 1 {
+		return nil, "", fmt.Errorf("--tp %d: want an integer from 1 to 64 (GPUs of one node per shard)", d.TensorParallel)
+	}
+	if d.PipelineParallel < 1 {
+		return nil, "", fmt.Errorf("--pp %d: want an integer from 1 to 64 (nodes per replica)", d.PipelineParallel)
+	}
 	if m := c.String("gpu-memory"); m != "" {
 		b, err := placement.ParseBytes(m)
 		if err != nil {

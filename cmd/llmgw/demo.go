@@ -154,7 +154,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving. Gossip is encrypted with %s.\n\n", keyFile)
 	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  open %s/ in a browser\n\n", addr)
 	fmt.Fprintf(w, "Ask a replica:\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\n", url)
-	fmt.Fprintf(w, "Change it (mutations need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
+	fmt.Fprintf(w, "Change it and read engine logs (both need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
 	fmt.Fprintf(w, "Logs: %s/node-*.log   Stop: make stop\n", dir)
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 func logsCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "logs",
-		Usage:     "print a shard's engine log (any node answers; the node that runs it serves it)",
+		Usage:     "print a shard's engine log (any node answers; the node that runs it serves it; needs the token)",
 		ArgsUsage: "SHARD",
 		Flags: append(clientFlags(),
 			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing new lines"},
@@ -32,7 +32,8 @@ func logsCommand() *cli.Command {
 			if c.Bool("follow") {
 				q.Set("follow", "1")
 			}
-			req, err := http.NewRequestWithContext(ctx, "GET", cl.base+"/v1/shards/"+url.PathEscape(c.Args().First())+"/logs?"+q.Encode(), nil)
+			// Engine logs can hold prompts: the node wants the token.
+			req, err := cl.request(ctx, "GET", "/v1/shards/"+url.PathEscape(c.Args().First())+"/logs?"+q.Encode(), nil)
 			if err != nil {
 				return err
 			}

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -99,6 +103,13 @@ func TestPlaceNeedsModelAndValidKV(t *testing.T) {
 	_, err = run(t, "place", "chat", "--model", "m", "--env", "NOEQUALS", "--addr", "http://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "--env") {
 		t.Fatalf("got %v, want an --env error", err)
+	}
+	for _, flag := range []string{"--tp", "--pp"} {
+		// Sent as JSON, a 0 would be left out and run as 1.
+		_, err = run(t, "place", "chat", "--model", "m", flag, "0", "--addr", "http://127.0.0.1:1")
+		if err == nil || !strings.Contains(err.Error(), flag+" 0: want an integer from 1 to 64") {
+			t.Fatalf("%s 0: got %v, want an error naming %s and the values it takes", flag, err, flag)
+		}
 	}
 	_, err = run(t, "place", "chat", "--model", "m", "--gpu-memory", "lots", "--addr", "http://127.0.0.1:1")
 	if err == nil || !strings.Contains(err.Error(), "--gpu-memory") {
@@ -299,5 +310,88 @@ func TestBadFlagFromTheEnvironmentNamesTheVariable(t *testing.T) {
 	}
 	if got := fromEnv("--lease-ttl 0s: want at least 1s"); got != "--lease-ttl 0s: want at least 1s" {
 		t.Errorf("a flag not set by the environment: %q", got)
+	}
+}
+
+// A node that cannot start says why in one line and exits 1. Before the
+// fix both of these crashed with a nil dereference in supervisor.Start's
+// cleanup instead, and the real error was lost.
+func TestNodeUpStartErrorsAreOneLineExitOne(t *testing.T) {
+	gossipPort, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := func(dir string) []string {
+		return []string{"node", "up", "--name", "n1", "--simulate-gpus", "1xH100-80GB", "--runtime", "none", "--log-level", "error",
+			"--data-dir", dir, "--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort), "--api", fmt.Sprintf("127.0.0.1:%d", apiPort)}
+	}
+	truncated := t.TempDir()
+	if err := os.WriteFile(filepath.Join(truncated, "deployments.json"), []byte(`{"format_version":1,"deployments":[{"na`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	busy := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		dir  string
+		hold bool
+		want string
+	}{
+		{"a truncated deployments.json", truncated, false, filepath.Join(truncated, "deployments.json")},
+		{"the gossip port in use", busy, true, fmt.Sprintf("gossip: listen on 127.0.0.1:%d", gossipPort)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.hold {
+				pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", gossipPort))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pc.Close()
+			}
+			_, err := run(t, args(tc.dir)...)
+			var ce codedError
+			if !errors.As(err, &ce) || ce.code != 1 {
+				t.Fatalf("err = %v; want a failure with exit status 1", err)
+			}
+			if !strings.Contains(ce.msg, tc.want) || strings.Contains(ce.msg, "\n") {
+				t.Errorf("error %q: want one line naming %q", ce.msg, tc.want)
+			}
+		})
+	}
+}
+
+// `llmgw logs` sends the token, which the node wants for engine logs, and
+// says what the node answered when it is missing. Before, it sent none.
+func TestLogsSendsTheToken(t *testing.T) {
+	const token = "logs-token-0123456789"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/shards/chat-0/logs" || r.URL.Query().Get("tail") != "5" {
+			http.Error(w, "unexpected "+r.URL.String(), http.StatusBadRequest)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":"this call needs the cluster token"}`)
+			return
+		}
+		io.WriteString(w, "engine line\n")
+	}))
+	defer srv.Close()
+	out, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL, "--token", token)
+	if err != nil || out != "engine line\n" {
+		t.Fatalf("with --token: %q, %v", out, err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL, "--token-file", tokenFile); err != nil || out != "engine line\n" {
+		t.Fatalf("with --token-file: %q, %v", out, err)
+	}
+	if _, err := run(t, "logs", "chat-0", "--tail", "5", "--addr", srv.URL); err == nil || !strings.Contains(err.Error(), "needs the cluster token") {
+		t.Fatalf("without a token: %v, want the node's answer", err)
 	}
 }

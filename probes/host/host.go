@@ -82,8 +82,9 @@ type Config struct {
 	// Sleep waits between engine_stacks rounds; it returns early with
 	// ctx's error. Default: a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
-	// Timeout bounds each command (DefaultTimeout). A command that runs
-	// past it is stopped and the answer says so.
+	// Timeout bounds each command (DefaultTimeout), and each read_log
+	// search. A command that runs past it is stopped, a search answers
+	// with what it found, and the answer says so.
 	Timeout time.Duration
 	// MaxOutput caps each answer in bytes (DefaultMaxOutput).
 	MaxOutput int

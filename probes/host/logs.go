@@ -123,7 +123,8 @@ func readLogTool(c Config) Tool {
 		Description: fmt.Sprintf("The last lines of one file under the log directory, optionally only lines "+
 			"matching a regular expression (RE2 syntax). Names are relative to the log directory, as "+
 			"list_logs shows them; nothing outside it can be read. Lines default to %d, at most %d; a filter "+
-			"searches at most the last %d MiB of the file.", defaultLogLines, maxLogLines, maxLogScan>>20),
+			"matches the log's own text (not llmgw's notes on cut lines) and searches at most the last %d MiB "+
+			"of the file, for at most the tool timeout.", defaultLogLines, maxLogLines, maxLogScan>>20),
 		Params: []Param{
 			{Name: "name", Description: "file name relative to the log directory"},
 			{Name: "filter", Description: "regular expression; only matching lines are shown"},
@@ -184,7 +185,11 @@ func (c Config) readLog(ctx context.Context, name string, n int, filter string, 
 	if !info.Mode().IsRegular() {
 		return "", fmt.Errorf("%w: %q is not a regular file", ErrBadArgs, name)
 	}
-	lines, scanned, err := tailLines(ctx, f, info.Size(), n, match)
+	// A filter can be slow on a large log; the call has the same budget
+	// as a command, and answers with what it found in that time.
+	deadline := c.Clock.Now().Add(c.Timeout)
+	inBudget := func() bool { return c.Clock.Now().Before(deadline) }
+	lines, scanned, outOfTime, err := tailLines(ctx, f, info.Size(), n, match, inBudget)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", ctx.Err()
@@ -196,7 +201,10 @@ func (c Config) readLog(ctx context.Context, name string, n int, filter string, 
 		source = fmt.Sprintf("%s: last %d lines matching %q", name, n, filter)
 	}
 	var b strings.Builder
-	if scanned < info.Size() && len(lines) < n {
+	switch {
+	case outOfTime:
+		fmt.Fprintf(&b, "(searched only the last %d of %d bytes: the %s time budget ran out)\n", scanned, info.Size(), c.Timeout)
+	case scanned < info.Size() && len(lines) < n:
 		fmt.Fprintf(&b, "(searched only the last %d of %d bytes)\n", scanned, info.Size())
 	}
 	if len(lines) == 0 {
@@ -211,36 +219,48 @@ func (c Config) readLog(ctx context.Context, name string, n int, filter string, 
 
 // tailLines returns up to n lines (matching match, if set) from the end of
 // f, oldest first, reading backwards in chunks so that a large file costs
-// only the part that is shown. scanned is how many bytes were read.
+// only the part that is shown. scanned is how many bytes were read. Before
+// each chunk it asks inBudget (nil: no budget) whether there is time left;
+// outOfTime says the search stopped there.
 //
 // A line longer than maxLogLine keeps only its last maxLogLine bytes, after
 // a note of how much was cut: the output is capped far below that anyway,
 // and carrying a whole newline-free file from chunk to chunk would copy it
-// over and over (quadratic in its size).
-func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func(string) bool) (lines []string, scanned int64, err error) {
+// over and over (quadratic in its size). match sees the log's own text,
+// never the note: a filter for "line cut" or "^\[" must not match every
+// long line.
+func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func(string) bool, inBudget func() bool) (lines []string, scanned int64, outOfTime bool, err error) {
 	var (
 		carry []byte // the end of a line whose start is in an earlier chunk
 		cut   int64  // bytes of that line dropped in front of carry
 	)
-	emit := func(line []byte, cut int64) {
+	emit := func(line []byte, note string) {
 		s := string(line)
-		if cut > 0 {
-			s = fmt.Sprintf("[line cut: first %d bytes not shown]…%s", cut, s)
+		if match != nil && !match(s) {
+			return
 		}
-		if match == nil || match(s) {
-			lines = append(lines, s)
+		lines = append(lines, note+s)
+	}
+	cutNote := func(cut int64) string {
+		if cut == 0 {
+			return ""
 		}
+		return fmt.Sprintf("[line cut: first %d bytes not shown]…", cut)
 	}
 	end := size
 	buf := make([]byte, logChunk)
 	for end > 0 && len(lines) < n && scanned < maxLogScan {
 		if err := ctx.Err(); err != nil {
-			return nil, scanned, err
+			return nil, scanned, false, err
+		}
+		if inBudget != nil && !inBudget() {
+			outOfTime = true
+			break
 		}
 		start := max(end-logChunk, 0)
 		chunk := buf[:end-start]
 		if _, err := f.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
-			return nil, scanned, err
+			return nil, scanned, false, err
 		}
 		scanned += end - start
 		if end == size && len(chunk) > 0 && chunk[len(chunk)-1] == '\n' {
@@ -254,7 +274,7 @@ func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func
 				break
 			}
 			line := joinCapped(chunk[i+1:], carry, &cut)
-			emit(line, cut)
+			emit(line, cutNote(cut))
 			carry, cut, chunk = nil, 0, chunk[:i]
 		}
 		if len(lines) >= n {
@@ -262,7 +282,7 @@ func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func
 		}
 		carry = joinCapped(chunk, carry, &cut)
 		if start == 0 {
-			emit(carry, cut)
+			emit(carry, cutNote(cut))
 			carry = nil
 		}
 		end = start
@@ -271,13 +291,10 @@ func tailLines(ctx context.Context, f io.ReaderAt, size int64, n int, match func
 		// The scan limit ended the search inside a line: show its end
 		// rather than nothing, with what is known of the cut (at least
 		// cut bytes, and it began somewhere in the end bytes not read).
-		s := fmt.Sprintf("[line cut: it starts more than %d bytes before its end, beyond the part searched]…%s", int64(len(carry))+cut, carry)
-		if match == nil || match(s) {
-			lines = append(lines, s)
-		}
+		emit(carry, fmt.Sprintf("[line cut: it starts more than %d bytes before its end, beyond the part searched]…", int64(len(carry))+cut))
 	}
 	slices.Reverse(lines)
-	return lines, scanned, nil
+	return lines, scanned, outOfTime, nil
 }
 
 // joinCapped returns head+tail, keeping at most maxLogLine bytes from the

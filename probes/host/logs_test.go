@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // logDir builds:
@@ -177,7 +179,7 @@ func TestTailLines(t *testing.T) {
 			all = nil
 		}
 		for _, n := range []int{1, 5, 1000, 100000} {
-			got, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), n, nil)
+			got, _, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), n, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +196,7 @@ func TestTailLines(t *testing.T) {
 			matching = append(matching, l)
 		}
 	}
-	got, _, _ := tailLines(context.Background(), strings.NewReader(b.String()), int64(b.Len()), 3, odd)
+	got, _, _, _ := tailLines(context.Background(), strings.NewReader(b.String()), int64(b.Len()), 3, odd, nil)
 	if strings.Join(got, "|") != strings.Join(matching[len(matching)-3:], "|") {
 		t.Errorf("filtered tail = %q", got)
 	}
@@ -208,7 +210,7 @@ func TestTailLinesCutsLongLines(t *testing.T) {
 		long[i] = 'a' + byte(i%26)
 	}
 	text := "first\n" + string(long) + "\nlast\n"
-	got, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 3, nil)
+	got, _, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 3, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func BenchmarkTailNewlineFree(b *testing.B) {
 	r := bytes.NewReader(text)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		got, _, err := tailLines(context.Background(), r, int64(len(text)), 10, nil)
+		got, _, _, err := tailLines(context.Background(), r, int64(len(text)), 10, nil, nil)
 		if err != nil || len(got) != 1 {
 			b.Fatalf("%d lines, %v", len(got), err)
 		}
@@ -247,11 +249,77 @@ func BenchmarkTailNewlineFree(b *testing.B) {
 // "(no lines)".
 func TestTailLinesShowsALineLongerThanTheScan(t *testing.T) {
 	text := "old\n" + strings.Repeat("y", maxLogScan+logChunk)
-	got, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 1, nil)
+	got, _, _, err := tailLines(context.Background(), strings.NewReader(text), int64(len(text)), 1, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || !strings.HasPrefix(got[0], "[line cut:") || !strings.HasSuffix(got[0], strings.Repeat("y", 100)) {
 		t.Fatalf("got %d lines: %.80q", len(got), got)
+	}
+}
+
+// read_log's filter runs on the log's own text, not on the note llmgw puts
+// in front of a cut line. Before, the note was matched too: a filter for
+// "line cut" or for lines starting with "[" matched every long line.
+func TestReadLogFilterSeesTheLogNotTheNotes(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("x", maxLogLine+1000)
+	if err := os.WriteFile(filepath.Join(dir, "engine.log"), []byte("[first] line\n"+long+"\nlast\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Host: "n1", LogDir: dir, Clock: fixedClock{stampTime}, MaxOutput: 1 << 20}
+	for _, filter := range []string{"line cut", "bytes not shown", `^\[line`, "…"} {
+		if out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: filter}); !strings.HasSuffix(out, "(no lines)\n") {
+			t.Errorf("filter %q matched llmgw's note:\n%.200s", filter, out)
+		}
+	}
+	// The log's own text still matches, and the answer still says the
+	// line was cut.
+	out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: `^\[first|x{100}$`})
+	want := "\n[first] line\n[line cut: first 1000 bytes not shown]…" + long[1000:] + "\n"
+	if !strings.HasSuffix(out, want) {
+		t.Errorf("filter on the log's text: %.300q", out)
+	}
+}
+
+// stepClock moves on by step each time it is read, so a test can run a
+// time budget out without waiting.
+type stepClock struct {
+	mu   sync.Mutex
+	t    time.Time
+	step time.Duration
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(c.step)
+	return c.t
+}
+
+// A read_log search stops when the call's time budget (the tool timeout)
+// runs out, and answers with what it searched, saying so. Before, a
+// filter searched the whole 32 MiB scan window however long it took.
+func TestReadLogSearchStopsAtTheTimeBudget(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for i := 0; b.Len() < 40*logChunk; i++ {
+		fmt.Fprintf(&b, "2026-11-29 22:00:00 INFO request %d done\n", i)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "engine.log"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Every chunk read costs one second of the clock's time; the budget
+	// is five.
+	cfg := Config{Host: "n1", LogDir: dir, Clock: &stepClock{t: stampTime, step: time.Second}, Timeout: 5 * time.Second}
+	out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: "ERROR"})
+	size := b.Len()
+	if !strings.Contains(out, fmt.Sprintf(" of %d bytes: the 5s time budget ran out)", size)) || strings.Contains(out, fmt.Sprintf("last %d of", size)) {
+		t.Errorf("out of time: %.300s", out)
+	}
+	// Within the budget the search goes on to the scan limit as before.
+	cfg.Timeout = time.Hour
+	if out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: "ERROR"}); strings.Contains(out, "time budget") || !strings.HasSuffix(out, "(no lines)\n") {
+		t.Errorf("in time: %.300s", out)
 	}
 }
