@@ -139,6 +139,13 @@ func rules() []rule {
 			},
 		},
 		{
+			// It routes from the read model, as any node does.
+			name:    "supervisor/gateway never imports the node or the engine runner",
+			applies: func(rel string) bool { return within(rel, "supervisor/gateway") },
+			imports: func(p pkg) []string { return slices.Concat(p.Deps, p.direct()) },
+			bad:     func(imp string) bool { return imp == module+"/supervisor" || ours("supervisor/engine")(imp) },
+		},
+		{
 			name:    "nothing but cmd/llmgw imports the scenarios",
 			applies: func(rel string) bool { return rel != "cmd/llmgw" && !within(rel, "scenarios") },
 			imports: func(p pkg) []string { return slices.Concat(p.Deps, p.direct()) },
@@ -189,6 +196,7 @@ func TestRulesCanFail(t *testing.T) {
 		"only supervisor/runtime/containerd imports containerd":                             {"supervisor/engine", "github.com/containerd/containerd/v2/client"},
 		"placement is pure: the standard library only":                                      {"placement", "github.com/hashicorp/memberlist"},
 		"supervisor/status, the read model, is pure: no I/O of its own":                     {"supervisor/status", "os"},
+		"supervisor/gateway never imports the node or the engine runner":                    {"supervisor/gateway", module + "/supervisor/engine"},
 		"nothing but cmd/llmgw imports the scenarios":                                       {"supervisor", module + "/scenarios"},
 		"nothing imports cmd": {"scenarios", module + "/cmd/llmgw"},
 		"internal/ holds leaf helpers: the standard library only": {"internal/clock", module + "/gossip"},

@@ -1,0 +1,39 @@
+// Package gateway is a node's OpenAI-compatible endpoint: POST
+// /v1/chat/completions, /v1/completions and /v1/embeddings, proxied to an
+// engine replica; GET /v1/models (the deployments with a routable replica)
+// and GET /health.
+//
+// It owns:
+//
+//   - the routing table (BuildTable), rebuilt from each status.Snapshot the
+//     node publishes and swapped atomically (Gateway.Update), never built
+//     from records per request. Routable means ready, a valid lease as this
+//     node judges it, planned, on a live node (suspect nodes only when
+//     nothing else is routable); a gang only through its rank-0 shard and
+//     only whole. A lease that lapses between views is skipped at request
+//     time.
+//   - the choice of replica (Policy; LeastLoad by default), fed with the
+//     engines' running and waiting requests as the gateway scrapes them
+//     (at most every second, only for deployments with traffic, the
+//     gossiped load as the fallback), corrected by the gateway's own
+//     requests since the scrape.
+//   - retries before the first byte, passive outlier ejection with a panic
+//     mode, streaming of server-sent events event by event with an error
+//     event when the engine dies mid-stream, and cancellation of the
+//     upstream request when the client goes away.
+//   - client API keys (KeySet, LoadKeys, Gateway.SetKeys) and the engines'
+//     own keys (Config.EngineKey), errors in OpenAI's shape, admission
+//     (Config.MaxInflight) and draining (Gateway.Shutdown).
+//   - its metrics (the Gateway is a prometheus.Collector), the access log
+//     (written off the request path) and recent per-deployment figures for
+//     `llmgw top` (Gateway.Stats).
+//
+// The node owns the rest: flags, the listener and TLS (NewServer gives
+// the timeouts), lifecycle, and reloading keys on SIGHUP.
+//
+// The request body is read whole (capped) and parsed only as far as
+// routing needs: model, stream and the endpoint's required field. The only
+// change made to it is the model, rewritten to the deployment name when
+// the client named the deployment's model id, since engines serve the
+// deployment name.
+package gateway

@@ -1,0 +1,389 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmgw/llmgw/supervisor/profile"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// Config configures a Gateway. The zero value serves (open, no access log,
+// least-load choice, built-in engine profiles, the real clock).
+type Config struct {
+	// Now is the clock leases, ejections, scrapes and durations are judged
+	// by; nil is time.Now.
+	Now func() time.Time
+	// Transport carries requests to engines, and the gateway's scrapes of
+	// their /metrics; nil is NewTransport().
+	Transport http.RoundTripper
+	// EngineKey, when set, gives each engine's API key by engine ID
+	// ("<shard>-<spec version>"); the gateway sends it upstream as
+	// "Authorization: Bearer <key>" in place of the client's header, which
+	// is never forwarded. An empty key sends none.
+	EngineKey func(engineID string) string
+	// Keys, when set, are the API keys clients must present; SetKeys
+	// replaces them. Nil: the gateway is open.
+	Keys *KeySet
+	// MaxInflight bounds the requests the gateway proxies at once; more get
+	// 429 with Retry-After. Zero means no bound.
+	MaxInflight int
+	// MaxBodyBytes caps a request body (DefaultMaxBodyBytes when zero).
+	MaxBodyBytes int64
+	// BodyTimeout bounds reading a request body (DefaultBodyTimeout when
+	// zero). It is set per request rather than as the server's
+	// ReadTimeout, which would also end every stream that outlives it.
+	BodyTimeout time.Duration
+	// AccessLog receives one line per request; nil writes none.
+	AccessLog io.Writer
+	// AccessLogQueue is how many lines may wait for the writer before
+	// new ones are dropped (4096 when zero).
+	AccessLogQueue int
+	// Policy chooses among routable replicas; nil is least load.
+	Policy Policy
+	// Profiles give each engine kind's metrics path and names, for the
+	// gateway's own load scrapes; nil is profile.Builtin(). An engine
+	// without one is weighed by its gossiped load only.
+	Profiles map[string]profile.Profile
+	// ScrapeInterval is the least time between two scrapes of one engine
+	// (1 s when zero). Only engines of deployments that see requests are
+	// scraped.
+	ScrapeInterval time.Duration
+	// EjectAfter connection failures in a row eject a replica for EjectFor
+	// (3 and 10 s when zero).
+	EjectAfter int
+	EjectFor   time.Duration
+	// StatsWindow is the window Stats reports over (1 min when zero).
+	StatsWindow time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytes = 32 << 20
+	DefaultBodyTimeout  = 30 * time.Second
+)
+
+// maxAttempts is one try and at most two retries.
+const maxAttempts = 3
+
+// Gateway is the node's OpenAI-compatible endpoint. It is an http.Handler
+// and a prometheus.Collector. The node feeds it every snapshot with Update;
+// requests read the routing table of the last one without locks.
+type Gateway struct {
+	cfg Config
+	now func() time.Time
+	tr  http.RoundTripper
+	// ownTransport: the gateway made tr, and closes its idle connections
+	// when it stops.
+	ownTransport bool
+	policy       Policy
+	m            *metrics
+	log          *accessLog
+	stats        *stats
+	scrape       *scrapers
+	routing      atomic.Pointer[routing]
+	keys         atomic.Pointer[KeySet]
+
+	// active counts proxied requests (admission and drain); idle is
+	// signalled when it drops to zero while stopping.
+	active   atomic.Int64
+	stopping atomic.Bool
+	idle     chan struct{}
+	stopOnce sync.Once
+
+	// states carries each engine's live state across table rebuilds, by
+	// route key.
+	statesMu sync.Mutex
+	states   map[string]*tracked
+}
+
+// tracked is one engine's live state with the names it is reported under.
+type tracked struct {
+	rep        *replica
+	deployment string
+	replicaID  string
+}
+
+// routing is one installed table with the live state of its routes.
+type routing struct {
+	table  *Table
+	routes map[string][]*liveRoute
+}
+
+type liveRoute struct {
+	Route
+	rep *replica
+}
+
+// New returns a gateway with an empty table: until the first Update, every
+// model is unknown.
+func New(cfg Config) *Gateway {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ownTransport := cfg.Transport == nil
+	if ownTransport {
+		cfg.Transport = NewTransport()
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = &LeastLoad{}
+	}
+	if cfg.Profiles == nil {
+		cfg.Profiles = profile.Builtin()
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.AccessLogQueue <= 0 {
+		cfg.AccessLogQueue = 4096
+	}
+	if cfg.ScrapeInterval <= 0 {
+		cfg.ScrapeInterval = time.Second
+	}
+	if cfg.EjectAfter <= 0 {
+		cfg.EjectAfter = 3
+	}
+	if cfg.EjectFor <= 0 {
+		cfg.EjectFor = 10 * time.Second
+	}
+	if cfg.StatsWindow <= 0 {
+		cfg.StatsWindow = time.Minute
+	}
+	g := &Gateway{cfg: cfg, now: cfg.Now, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
+		stats: newStats(cfg.StatsWindow), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
+	if cfg.AccessLog != nil {
+		g.log = newAccessLog(cfg.AccessLog, cfg.AccessLogQueue, g.m.logDropped.Inc)
+	}
+	g.scrape = newScrapers(g)
+	g.keys.Store(cfg.Keys)
+	g.routing.Store(&routing{table: BuildTable(nil, cfg.Now()), routes: map[string][]*liveRoute{}})
+	return g
+}
+
+// Update installs the routing table of a new snapshot. The node calls it
+// whenever it publishes one (every reconcile pass), so leases are judged
+// afresh at least every pass; a request also skips a route whose lease
+// lapsed since.
+func (g *Gateway) Update(snap *status.Snapshot) {
+	t := BuildTable(snap, g.now())
+	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries))}
+	g.statesMu.Lock()
+	next := make(map[string]*tracked, len(g.states))
+	for name, e := range t.entries {
+		for _, r := range e.Routes {
+			k := r.key()
+			st := next[k]
+			if st == nil {
+				if st = g.states[k]; st == nil {
+					st = &tracked{rep: newReplica()}
+				}
+				st.deployment, st.replicaID = r.Deployment, r.ReplicaID
+				next[k] = st
+			}
+			rt.routes[name] = append(rt.routes[name], &liveRoute{Route: r, rep: st.rep})
+		}
+	}
+	// An engine that left the table with requests still in flight stays
+	// counted until they end.
+	for k, st := range g.states {
+		if _, ok := next[k]; !ok && st.rep.inFlight() > 0 {
+			next[k] = st
+		}
+	}
+	g.states = next
+	g.statesMu.Unlock()
+	g.routing.Store(rt)
+	g.stats.forget(func(m string) bool { _, ok := t.entries[m]; return ok })
+}
+
+// Table is the routing table in use.
+func (g *Gateway) Table() *Table { return g.routing.Load().table }
+
+// SetKeys replaces the API keys clients must present (the node calls it on
+// SIGHUP after LoadKeys); nil opens the gateway. Requests already admitted
+// are not re-checked.
+func (g *Gateway) SetKeys(ks *KeySet) { g.keys.Store(ks) }
+
+// Stats is each deployment's recent traffic through this gateway, sorted by
+// deployment.
+func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.now()) }
+
+// Shutdown makes the gateway refuse new requests with 503 "node stopping"
+// and waits until those in flight end or ctx does, then stops its
+// background work (load scrapes, the access-log writer, idle connections
+// of its own transport). Closing the
+// listener is the node's part. It returns ctx's error if requests were
+// still in flight when ctx ended; they go on until the server closes them.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.stopping.Store(true)
+	var err error
+	for g.active.Load() > 0 && err == nil {
+		select {
+		case <-g.idle:
+		case <-ctx.Done():
+			err = fmt.Errorf("gateway: %d requests still in flight: %w", g.active.Load(), ctx.Err())
+		}
+	}
+	g.stopOnce.Do(func() {
+		g.scrape.close()
+		if g.log != nil {
+			g.log.close()
+		}
+		if t, ok := g.tr.(interface{ CloseIdleConnections() }); ok && g.ownTransport {
+			t.CloseIdleConnections()
+		}
+	})
+	return err
+}
+
+// admit counts a proxied request; release uncounts it.
+func (g *Gateway) admit() *apiError {
+	n := g.active.Add(1)
+	if g.stopping.Load() {
+		return errStopping()
+	}
+	if g.cfg.MaxInflight > 0 && n > int64(g.cfg.MaxInflight) {
+		return errOverloaded(g.cfg.MaxInflight)
+	}
+	return nil
+}
+
+func (g *Gateway) release() {
+	if g.active.Add(-1) == 0 && g.stopping.Load() {
+		select {
+		case g.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// ServeHTTP serves the OpenAI surface: POST /v1/chat/completions,
+// /v1/completions and /v1/embeddings (proxied), GET /v1/models and
+// GET /health.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/chat/completions":
+		g.proxyPost(w, r, chatEndpoint)
+	case "/v1/completions":
+		g.proxyPost(w, r, completionsEndpoint)
+	case "/v1/embeddings":
+		g.proxyPost(w, r, embeddingsEndpoint)
+	case "/v1/models":
+		g.models(w, r)
+	case "/health":
+		g.health(w, r)
+	default:
+		g.refuse(w, r, errNotFound(r.URL.Path), "")
+	}
+}
+
+// refuse answers a request the gateway turns down itself, and logs it.
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *apiError, model string) {
+	e.write(w)
+	at := g.now()
+	if model == "" {
+		model = unknownModel
+	}
+	g.m.requests.WithLabelValues(model, statusLabel(e.status)).Inc()
+	if g.log != nil {
+		g.log.add(logEntry{at: at, method: r.Method, path: r.URL.Path, model: model, status: e.status, err: e.code})
+	}
+}
+
+func (g *Gateway) health(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		errMethod(r.Method, "GET").write(w)
+		return
+	}
+	if g.stopping.Load() {
+		errStopping().write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+}
+
+// modelCard is one entry of /v1/models, in OpenAI's shape; root is the
+// model id the deployment serves, as vLLM reports it.
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	Root    string `json:"root,omitempty"`
+}
+
+// models lists the deployments with at least one routable replica now.
+func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		g.refuse(w, r, errMethod(r.Method, "GET"), "")
+		return
+	}
+	if !g.authorized(w, r) {
+		return
+	}
+	rt := g.routing.Load()
+	now := g.now()
+	cards := []modelCard{}
+	for _, name := range rt.table.names {
+		for _, lr := range rt.routes[name] {
+			if lr.live(now) {
+				e := rt.table.entries[name]
+				cards = append(cards, modelCard{ID: name, Object: "model", Created: e.Created, OwnedBy: "llmgw", Root: e.Model})
+				break
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", cards})
+}
+
+// live reports whether the route's lease still holds at now.
+func (lr *liveRoute) live(now time.Time) bool {
+	return lr.LeaseExpires.IsZero() || now.Before(lr.LeaseExpires)
+}
+
+// authorized checks the client's key when keys are set, answering 401
+// itself when it fails.
+func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request) bool {
+	_, err := g.authorize(r)
+	if err != nil {
+		g.refuse(w, r, err, "")
+		return false
+	}
+	return true
+}
+
+// authorize checks the client's key when keys are set; name is the key's
+// name, for the access log.
+func (g *Gateway) authorize(r *http.Request) (name string, err *apiError) {
+	ks := g.keys.Load()
+	if ks == nil {
+		return "", nil
+	}
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return "", errUnauthorized("missing API key: send Authorization: Bearer <key>")
+	}
+	tok, ok := bearer(h)
+	if !ok {
+		return "", errUnauthorized("malformed Authorization header: want Bearer <key>")
+	}
+	name, ok = ks.Check(tok)
+	if !ok {
+		return "", errUnauthorized("invalid API key")
+	}
+	return name, nil
+}

@@ -1,0 +1,103 @@
+package gateway
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// unknownModel labels requests whose model resolved to no deployment: the
+// client chooses that string, and a label per typo would grow without
+// bound.
+const unknownModel = "(unknown)"
+
+// metrics are the gateway's Prometheus series. They live in the Gateway,
+// not in a package-level registry, and reach the node's /metrics through
+// Gateway's Collector methods.
+type metrics struct {
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	ttfb           *prometheus.HistogramVec
+	retries        *prometheus.CounterVec
+	ejections      *prometheus.CounterVec
+	upstreamErrors *prometheus.CounterVec
+	logDropped     prometheus.Counter
+	scrapeErrors   prometheus.Counter
+}
+
+// descInflight is read from the replicas' own counters at scrape time, so
+// replicas that left the table leave the metric with them.
+var descInflight = prometheus.NewDesc("llmgw_gateway_requests_in_flight",
+	"Requests this node's gateway has in flight, by deployment and replica.", []string{"model", "replica"}, nil)
+
+func newMetrics() *metrics {
+	return &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_requests_total",
+			Help: "Requests the gateway answered, by deployment and HTTP status (499: the client went away).",
+		}, []string{"model", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_request_duration_seconds",
+			Help:    "Time from a request's arrival to its last byte, by deployment.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+		}, []string{"model"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_time_to_first_byte_seconds",
+			Help:    "Time from a request's arrival to the first byte of the engine's answer relayed (the first event of a stream), by deployment.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"model"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_retries_total",
+			Help: "Requests sent to another replica, by deployment and why: connect (refused or reset before any byte), auth (the engine refused the gateway's key), busy (429 or 503).",
+		}, []string{"model", "reason"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_ejections_total",
+			Help: "Replicas skipped for a while by passive outlier detection, by deployment, replica and why (connect, auth).",
+		}, []string{"model", "replica", "reason"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_upstream_errors_total",
+			Help: "Failures of engines behind the gateway, by deployment, replica and kind: connect, auth (401/403), busy (429/503), stream (the engine broke off an answer).",
+		}, []string{"model", "replica", "kind"}),
+		logDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_gateway_access_log_dropped_total",
+			Help: "Access-log lines dropped because the writer fell behind (requests never wait for it).",
+		}),
+		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_gateway_load_scrape_errors_total",
+			Help: "Failed scrapes of an engine's /metrics by the gateway; the gossiped load is used meanwhile.",
+		}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.retries, m.ejections, m.upstreamErrors, m.logDropped, m.scrapeErrors}
+}
+
+// Describe implements prometheus.Collector.
+func (g *Gateway) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range g.m.collectors() {
+		c.Describe(ch)
+	}
+	ch <- descInflight
+}
+
+// Collect implements prometheus.Collector.
+func (g *Gateway) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range g.m.collectors() {
+		c.Collect(ch)
+	}
+	// Old and new spec versions of one replica are separate engines with
+	// one replica name: summed, so no label set is sent twice.
+	type key struct{ model, replica string }
+	sums := map[key]int{}
+	g.statesMu.Lock()
+	for _, st := range g.states {
+		sums[key{st.deployment, st.replicaID}] += st.rep.inFlight()
+	}
+	g.statesMu.Unlock()
+	for k, n := range sums {
+		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(n), k.model, k.replica)
+	}
+}
+
+func statusLabel(code int) string { return strconv.Itoa(code) }

@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/supervisor/profile"
+)
+
+// scrapeTimeout bounds one scrape: a load reading that takes longer is too
+// old to choose by when it arrives.
+const scrapeTimeout = 2 * time.Second
+
+// fresh is how long a scrape is chosen by. Engines that see traffic are
+// scraped every ScrapeInterval, so a reading older than a few intervals
+// means the scrapes fail, and the gossiped load is the better guess.
+func (g *Gateway) fresh() time.Duration { return 3 * g.cfg.ScrapeInterval }
+
+// scrapers reads engines' /metrics for the gateway's own load estimate. A
+// scrape starts from a request's choice, never from a ticker, so only
+// deployments that see traffic are scraped, each engine at most once per
+// ScrapeInterval and never twice at once. The engine runner's own scrape
+// (every 5 s, gossiped) is the fallback.
+type scrapers struct {
+	g      *Gateway
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	wg       sync.WaitGroup
+	byEngine map[string]*engineScraper
+}
+
+// engineScraper reads one engine kind's page; nil for kinds without one.
+type engineScraper struct {
+	s    *load.Scraper
+	path string
+}
+
+func newScrapers(g *Gateway) *scrapers {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &scrapers{g: g, ctx: ctx, cancel: cancel, byEngine: map[string]*engineScraper{}}
+}
+
+// forEngine returns the scraper of an engine kind, made on first use.
+func (s *scrapers) forEngine(engine string) *engineScraper {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if es, ok := s.byEngine[engine]; ok {
+		return es
+	}
+	var es *engineScraper
+	if p, ok := s.g.cfg.Profiles[engine]; ok && p.MetricsPath != "" && (p.Metrics.Running != "" || p.Metrics.Waiting != "") {
+		client := &http.Client{Transport: s.g.tr, Timeout: scrapeTimeout}
+		es = &engineScraper{path: p.MetricsPath,
+			s: load.NewScraper(client, clock.Func(s.g.now), load.WithNames(metricNames(p.Metrics)))}
+	}
+	s.byEngine[engine] = es
+	return es
+}
+
+// maybe starts a scrape of lr's engine if one is due.
+func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
+	es := s.forEngine(engine)
+	if es == nil {
+		return
+	}
+	epoch, due := lr.rep.scrapeDue(now, s.g.cfg.ScrapeInterval)
+	if !due {
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		lr.rep.scrapeDone(epoch, 0, time.Time{}, false)
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	url, rep := lr.URL+es.path, lr.rep
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, scrapeTimeout)
+		defer cancel()
+		sm, err := es.s.Scrape(ctx, url)
+		if err != nil {
+			s.g.m.scrapeErrors.Inc()
+			rep.scrapeDone(epoch, 0, time.Time{}, false)
+			return
+		}
+		rep.scrapeDone(epoch, sm.Running+sm.Waiting, sm.At, true)
+	}()
+}
+
+// close cancels scrapes in progress and waits for them.
+func (s *scrapers) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+// metricNames turns a profile's metric names into the load scraper's (as
+// the engine runner does for its own scrape).
+func metricNames(m profile.Metrics) load.Names {
+	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
+		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
+	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
+		if k != "" {
+			n.KVCache = append(n.KVCache, k)
+		}
+	}
+	return n
+}

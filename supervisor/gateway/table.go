@@ -1,0 +1,276 @@
+package gateway
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// Route is one replica a request can be sent to: the engine that serves it
+// (for a gang, the rank-0 shard's, which is the one that listens for
+// requests).
+type Route struct {
+	Deployment  string
+	ReplicaID   string
+	ShardID     string
+	SpecVersion string
+	// EngineID is "<shard>-<spec version>", the name the engine's API key
+	// is looked up by.
+	EngineID string
+	Node     string
+	URL      string
+	// Suspect: memberlist suspects the node of one of the replica's shards.
+	// Such routes are used only when nothing else is routable.
+	Suspect bool
+	// Draining: an old or displaced copy that serves until its replacement
+	// is ready.
+	Draining bool
+	// LeaseExpires is when the first of the replica's leases lapses unless
+	// renewed; a request after it skips the route without waiting for the
+	// next view.
+	LeaseExpires time.Time
+	// Load is the gossiped running plus waiting requests of the rank-0
+	// engine, the fallback when the gateway has no fresh scrape of its own.
+	Load float64
+}
+
+// key identifies a route's engine across table rebuilds. The URL is part of
+// it: an engine restarted on another port is a new upstream, and its
+// predecessor's failures must not eject it.
+func (r *Route) key() string { return r.EngineID + "@" + r.URL }
+
+// Entry is one deployment as the gateway serves it.
+type Entry struct {
+	Name   string
+	Model  string
+	Engine string
+	// Created is when the deployment was last placed (Unix seconds), for
+	// /v1/models.
+	Created int64
+	// Routes are the routable replicas, sorted by replica, spec version and
+	// node.
+	Routes []Route
+	// Why says, when Routes is empty, why nothing is routable: placement's
+	// reasons and the state of the shards it placed.
+	Why string
+}
+
+// Table is the routing table of one view: every deployment with its
+// routable replicas. It is immutable once built.
+type Table struct {
+	builtAt time.Time
+	entries map[string]*Entry
+	names   []string
+	// byModel maps a model id to the deployments serving it, sorted.
+	byModel map[string][]string
+}
+
+// BuildTable makes the routing table from a snapshot, judging leases at now
+// (Snapshot.Shards(now)), so a lease that lapsed since the reconcile pass is
+// not routed to. It is pure: the gateway calls it on every view change and
+// never looks at records per request.
+//
+// A replica is routable when every one of its shards (one, or
+// pipeline_parallel for a gang) is ready, holds a valid lease, is one the
+// plan counts on (a copy left out of the plan is being stopped by its node),
+// and sits on a node memberlist calls alive or suspect. Old and new spec
+// versions of a replica are both routable during a rollout: the plan keeps
+// old copies as draining until their replacements are ready. A gang is
+// routed to through its rank-0 shard only.
+func BuildTable(snap *status.Snapshot, now time.Time) *Table {
+	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}}
+	if snap == nil {
+		return t
+	}
+	state := map[string]gossip.MemberState{}
+	for _, m := range snap.Members() {
+		state[m.Name] = m.State
+	}
+	type copyKey struct{ node, shard, spec string }
+	planned := map[copyKey]bool{}
+	for _, a := range snap.Plan().Assignments {
+		planned[copyKey{a.Node, a.ShardID, a.SpecVersion}] = true
+	}
+
+	// One group per (replica, spec version): the shards that must all be
+	// routable for the replica to be.
+	type groupKey struct{ replica, spec string }
+	type group struct {
+		valid map[int]status.ShardInfo
+		// maxIndex is the largest shard index seen whatever its lease, and
+		// single whether the replica's only shard is the replica itself:
+		// together the gang size of a spec version other than the
+		// current one, whose spec the snapshot no longer has.
+		maxIndex int
+		single   bool
+	}
+	groups := map[string]map[groupKey]*group{}
+	byDep := map[string][]status.ShardInfo{}
+	for _, si := range snap.Shards(now) {
+		byDep[si.Deployment] = append(byDep[si.Deployment], si)
+		if si.Node == "" {
+			continue // unplaced
+		}
+		idx, ok := shardIndex(si.ShardID, si.ReplicaID)
+		if !ok {
+			continue
+		}
+		if groups[si.Deployment] == nil {
+			groups[si.Deployment] = map[groupKey]*group{}
+		}
+		k := groupKey{si.ReplicaID, si.SpecVersion}
+		g := groups[si.Deployment][k]
+		if g == nil {
+			g = &group{valid: map[int]status.ShardInfo{}, maxIndex: -1}
+			groups[si.Deployment][k] = g
+		}
+		g.maxIndex = max(g.maxIndex, idx)
+		g.single = g.single || si.ShardID == si.ReplicaID
+		ms := state[si.Node]
+		if si.Lease == placement.LeaseValid && si.Status == gossip.ShardReady && si.URL != "" &&
+			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] &&
+			(ms == gossip.StateAlive || ms == gossip.StateSuspect) {
+			g.valid[idx] = si
+		}
+	}
+
+	for _, d := range snap.Deployments(now) {
+		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000}
+		for k, g := range groups[d.Name] {
+			size := d.PipelineParallel
+			if k.spec != d.SpecVersion {
+				size = g.maxIndex + 1
+				if g.single {
+					size = 1
+				}
+			}
+			if size < 1 || len(g.valid) != size {
+				continue
+			}
+			r0, ok := g.valid[0]
+			if !ok {
+				continue
+			}
+			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
+				EngineID: r0.ShardID + "-" + k.spec, Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
+				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting}
+			for _, si := range g.valid {
+				rt.Suspect = rt.Suspect || state[si.Node] == gossip.StateSuspect
+				rt.Draining = rt.Draining || si.Draining
+				if !si.LeaseExpires.IsZero() && (rt.LeaseExpires.IsZero() || si.LeaseExpires.Before(rt.LeaseExpires)) {
+					rt.LeaseExpires = si.LeaseExpires
+				}
+			}
+			e.Routes = append(e.Routes, rt)
+		}
+		slices.SortFunc(e.Routes, func(a, b Route) int {
+			return strings.Compare(a.ReplicaID+"\x00"+a.SpecVersion+"\x00"+a.Node, b.ReplicaID+"\x00"+b.SpecVersion+"\x00"+b.Node)
+		})
+		if len(e.Routes) == 0 {
+			e.Why = whyNot(d, byDep[d.Name])
+		}
+		t.entries[d.Name] = e
+		t.names = append(t.names, d.Name)
+		t.byModel[d.Model] = append(t.byModel[d.Model], d.Name)
+	}
+	slices.Sort(t.names)
+	for _, ns := range t.byModel {
+		slices.Sort(ns)
+	}
+	return t
+}
+
+// shardIndex is a shard's position in its replica: 0 for a replica of one
+// shard, j for "<replica>-s<j>".
+func shardIndex(shard, replica string) (int, bool) {
+	if shard == replica {
+		return 0, true
+	}
+	rest, ok := strings.CutPrefix(shard, replica+"-s")
+	if !ok {
+		return 0, false
+	}
+	j, err := strconv.Atoi(rest)
+	if err != nil || j < 0 {
+		return 0, false
+	}
+	return j, true
+}
+
+// maxWhy bounds the reasons quoted in one error: a deployment of many
+// replicas would otherwise answer with a page.
+const maxWhy = 6
+
+// whyNot explains a deployment with no routable replica: placement's own
+// reasons (unplaced shards, start errors), then the state of each copy of
+// the current version it placed.
+func whyNot(d status.DeploymentInfo, shards []status.ShardInfo) string {
+	if d.Replicas == 0 {
+		return "the deployment is scaled to zero (replicas: 0)"
+	}
+	parts := slices.Clone(d.Why)
+	for _, si := range shards {
+		if si.Node == "" || si.SpecVersion != d.SpecVersion || si.Reason != "" {
+			continue // unplaced and failing shards are in d.Why already
+		}
+		switch {
+		case si.Lease == placement.LeaseStarting:
+			parts = append(parts, fmt.Sprintf("%s on %s: engine %s, not ready yet", si.ShardID, si.Node, si.Status))
+		case si.Lease == placement.LeaseLapsed:
+			parts = append(parts, fmt.Sprintf("%s on %s: lease lapsed", si.ShardID, si.Node))
+		case si.Lease == placement.LeaseValid && d.PipelineParallel > 1:
+			parts = append(parts, fmt.Sprintf("%s on %s: ready, waiting for the rest of its gang", si.ShardID, si.Node))
+		}
+	}
+	if len(parts) == 0 {
+		return "no replica is ready"
+	}
+	if len(parts) > maxWhy {
+		parts = append(parts[:maxWhy], fmt.Sprintf("and %d more", len(parts)-maxWhy))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// BuiltAt is the moment the table judged leases at.
+func (t *Table) BuiltAt() time.Time { return t.builtAt }
+
+// Names lists every deployment, sorted.
+func (t *Table) Names() []string { return slices.Clone(t.names) }
+
+// Entry returns one deployment by name.
+func (t *Table) Entry(name string) (*Entry, bool) {
+	e, ok := t.entries[name]
+	return e, ok
+}
+
+// Routes lists a deployment's routable replicas as of the table's view.
+func (t *Table) Routes(name string) []Route {
+	if e, ok := t.entries[name]; ok {
+		return slices.Clone(e.Routes)
+	}
+	return nil
+}
+
+// resolve finds the deployment a request's model names: a deployment name
+// first, else a model id exactly one deployment serves. byID says the
+// request used the model id, so its body must be rewritten to the name the
+// engine serves.
+func (t *Table) resolve(model string) (e *Entry, byID bool, err *apiError) {
+	if e, ok := t.entries[model]; ok {
+		return e, false, nil
+	}
+	switch deps := t.byModel[model]; len(deps) {
+	case 0:
+		return nil, false, errUnknownModel(model, t.names)
+	case 1:
+		return t.entries[deps[0]], true, nil
+	default:
+		return nil, false, errAmbiguousModel(model, deps)
+	}
+}
