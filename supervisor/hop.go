@@ -1,10 +1,12 @@
 package supervisor
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,10 +19,10 @@ import (
 // caller's token signs the hop instead, with a secret derived from the
 // token for that one purpose; the receiving node, holding the same token,
 // checks the signature. The token itself never leaves the node, and a
-// signature is good for one method, path and query, one forwarding node,
-// one caller, and hopWindow either side of its time.
+// signature is good for one method, path and query, one body, one
+// forwarding node, one caller, and hopWindow either side of its time.
 //
-// Today the logs proxy uses it (purpose "logs").
+// The logs proxy (purpose "logs") and MCP forwarding (purpose "mcp") use it.
 const (
 	// hopHeader carries "<unix seconds>.<hex HMAC-SHA256>".
 	hopHeader = "X-Llmgw-Hop"
@@ -43,30 +45,34 @@ func purposeKey(token, purpose string) []byte {
 	return m.Sum(nil)
 }
 
-// hopMAC signs everything the hop's meaning depends on. Each field goes
-// in with its length, so no two different hops sign the same bytes.
-func hopMAC(key []byte, method, target, from, caller string, unix int64) []byte {
+// hopMAC signs everything the hop's meaning depends on, the body by its
+// digest. Each field goes in with its length, so no two different hops
+// sign the same bytes.
+func hopMAC(key []byte, method, target, from, caller string, body []byte, unix int64) []byte {
+	digest := sha256.Sum256(body)
 	m := hmac.New(sha256.New, key)
-	for _, f := range []string{method, target, from, caller, strconv.FormatInt(unix, 10)} {
+	for _, f := range []string{method, target, from, caller, hex.EncodeToString(digest[:]), strconv.FormatInt(unix, 10)} {
 		fmt.Fprintf(m, "%d:%s,", len(f), f)
 	}
 	return m.Sum(nil)
 }
 
 // signHop marks out, which this node is about to send to another node for
-// caller, as checked here, in place of the caller's token (removed).
-func (n *Node) signHop(out *http.Request, purpose, caller string) {
+// caller with body, as checked here, in place of the caller's token
+// (removed).
+func (n *Node) signHop(out *http.Request, purpose, caller string, body []byte) {
 	out.Header.Del("Authorization")
 	unix := n.clock.Now().Unix()
-	mac := hopMAC(purposeKey(n.cfg.Token, purpose), out.Method, out.URL.RequestURI(), n.cfg.Name, caller, unix)
+	mac := hopMAC(purposeKey(n.cfg.Token, purpose), out.Method, out.URL.RequestURI(), n.cfg.Name, caller, body, unix)
 	out.Header.Set(forwardedHeader, n.cfg.Name)
 	out.Header.Set(hopCallerHeader, caller)
 	out.Header.Set(hopHeader, strconv.FormatInt(unix, 10)+"."+hex.EncodeToString(mac))
 }
 
-// verifyHop checks the signature of a request another node forwarded, and
-// returns the caller it vouches for. The error says what is wrong.
-func (n *Node) verifyHop(r *http.Request, purpose string) (string, error) {
+// verifyHop checks the signature of a request another node forwarded,
+// whose body is body, and returns the caller it vouches for. The error
+// says what is wrong.
+func (n *Node) verifyHop(r *http.Request, purpose string, body []byte) (string, error) {
 	from, caller := r.Header.Get(forwardedHeader), r.Header.Get(hopCallerHeader)
 	ts, sig, ok := strings.Cut(r.Header.Get(hopHeader), ".")
 	unix, err := strconv.ParseInt(ts, 10, 64)
@@ -77,8 +83,43 @@ func (n *Node) verifyHop(r *http.Request, purpose string) (string, error) {
 	if d := n.clock.Now().Sub(time.Unix(unix, 0)); d > hopWindow || d < -hopWindow {
 		return "", fmt.Errorf("a call forwarded by %q was signed %s away from this node's clock, more than %s: are the two nodes' clocks set?", from, d.Round(time.Second), hopWindow)
 	}
-	if !hmac.Equal(got, hopMAC(purposeKey(n.cfg.Token, purpose), r.Method, r.RequestURI, from, caller, unix)) {
+	if !hmac.Equal(got, hopMAC(purposeKey(n.cfg.Token, purpose), r.Method, r.RequestURI, from, caller, body, unix)) {
 		return "", fmt.Errorf("a call forwarded by %q has a wrong signature: do all nodes have the same cluster token?", from)
 	}
 	return caller, nil
 }
+
+// SignHop signs out, a request with body that this node forwards to
+// another node for MCP (see signHop), in place of the caller's token.
+func (n *Node) SignHop(out *http.Request, caller string, body []byte) {
+	n.signHop(out, "mcp", caller, body)
+}
+
+// RequireTokenOrHop wraps h so that it needs the cluster token, or a hop
+// signed for MCP by another node holding the same token (MCP forwarding
+// never sends the token). A signed request's body is read (at most
+// maxHopBody) to check its digest and handed on unchanged.
+func (n *Node) RequireTokenOrHop(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(hopHeader) == "" {
+			if n.checkToken(w, r) {
+				h.ServeHTTP(w, r)
+			}
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxHopBody))
+		if err != nil {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a forwarded call's body over %d bytes: %v", maxHopBody, err))
+			return
+		}
+		if _, err := n.verifyHop(r, "mcp", body); err != nil {
+			writeError(w, http.StatusForbidden, err.Error())
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		h.ServeHTTP(w, r)
+	})
+}
+
+// maxHopBody bounds the body of a signed hop: MCP's own limit.
+const maxHopBody = 1 << 20

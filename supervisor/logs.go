@@ -128,7 +128,7 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 		// exactly the request that goes out.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
-			n.signHop(pr.Out, "logs", caller)
+			n.signHop(pr.Out, "logs", caller, nil)
 		},
 		FlushInterval: -1,
 	}
@@ -142,7 +142,7 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 // writes the error.
 func (n *Node) logsCaller(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if r.Header.Get(hopHeader) != "" {
-		caller, err := n.verifyHop(r, "logs")
+		caller, err := n.verifyHop(r, "logs", nil)
 		if err != nil {
 			writeError(w, http.StatusForbidden, err.Error())
 			return "", false

@@ -1,11 +1,13 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,7 +183,7 @@ func TestLogsNeedTheToken(t *testing.T) {
 	sign := func(token, purpose string, at time.Time) http.Header {
 		h := http.Header{}
 		target := "/v1/shards/x-0/logs?tail=1"
-		mac := hopMAC(purposeKey(token, purpose), "GET", target, "b", "127.0.0.1", at.Unix())
+		mac := hopMAC(purposeKey(token, purpose), "GET", target, "b", "127.0.0.1", nil, at.Unix())
 		h.Set(forwardedHeader, "b")
 		h.Set(hopCallerHeader, "127.0.0.1")
 		h.Set(hopHeader, fmt.Sprintf("%d.%x", at.Unix(), mac))
@@ -308,5 +310,51 @@ func TestFollowSlots(t *testing.T) {
 	}
 	if s.total != 0 || len(s.byCaller) != 0 {
 		t.Fatalf("after every release: %d open, %v", s.total, s.byCaller)
+	}
+}
+
+// A call another node forwards for MCP is let in by its signature, made
+// over its body with a key derived from the token: a changed body, a key
+// from another token, or no signature at all are refused before MCP sees
+// anything.
+func TestMCPHopIsCheckedWithItsBody(t *testing.T) {
+	h := newHarness(t)
+	n := h.start("a")
+	var got []byte
+	guarded := n.RequireTokenOrHop(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusOK)
+	}))
+	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`)
+	send := func(sign func(*http.Request), sent []byte) int {
+		req := httptest.NewRequest("POST", "/mcp", bytes.NewReader(sent))
+		sign(req)
+		rec := httptest.NewRecorder()
+		guarded.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	signed := func(r *http.Request) { n.SignHop(r, "mcp", body) }
+	if code := send(signed, body); code != http.StatusOK || !bytes.Equal(got, body) {
+		t.Fatalf("a signed hop: HTTP %d, body handed on %q; want 200 and %q", code, got, body)
+	}
+	if code := send(signed, []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)); code != http.StatusForbidden {
+		t.Errorf("a signed hop with another body: HTTP %d, want 403", code)
+	}
+	other := func(r *http.Request) {
+		unix := time.Now().Unix()
+		mac := hopMAC(purposeKey("another-cluster-token-0123456789", "mcp"), r.Method, r.URL.RequestURI(), "b", "mcp", body, unix)
+		r.Header.Set(forwardedHeader, "b")
+		r.Header.Set(hopCallerHeader, "mcp")
+		r.Header.Set(hopHeader, fmt.Sprintf("%d.%x", unix, mac))
+	}
+	if code := send(other, body); code != http.StatusForbidden {
+		t.Errorf("a hop signed under another token: HTTP %d, want 403", code)
+	}
+	logsKey := func(r *http.Request) { n.signHop(r, "logs", "mcp", body) }
+	if code := send(logsKey, body); code != http.StatusForbidden {
+		t.Errorf("a hop signed for logs, not MCP: HTTP %d, want 403", code)
+	}
+	if code := send(func(*http.Request) {}, body); code != http.StatusUnauthorized {
+		t.Errorf("neither token nor signature: HTTP %d, want 401", code)
 	}
 }

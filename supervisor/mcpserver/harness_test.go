@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -76,6 +77,29 @@ type testNode struct {
 	node       *supervisor.Node
 	mcp        *Server
 	gossipPort int
+	// sent records the headers of every request this node's MCP server
+	// sent to another node.
+	sent *recordingTransport
+}
+
+// recordingTransport records the headers of what goes through it.
+type recordingTransport struct {
+	base    http.RoundTripper
+	mu      sync.Mutex
+	headers []http.Header
+}
+
+func (t *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.mu.Lock()
+	t.headers = append(t.headers, r.Header.Clone())
+	t.mu.Unlock()
+	return t.base.RoundTrip(r)
+}
+
+func (t *recordingTransport) all() []http.Header {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.headers)
 }
 
 func (tn *testNode) url(path string) string { return "http://" + tn.node.APIAddr() + path }
@@ -88,7 +112,7 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 	if err := os.WriteFile(filepath.Join(logDir, "engine.log"), []byte("starting\nready on "+name+"\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	tn := &testNode{name: name}
+	tn := &testNode{name: name, sent: &recordingTransport{base: http.DefaultTransport}}
 	var joins []int
 	for _, j := range join {
 		joins = append(joins, j.gossipPort)
@@ -106,7 +130,8 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 				Sleep:    func(context.Context, time.Duration) error { return nil },
 				StackGap: time.Millisecond,
 			},
-			Version: "test",
+			Version:    "test",
+			HTTPClient: &http.Client{Transport: tn.sent},
 		})
 	}
 	tn.node = supervisortest.Start(tb, cfg)

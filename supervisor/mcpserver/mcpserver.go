@@ -16,8 +16,10 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -87,7 +89,12 @@ type Node interface {
 	Reader
 	Placer
 	GPUSnapshot() gpu.Snapshot
-	RequireToken(h http.Handler) http.Handler
+	// RequireTokenOrHop guards /mcp: the cluster token, or a call another
+	// node forwarded and signed.
+	RequireTokenOrHop(h http.Handler) http.Handler
+	// SignHop signs a request to another node's /mcp in place of the
+	// caller's token, which never leaves this node.
+	SignHop(out *http.Request, caller string, body []byte)
 }
 
 // Server is the MCP endpoint of one node. It is also a
@@ -151,7 +158,7 @@ func New(n Node, opts Options) *Server {
 	s.client = mcp.NewClient(&mcp.Implementation{Name: "llmgw-forward", Version: opts.Version}, nil)
 	s.addHostTools(host.Tools(hc))
 	s.addClusterTools()
-	s.handler = n.RequireToken(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
+	s.handler = n.RequireTokenOrHop(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.srv }, &mcp.StreamableHTTPOptions{
 		Stateless:    true,
 		JSONResponse: true,
 		// Every request carries the cluster token, which a DNS-rebinding
@@ -227,7 +234,8 @@ func reachable(s gossip.MemberState) bool {
 	return s == gossip.StateAlive || s == gossip.StateSuspect
 }
 
-// headerTransport sets fixed headers on every request of a forwarded call.
+// headerTransport sets fixed headers on every request (the stdio bridge's
+// token, to the node its user named).
 type headerTransport struct {
 	base http.RoundTripper
 	set  http.Header
@@ -241,9 +249,40 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.base.RoundTrip(r)
 }
 
-// forward calls tool name with the raw arguments on another node, with the
-// caller's Authorization header. A failure to reach the node is a tool
-// error; the peer's own answer, error or not, is passed back unchanged.
+// signingTransport sets fixed headers on every request of a forwarded call
+// and signs it for the node it goes to: the address came from gossip, so
+// the caller's token must not go with it.
+type signingTransport struct {
+	base   http.RoundTripper
+	set    http.Header
+	sign   func(out *http.Request, caller string, body []byte)
+	caller string
+}
+
+func (t *signingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	var body []byte
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("forward: read the request body: %w", err)
+		}
+		body = b
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.ContentLength = int64(len(b))
+	}
+	for k, v := range t.set {
+		r.Header[k] = v
+	}
+	t.sign(r, t.caller, body)
+	return t.base.RoundTrip(r)
+}
+
+// forward calls tool name with the raw arguments on another node, signed
+// as checked here (never with the caller's token). A failure to reach the
+// node is a tool error; the peer's own answer, error or not, is passed
+// back unchanged.
 func (s *Server) forward(ctx context.Context, req *mcp.CallToolRequest, target string) (*mcp.CallToolResult, error) {
 	var in http.Header
 	if req.Extra != nil {
@@ -261,10 +300,7 @@ func (s *Server) forward(ctx context.Context, req *mcp.CallToolRequest, target s
 		base = http.DefaultTransport
 	}
 	set := http.Header{forwardedHeader: {s.self()}}
-	if a := in.Get("Authorization"); a != "" {
-		set.Set("Authorization", a)
-	}
-	hc := &http.Client{Transport: &headerTransport{base: base, set: set}, Timeout: s.hc.Timeout}
+	hc := &http.Client{Transport: &signingTransport{base: base, set: set, sign: s.node.SignHop, caller: "mcp"}, Timeout: s.hc.Timeout}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.ForwardTimeout)
 	defer cancel()
 	cs, err := s.client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: p.endpoint, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)

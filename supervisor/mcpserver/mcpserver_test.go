@@ -328,6 +328,30 @@ func TestForwardToOtherNode(t *testing.T) {
 	}
 }
 
+// A forwarded call goes to an address learned from gossip, which a forged
+// record could name: it carries a signature made with a key derived from
+// the token, never the token.
+func TestForwardedCallsNeverCarryTheToken(t *testing.T) {
+	alpha, bravo := twoNodes(t)
+	_ = bravo
+	cs := connect(t, alpha, testToken)
+	if out := text(callTool(t, cs, "meminfo", map[string]any{"node": "bravo"})); !strings.HasPrefix(out, "[host-bravo ") {
+		t.Fatalf("meminfo forwarded to bravo: %.80q", out)
+	}
+	sent := alpha.sent.all()
+	if len(sent) == 0 {
+		t.Fatal("alpha recorded no forwarded request")
+	}
+	for i, h := range sent {
+		if a := h.Get("Authorization"); a != "" {
+			t.Errorf("forwarded request %d carried Authorization %q", i, a)
+		}
+		if h.Get("X-Llmgw-Hop") == "" {
+			t.Errorf("forwarded request %d is not signed: %v", i, h)
+		}
+	}
+}
+
 func TestForwardNeedsCallersToken(t *testing.T) {
 	alpha, bravo := twoNodes(t)
 	_ = bravo
