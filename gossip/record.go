@@ -103,6 +103,9 @@ type NodeRecord struct {
 	Content      Version           `json:"content"`
 	API          string            `json:"api"`
 	Gossip       string            `json:"gossip"`
+	// Gateway is where the node's OpenAI-compatible gateway answers
+	// (host:port; empty: none).
+	Gateway string `json:"gateway,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	GPUs         []placement.GPU   `json:"gpus"`
 	Shards       []ShardRecord     `json:"shards,omitempty"`

@@ -125,7 +125,7 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	// The hosts the node advertises: its engines must be at one of them.
 	// (API and gossip may differ, as in the netns scenarios.)
 	hosts := map[string]bool{}
-	for _, a := range []struct{ field, addr string }{{"api", r.API}, {"gossip", r.Gossip}} {
+	for _, a := range []struct{ field, addr string }{{"api", r.API}, {"gossip", r.Gossip}, {"gateway", r.Gateway}} {
 		if a.addr == "" {
 			continue
 		}
@@ -133,7 +133,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if port, perr := strconv.Atoi(p); err != nil || h == "" || perr != nil || port < 1 || port > 65535 {
 			return bad(a.field, "%q, want host:port", a.addr)
 		}
-		hosts[strings.ToLower(h)] = true
+		if a.field != "gateway" {
+			hosts[strings.ToLower(h)] = true
+		}
 	}
 	if len(r.GPUs) > maxNodeGPUs {
 		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)

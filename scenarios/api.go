@@ -1,6 +1,7 @@
 package scenarios
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -240,4 +241,58 @@ func (r *runner) chat(ctx context.Context, url string) error {
 		return fmt.Errorf("answer without choices")
 	}
 	return nil
+}
+
+// chatThroughGateway sends one small chat completion for deployment to a
+// node's gateway, streamed or not, and checks the answer: a choice, or,
+// streamed, events that end with [DONE] and carry no error.
+func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool) error {
+	body := map[string]any{
+		"model":      deployment,
+		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
+		"max_tokens": 4,
+		"stream":     stream,
+	}
+	if !stream {
+		var resp struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if err := r.call(ctx, "POST", gatewayURL+"/v1/chat/completions", body, false, &resp); err != nil {
+			return err
+		}
+		if len(resp.Choices) == 0 {
+			return fmt.Errorf("answer without choices")
+		}
+		return nil
+	}
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, "POST", gatewayURL+"/v1/chat/completions", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data:")
+		if !ok {
+			continue
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			return nil
+		}
+		if strings.Contains(data, `"error"`) {
+			return fmt.Errorf("stream broke off: %s", data)
+		}
+	}
+	return fmt.Errorf("stream ended without [DONE] (%v)", sc.Err())
 }

@@ -15,6 +15,9 @@ import (
 // is an error.
 type requestLoop struct {
 	name, deployment string
+	// viaGateway: each request goes to an observer's gateway, in turn,
+	// instead of straight to an engine; stream asks for streamed answers.
+	viaGateway, stream bool
 	// stopping is closed to ask the loop to stop, done once it has.
 	stopping, done chan struct{}
 	once           sync.Once
@@ -47,9 +50,24 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 		if _, ok := r.loops[name]; ok {
 			return "", time.Time{}, usagef("request-loop %s: started already", name)
 		}
-		l := &requestLoop{name: name, deployment: dep, stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
+		via, err := d.str("via", "engines")
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if via != "gateway" && via != "engines" {
+			return "", time.Time{}, usagef("request-loop: via=%s: want gateway or engines", via)
+		}
+		stream, err := d.boolean("stream", false)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		l := &requestLoop{name: name, deployment: dep, viaGateway: via == "gateway", stream: stream,
+			stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
 		r.loops[name] = l
 		go r.runRequestLoop(l)
+		if l.viaGateway {
+			return "started: chat completions to " + dep + " through the nodes' gateways in a loop", time.Now(), nil
+		}
 		return "started: chat completions to " + dep + " in a loop", time.Now(), nil
 	case "stop":
 		l, ok := r.loops[name]
@@ -79,6 +97,10 @@ func (r *runner) addLoopNote(l *requestLoop) {
 		return
 	}
 	l.noteAdded = true
+	if l.viaGateway {
+		r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s (gateways): %d answered, %d errors", l.name, l.ok, l.errs))
+		return
+	}
 	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d answered, %d errors, %d retried, min %d routable", l.name, l.ok, l.errs, l.retries, l.minRoutable))
 }
 
@@ -121,6 +143,17 @@ func (r *runner) runRequestLoop(l *requestLoop) {
 		}
 		n := obs[next%len(obs)]
 		next++
+		if l.viaGateway {
+			// The gateway routes and retries; the loop is only a client.
+			if err := r.chatThroughGateway(r.ctx, n.gateway(), l.deployment, l.stream); err != nil {
+				l.fail(n.name + "'s gateway: " + err.Error())
+				continue
+			}
+			l.mu.Lock()
+			l.ok++
+			l.mu.Unlock()
+			continue
+		}
 		var rows []shardRow
 		if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
 			continue // that node is going away: ask another next time

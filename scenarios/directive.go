@@ -105,6 +105,18 @@ func (d *directive) integer(key string, def int) (int, error) {
 	return v, nil
 }
 
+func (d *directive) boolean(key string, def bool) (bool, error) {
+	s, err := d.str(key, "")
+	if err != nil || s == "" {
+		return def, err
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, usagef("%s=%s: want true or false", key, s)
+	}
+	return v, nil
+}
+
 func (d *directive) duration(key string, def time.Duration) (time.Duration, error) {
 	s, err := d.str(key, "")
 	if err != nil || s == "" {

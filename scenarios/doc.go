@@ -123,12 +123,16 @@
 //
 // A background client (cmd_request_loop.go):
 //
-//	request-loop NAME start deployment=D | stop | expect-no-errors [min-routable=N]
-//	    Chat completions in a loop, each to a replica whose lease is valid
-//	    in a fresh /v1/shards; a connection error is retried once on
-//	    another replica, as a router would. min-routable=N also checks that
-//	    no /v1/shards it read offered fewer than N routable replicas (surge
-//	    before drain in a rolling update). Its counters go to the summary.
+//	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] | stop | expect-no-errors [min-routable=N]
+//	    Chat completions in a loop. via=engines (the default): each to a
+//	    replica whose lease is valid in a fresh /v1/shards; a connection
+//	    error is retried once on another replica, as a router would.
+//	    min-routable=N also checks that no /v1/shards it read offered fewer
+//	    than N routable replicas (surge before drain in a rolling update).
+//	    via=gateway: each to the gateway of the next observer in turn, which
+//	    routes and retries itself (min-routable does not apply); with
+//	    stream=true every answer is streamed and must end with [DONE].
+//	    Its counters go to the summary.
 //
 // A watch on the engines themselves (cmd_health_loop.go):
 //

@@ -20,10 +20,12 @@ type node struct {
 	name       string
 	gossipPort int
 	apiPort    int
-	dataDir    string
-	logPath    string
-	gpus       string
-	labels     []string
+	// gatewayPort is where the node's gateway listens, on apiHost.
+	gatewayPort int
+	dataDir     string
+	logPath     string
+	gpus        string
+	labels      []string
 	// index is the node's number in creation order, from 1.
 	index int
 	// host is where gossip binds, apiHost where the API does: 127.0.0.1,
@@ -43,8 +45,9 @@ type node struct {
 	partitionRule []string
 }
 
-func (n *node) api() string    { return fmt.Sprintf("http://%s:%d", n.apiHost, n.apiPort) }
-func (n *node) gossip() string { return fmt.Sprintf("%s:%d", n.host, n.gossipPort) }
+func (n *node) api() string     { return fmt.Sprintf("http://%s:%d", n.apiHost, n.apiPort) }
+func (n *node) gateway() string { return fmt.Sprintf("http://%s:%d", n.apiHost, n.gatewayPort) }
+func (n *node) gossip() string  { return fmt.Sprintf("%s:%d", n.host, n.gossipPort) }
 
 // running: the agent process exists and has not exited (it may be frozen).
 func (n *node) running() bool {
@@ -101,8 +104,12 @@ func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
+	gwp, err := r.opts.Ports.Next()
+	if err != nil {
+		return nil, err
+	}
 	n := &node{
-		name: name, gossipPort: gp, apiPort: ap, gpus: gpus, labels: labels, index: len(r.nodes) + 1,
+		name: name, gossipPort: gp, apiPort: ap, gatewayPort: gwp, gpus: gpus, labels: labels, index: len(r.nodes) + 1,
 		dataDir: filepath.Join(r.work, name), logPath: filepath.Join(r.work, name+".log"),
 		host: "127.0.0.1", apiHost: "127.0.0.1",
 	}
@@ -128,6 +135,7 @@ func (r *runner) start(n *node) error {
 		"--data-dir", n.dataDir,
 		"--bind", n.gossip(),
 		"--api", fmt.Sprintf("%s:%d", n.apiHost, n.apiPort),
+		"--gateway", fmt.Sprintf("%s:%d", n.apiHost, n.gatewayPort),
 		"--profile", r.cfg.profile,
 		"--simulate-gpus", n.gpus,
 		"--token-file", r.tokenFile,

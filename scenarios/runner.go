@@ -125,7 +125,7 @@ func commandTable() map[string]cmdSpec {
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment min-routable", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment min-routable via stream", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
 	}
 }

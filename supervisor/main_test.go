@@ -50,7 +50,9 @@ func processRunner(t *testing.T, dir string) *engine.Runner {
 	})
 	r, err := engine.NewRunner(context.Background(), engine.Config{
 		Node: "a", Runtime: rt, DataDir: dd, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
-		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
+		// A range of its own: the engine package's tests, run beside these,
+		// take 20100-20999.
+		PortMin: 22100, PortMax: 22999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

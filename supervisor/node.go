@@ -45,6 +45,10 @@ type Config struct {
 	AdvertisePort int
 	// APIAddr is the HTTP listener, host:port.
 	APIAddr string
+	// GatewayAddr is where this node's gateway listens (host:port; empty:
+	// none), published in its record with a wildcard host replaced by the
+	// advertised one.
+	GatewayAddr string
 	// Join lists gossip addresses to join, retried in the background.
 	Join      []string
 	GossipKey []byte
@@ -215,6 +219,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
 		API:          n.AdvertisedAPI(),
+		Gateway:      n.advertised(cfg.GatewayAddr),
 		Labels:       cfg.Labels,
 		GPUs:         gpus,
 		AgentVersion: cfg.Version,
@@ -233,7 +238,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.cluster = cluster
 	// The gossip address is only known once memberlist bound, and with it
 	// the last fallback of the advertised API address.
-	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Gossip, r.API = n.cluster.Address(), n.AdvertisedAPI() })
+	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) {
+		r.Gossip, r.API, r.Gateway = n.cluster.Address(), n.AdvertisedAPI(), n.advertised(cfg.GatewayAddr)
+	})
 
 	mux := http.NewServeMux()
 	n.routes(mux)
@@ -269,10 +276,14 @@ func (n *Node) APIAddr() string { return n.apiLn.Addr().String() }
 // listen address, with a wildcard host replaced by the advertised one. It is
 // what the node's record publishes, so consumers (MCP forwarding, the logs
 // proxy, the page) dial record.API as it is.
-func (n *Node) AdvertisedAPI() string {
-	host, port, err := net.SplitHostPort(n.APIAddr())
+func (n *Node) AdvertisedAPI() string { return n.advertised(n.APIAddr()) }
+
+// advertised is addr (host:port) with a wildcard host replaced by the one
+// peers and clients reach this node at; empty stays empty.
+func (n *Node) advertised(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return n.APIAddr()
+		return addr
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		switch {
@@ -288,6 +299,14 @@ func (n *Node) AdvertisedAPI() string {
 		}
 	}
 	return net.JoinHostPort(host, port)
+}
+
+// Published is closed at the next publication of the read model: a
+// follower (the gateway) waits on it, then reads Status again.
+func (n *Node) Published() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.published
 }
 
 // GossipAddr is the address peers dial for gossip.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -38,6 +39,7 @@ func demoCommand() *cli.Command {
 					&cli.StringFlag{Name: "gpus", Value: "4xH100-80GB", Usage: "simulated GPUs per node"},
 					&cli.IntFlag{Name: "api-port", Value: 7070, Usage: "API port of the first node; the others follow"},
 					&cli.IntFlag{Name: "gossip-port", Value: 7946, Usage: "gossip port of the first node; the others follow"},
+					&cli.IntFlag{Name: "gateway-port", Value: 8000, Usage: "gateway port of the first node; the others follow"},
 				},
 				Action: demoUp,
 			},
@@ -53,14 +55,14 @@ func demoCommand() *cli.Command {
 
 func demoUp(ctx context.Context, c *cli.Command) error {
 	n := int(c.Int("nodes"))
-	apiPort, gossipPort := int(c.Int("api-port")), int(c.Int("gossip-port"))
+	apiPort, gossipPort, gatewayPort := int(c.Int("api-port")), int(c.Int("gossip-port")), int(c.Int("gateway-port"))
 	if n < 1 || n > 100 {
 		return usageError(fmt.Sprintf("--nodes %d: want 1-100", n))
 	}
 	for _, p := range []struct {
 		flag string
 		port int
-	}{{"--api-port", apiPort}, {"--gossip-port", gossipPort}} {
+	}{{"--api-port", apiPort}, {"--gossip-port", gossipPort}, {"--gateway-port", gatewayPort}} {
 		if p.port < 1 || p.port+n-1 > 65535 {
 			return usageError(fmt.Sprintf("%s %d: the %d nodes need ports %d-%d; want them within 1-65535", p.flag, p.port, n, p.port, p.port+n-1))
 		}
@@ -105,6 +107,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--data-dir", filepath.Join(dir, name),
 			"--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort+i),
 			"--api", fmt.Sprintf("127.0.0.1:%d", apiPort+i),
+			"--gateway", fmt.Sprintf("127.0.0.1:%d", gatewayPort+i),
 			"--profile", "local",
 			"--runtime", "process",
 			"--simulate-gpus", c.String("gpus"),
@@ -145,17 +148,56 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	if err := cl.do(ctx, "POST", "/v1/deployments", spec, "application/json", nil); err != nil {
 		return fmt.Errorf("place the demo deployment: %w", err)
 	}
-	url, err := waitServing(ctx, cl, "chat", 2, 30*time.Second)
-	if err != nil {
+	if _, err := waitServing(ctx, cl, "chat", 2, 30*time.Second); err != nil {
+		return fmt.Errorf("%w; see the logs in %s", err, dir)
+	}
+	// Every node's gateway serves the whole cluster: ask the last node's,
+	// whichever nodes the replicas landed on.
+	gw := fmt.Sprintf("http://127.0.0.1:%d", gatewayPort+n-1)
+	if err := waitGateway(ctx, gw, "chat", 30*time.Second); err != nil {
 		return fmt.Errorf("%w; see the logs in %s", err, dir)
 	}
 	w := c.Root().Writer
 	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("gpus"))
 	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving. Gossip is encrypted with %s.\n\n", keyFile)
 	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  open %s/ in a browser\n\n", addr)
-	fmt.Fprintf(w, "Ask a replica:\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\n", url)
+	fmt.Fprintf(w, "Ask it through any node's gateway (ports %d-%d, OpenAI's API):\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n  bin/llmgw chat --gateway-addr %s chat \"hello\"\n\n", gatewayPort, gatewayPort+n-1, gw, gw)
 	fmt.Fprintf(w, "Change it and read engine logs (both need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
 	fmt.Fprintf(w, "Logs: %s/node-*.log   Stop: make stop\n", dir)
+	return nil
+}
+
+// waitGateway waits until the gateway at base lists model as served.
+func waitGateway(ctx context.Context, base, model string, within time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	err := poll(ctx, within, func() (bool, string) {
+		req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		var list struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+			return false, fmt.Sprintf("HTTP %d: %v", resp.StatusCode, err)
+		}
+		for _, m := range list.Data {
+			if m.ID == model {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%s not listed yet", model)
+	})
+	if err != nil {
+		return fmt.Errorf("the gateway at %s does not serve %s: %w", base, model, err)
+	}
 	return nil
 }
 

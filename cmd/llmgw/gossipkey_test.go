@@ -64,7 +64,7 @@ func freePort(t *testing.T) int {
 func nodeArgs(t *testing.T, name, dataDir string, extra ...string) (args []string, gossip, api string) {
 	gossip = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	api = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	args = append([]string{"node", "up", "--name", name, "--data-dir", dataDir, "--bind", gossip, "--api", api,
+	args = append([]string{"node", "up", "--name", name, "--data-dir", dataDir, "--bind", gossip, "--api", api, "--gateway", "127.0.0.1:0",
 		"--profile", "local", "--runtime", "none", "--simulate-gpus", "1xH100-80GB"}, extra...)
 	return args, gossip, api
 }

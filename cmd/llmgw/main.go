@@ -62,6 +62,7 @@ func newApp() *cli.Command {
 			shardsCommand(),
 			topCommand(),
 			logsCommand(),
+			chatCommand(),
 			versionCommand(),
 			demoCommand(),
 			engineCommand(),

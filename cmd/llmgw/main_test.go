@@ -43,7 +43,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 	os.WriteFile(notB64, []byte("!!!"), 0o600)
 	goodKey := filepath.Join(dir, "good.key")
 	os.WriteFile(goodKey, []byte("MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n"), 0o600)
-	base := []string{"node", "up", "--name", "n1", "--data-dir", filepath.Join(dir, "data"), "--bind", "127.0.0.1:0", "--api", "127.0.0.1:0"}
+	base := []string{"node", "up", "--name", "n1", "--data-dir", filepath.Join(dir, "data"), "--bind", "127.0.0.1:0", "--api", "127.0.0.1:0", "--gateway", "127.0.0.1:0"}
 	cases := []struct {
 		args []string
 		want []string
@@ -327,7 +327,7 @@ func TestNodeUpStartErrorsAreOneLineExitOne(t *testing.T) {
 	}
 	args := func(dir string) []string {
 		return []string{"node", "up", "--name", "n1", "--simulate-gpus", "1xH100-80GB", "--runtime", "none", "--log-level", "error",
-			"--data-dir", dir, "--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort), "--api", fmt.Sprintf("127.0.0.1:%d", apiPort)}
+			"--data-dir", dir, "--bind", fmt.Sprintf("127.0.0.1:%d", gossipPort), "--api", fmt.Sprintf("127.0.0.1:%d", apiPort), "--gateway", ""}
 	}
 	truncated := t.TempDir()
 	if err := os.WriteFile(filepath.Join(truncated, "deployments.json"), []byte(`{"format_version":1,"deployments":[{"na`), 0o600); err != nil {

@@ -45,7 +45,7 @@ func nodeCommand() *cli.Command {
 
 func nodeFlags() []cli.Flag {
 	host, _ := os.Hostname()
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "name", Value: host, Usage: "node name; must stay the same across restarts", Sources: cli.EnvVars("LLMGW_NAME")},
 		&cli.StringFlag{Name: "data-dir", Value: "/var/lib/llmgw", Usage: "node identity, remembered peers, deployments and shard state", Sources: cli.EnvVars("LLMGW_DATA_DIR")},
 		&cli.StringFlag{Name: "bind", Value: "0.0.0.0:7946", Usage: "gossip listen host:port (UDP and TCP)", Sources: cli.EnvVars("LLMGW_BIND")},
@@ -67,7 +67,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
-	}
+	}, gatewayFlags()...)
 }
 
 // nodeConfig turns flags into a supervisor.Config. Every error names the
@@ -179,6 +179,10 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if cfg.Token, err = loadToken(c.String("token-file"), cfg.DataDir, log); err != nil {
 		return usageError(fromEnv(err.Error()))
 	}
+	gws, err := gatewayConfig(c)
+	if err != nil {
+		return usageError(fromEnv(err.Error()))
+	}
 	runner, err := newRunner(ctx, c, cfg, log)
 	if err != nil {
 		return failure(err.Error())
@@ -186,6 +190,16 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if runner != nil {
 		cfg.Runner = runner
 		cfg.RuntimeName = runner.RuntimeName()
+	}
+	gw, ln, err := listenGateway(gws, log)
+	if err != nil {
+		if runner != nil {
+			runner.Close()
+		}
+		return failure(err.Error())
+	}
+	if ln != nil {
+		cfg.GatewayAddr = ln.Addr().String()
 	}
 	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
 		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
@@ -201,7 +215,11 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		if runner != nil {
 			scrapeErrors = runner.ScrapeErrors
 		}
-		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: []prometheus.Collector{m}})
+		collectors := []prometheus.Collector{m}
+		if gw != nil {
+			collectors = append(collectors, gw)
+		}
+		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
 		page.Register(n, mux)
 	}
 	node, err := supervisor.Start(ctx, cfg)
@@ -209,12 +227,23 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		if runner != nil {
 			runner.Close()
 		}
+		if ln != nil {
+			ln.Close()
+		}
 		return failure(err.Error())
+	}
+	var served *nodeGateway
+	if gw != nil {
+		served = serveGateway(gws, gw, ln, node, log)
 	}
 	select {
 	case <-ctx.Done():
 		log.Info("signal received: leaving the cluster")
 	case <-node.Done():
+	}
+	if served != nil {
+		// Clients first: no new requests, those in flight finish.
+		served.Close()
 	}
 	if err := node.Leave(5 * time.Second); err != nil {
 		log.Warn("leave", "err", err)

@@ -13,6 +13,7 @@ type MemberInfo struct {
 	State        gossip.MemberState   `json:"state"`
 	Gossip       string               `json:"gossip"`
 	API          string               `json:"api"`
+	Gateway      string               `json:"gateway,omitempty"`
 	Labels       map[string]string    `json:"labels,omitempty"`
 	GPUs         []placement.GPU      `json:"gpus"`
 	Shards       []gossip.ShardRecord `json:"shards,omitempty"`

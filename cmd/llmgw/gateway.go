@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/gateway"
+)
+
+func gatewayFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "gateway", Value: "0.0.0.0:8000", Usage: "OpenAI-compatible gateway listen host:port; empty disables it", Sources: cli.EnvVars("LLMGW_GATEWAY")},
+		&cli.StringFlag{Name: "gateway-tls-cert", Usage: "PEM certificate: the gateway speaks HTTPS (with --gateway-tls-key)", Sources: cli.EnvVars("LLMGW_GATEWAY_TLS_CERT")},
+		&cli.StringFlag{Name: "gateway-tls-key", Usage: "PEM private key of --gateway-tls-cert", Sources: cli.EnvVars("LLMGW_GATEWAY_TLS_KEY")},
+		&cli.StringFlag{Name: "gateway-keys-file", Usage: "API keys clients must present, one per line with an optional name after it; reloaded on SIGHUP (default: the gateway is open)", Sources: cli.EnvVars("LLMGW_GATEWAY_KEYS_FILE")},
+		&cli.IntFlag{Name: "gateway-max-inflight", Value: 4096, Usage: "requests the gateway proxies at once; more get 429", Sources: cli.EnvVars("LLMGW_GATEWAY_MAX_INFLIGHT")},
+		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
+	}
+}
+
+// gatewaySetup is what the gateway flags decided, checked before anything
+// starts.
+type gatewaySetup struct {
+	addr      string
+	tls       *tls.Config
+	keysFile  string
+	keys      *gateway.KeySet
+	inflight  int
+	accessLog bool
+}
+
+// gatewayConfig checks the gateway flags; every error names the flag.
+func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
+	s := gatewaySetup{addr: c.String("gateway"), keysFile: c.String("gateway-keys-file"),
+		inflight: int(c.Int("gateway-max-inflight")), accessLog: c.Bool("gateway-access-log")}
+	if s.addr == "" {
+		return s, nil
+	}
+	if _, _, err := splitHostPort("--gateway", s.addr); err != nil {
+		return s, err
+	}
+	if s.inflight < 1 {
+		return s, fmt.Errorf("--gateway-max-inflight %d: want at least 1", s.inflight)
+	}
+	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
+	switch {
+	case (cert == "") != (key == ""):
+		return s, errors.New("--gateway-tls-cert and --gateway-tls-key: give both or neither")
+	case cert != "":
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return s, fmt.Errorf("--gateway-tls-cert/--gateway-tls-key: %w", err)
+		}
+		s.tls = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	}
+	if s.keysFile != "" {
+		ks, err := gateway.LoadKeys(s.keysFile)
+		if err != nil {
+			return s, fmt.Errorf("--gateway-keys-file: %w", err)
+		}
+		s.keys = ks
+	}
+	return s, nil
+}
+
+// nodeGateway is a running gateway: its listener, its server, and the
+// goroutines that feed it snapshots and reload its keys.
+type nodeGateway struct {
+	gw   *gateway.Gateway
+	ln   net.Listener
+	srv  *http.Server
+	log  *slog.Logger
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// listenGateway opens the gateway's listener before the node starts, so
+// the address its record publishes is the one bound (port 0 included).
+func listenGateway(s gatewaySetup, log *slog.Logger) (*gateway.Gateway, net.Listener, error) {
+	if s.addr == "" {
+		return nil, nil, nil
+	}
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--gateway %s: %w", s.addr, err)
+	}
+	if s.tls != nil {
+		ln = tls.NewListener(ln, s.tls)
+	}
+	var access io.Writer
+	if s.accessLog {
+		access = os.Stderr
+	}
+	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access})
+	if s.keys == nil {
+		if host, _, _ := net.SplitHostPort(s.addr); !isLoopback(host) {
+			log.Warn("the gateway is open to anyone who reaches "+s.addr+": give --gateway-keys-file to require API keys", "gateway", s.addr)
+		}
+	}
+	return gw, ln, nil
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// serveGateway serves gw on ln and feeds it every snapshot node publishes;
+// SIGHUP reloads the keys file.
+func serveGateway(s gatewaySetup, gw *gateway.Gateway, ln net.Listener, node *supervisor.Node, log *slog.Logger) *nodeGateway {
+	g := &nodeGateway{gw: gw, ln: ln, srv: gateway.NewServer(gw), log: log, stop: make(chan struct{})}
+	g.wg.Add(2)
+	go func() {
+		defer g.wg.Done()
+		if err := g.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("gateway stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer g.wg.Done()
+		for {
+			next := node.Published()
+			gw.Update(node.Status())
+			select {
+			case <-next:
+			case <-g.stop:
+				return
+			}
+		}
+	}()
+	if s.keysFile != "" {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-g.stop:
+					return
+				case <-hup:
+				}
+				ks, err := gateway.LoadKeys(s.keysFile)
+				if err != nil {
+					log.Error("SIGHUP: the gateway keeps its keys; the file has an error", "err", err)
+					continue
+				}
+				gw.SetKeys(ks)
+				log.Info("SIGHUP: gateway keys reloaded", "keys", ks.Len())
+			}
+		}()
+	}
+	log.Info("gateway up", "addr", ln.Addr().String(), "tls", s.tls != nil, "keys", s.keys != nil)
+	return g
+}
+
+// gatewayDrain bounds how long a stopping node lets the gateway's
+// in-flight requests and streams finish.
+const gatewayDrain = 10 * time.Second
+
+// Close stops accepting requests, lets those in flight finish within
+// gatewayDrain, then closes the server.
+func (g *nodeGateway) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), gatewayDrain)
+	defer cancel()
+	if err := g.gw.Shutdown(ctx); err != nil {
+		g.log.Warn("gateway: requests still in flight at the drain bound", "err", err)
+	}
+	_ = g.srv.Shutdown(ctx)
+	close(g.stop)
+	g.wg.Wait()
+}
