@@ -82,7 +82,7 @@ func (e *runnerEnv) openUnsettled(mutate func(*Config)) *Runner {
 		PortMin: 20100, PortMax: 20999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
 		BackoffMin: 200 * time.Millisecond, BackoffMax: time.Second, FailingAfter: 3, LoadInterval: 100 * time.Millisecond,
 		DrainDelay: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	mutate(&cfg)
 	r, err := NewRunner(context.Background(), cfg)
