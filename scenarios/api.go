@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+
+	"github.com/llmgw/llmgw/internal/secret"
 )
 
 // The runner reads the nodes' HTTP API as any client would, with its own
@@ -120,8 +122,18 @@ func (r *runner) get(ctx context.Context, n *node, path string, out any) error {
 	return r.call(ctx, "GET", n.api()+path, nil, false, out)
 }
 
-// call does one request; body, when non-nil, is sent as JSON.
+// call does one request; body, when non-nil, is sent as JSON; auth sends
+// the cluster token.
 func (r *runner) call(ctx context.Context, method, url string, body any, auth bool, out any) error {
+	bearer := ""
+	if auth {
+		bearer = r.token
+	}
+	return r.callWith(ctx, method, url, body, bearer, out)
+}
+
+// callWith is call with bearer, when not empty, as the Authorization.
+func (r *runner) callWith(ctx context.Context, method, url string, body any, bearer string, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -137,8 +149,8 @@ func (r *runner) call(ctx context.Context, method, url string, body any, auth bo
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if auth {
-		req.Header.Set("Authorization", "Bearer "+r.token)
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
 	resp, err := r.http.Do(req)
 	if err != nil {
@@ -203,14 +215,25 @@ func firstErr(nodes []*node, errs []error) error {
 	return nil
 }
 
-// servedModel asks an engine which model it serves.
-func (r *runner) servedModel(ctx context.Context, url string) (string, error) {
+// engineKey is the API key of the engine a shard row names: nodes start
+// every engine with the key derived from the cluster token and the
+// engine's ID (internal/secret.EngineKey), and the runner, holding the
+// token, derives it the same way. The row's engine ID is its shard and
+// spec version (engine.EngineID; scenarios may not import the engine
+// package).
+func (r *runner) engineKey(row shardRow) string {
+	return secret.EngineKey(r.token, row.ShardID+"-"+row.SpecVersion)
+}
+
+// servedModel asks the engine behind row which model it serves.
+func (r *runner) servedModel(ctx context.Context, row shardRow) (string, error) {
 	var m struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if err := r.call(ctx, "GET", strings.TrimRight(url, "/")+"/v1/models", nil, false, &m); err != nil {
+	url := strings.TrimRight(row.URL, "/")
+	if err := r.callWith(ctx, "GET", url+"/v1/models", nil, r.engineKey(row), &m); err != nil {
 		return "", err
 	}
 	if len(m.Data) == 0 {
@@ -219,13 +242,15 @@ func (r *runner) servedModel(ctx context.Context, url string) (string, error) {
 	return m.Data[0].ID, nil
 }
 
-// chat sends one small chat completion to an engine and checks the answer
-// has a choice.
-func (r *runner) chat(ctx context.Context, url string) error {
-	model, err := r.servedModel(ctx, url)
+// chat sends one small chat completion to the engine behind row, with that
+// engine's key, and checks the answer has a choice. Another engine on the
+// row's port (a stale URL) answers 401 rather than with its own model.
+func (r *runner) chat(ctx context.Context, row shardRow) error {
+	model, err := r.servedModel(ctx, row)
 	if err != nil {
 		return err
 	}
+	url := row.URL
 	body := map[string]any{
 		"model":      model,
 		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
@@ -234,7 +259,7 @@ func (r *runner) chat(ctx context.Context, url string) error {
 	var resp struct {
 		Choices []json.RawMessage `json:"choices"`
 	}
-	if err := r.call(ctx, "POST", strings.TrimRight(url, "/")+"/v1/chat/completions", body, false, &resp); err != nil {
+	if err := r.callWith(ctx, "POST", strings.TrimRight(url, "/")+"/v1/chat/completions", body, r.engineKey(row), &resp); err != nil {
 		return err
 	}
 	if len(resp.Choices) == 0 {

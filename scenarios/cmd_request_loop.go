@@ -158,29 +158,29 @@ func (r *runner) runRequestLoop(l *requestLoop) {
 		if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
 			continue // that node is going away: ask another next time
 		}
-		var urls []string
+		var routable []shardRow
 		for _, row := range rows {
 			if row.Deployment == l.deployment && row.Lease == "valid" && row.URL != "" {
-				urls = append(urls, row.URL)
+				routable = append(routable, row)
 			}
 		}
 		l.mu.Lock()
-		if l.minRoutable < 0 || len(urls) < l.minRoutable {
-			l.minRoutable = len(urls)
+		if l.minRoutable < 0 || len(routable) < l.minRoutable {
+			l.minRoutable = len(routable)
 		}
 		l.mu.Unlock()
-		if len(urls) == 0 {
+		if len(routable) == 0 {
 			l.fail("no replica with a valid lease")
 			continue
 		}
-		first := urls[next%len(urls)]
+		first := routable[next%len(routable)]
 		err := r.chat(r.ctx, first)
 		var ae *apiError
-		if err != nil && !errors.As(err, &ae) && len(urls) > 1 {
+		if err != nil && !errors.As(err, &ae) && len(routable) > 1 {
 			l.mu.Lock()
 			l.retries++
 			l.mu.Unlock()
-			err = r.chat(r.ctx, urls[(next+1)%len(urls)])
+			err = r.chat(r.ctx, routable[(next+1)%len(routable)])
 		}
 		if err != nil {
 			l.fail(err.Error())

@@ -3,6 +3,7 @@ package scenarios
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
@@ -235,8 +236,15 @@ func (r *runner) condServing(n *node, name string) (bool, string) {
 		if msg := r.wrongListener(row); msg != "" {
 			return false, msg
 		}
-		if err := r.chat(r.ctx, row.URL); err != nil {
+		if err := r.chat(r.ctx, row); err != nil {
 			return false, row.ShardID + ": chat completion failed: " + err.Error()
+		}
+		// The engine's port is no door of its own: without the engine's
+		// key it refuses, so only whoever derives the key (a gateway, this
+		// runner) reaches it.
+		var ae *apiError
+		if err := r.callWith(r.ctx, "GET", strings.TrimRight(row.URL, "/")+"/v1/models", nil, "", nil); !errors.As(err, &ae) || ae.Code != http.StatusUnauthorized {
+			return false, fmt.Sprintf("%s: /v1/models without the engine's key answered %v, want HTTP 401", row.ShardID, err)
 		}
 	}
 	if tried == 0 {

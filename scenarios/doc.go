@@ -125,13 +125,16 @@
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] | stop | expect-no-errors [min-routable=N]
 //	    Chat completions in a loop. via=engines (the default): each to a
-//	    replica whose lease is valid in a fresh /v1/shards; a connection
-//	    error is retried once on another replica, as a router would.
-//	    min-routable=N also checks that no /v1/shards it read offered fewer
-//	    than N routable replicas (surge before drain in a rolling update).
-//	    via=gateway: each to the gateway of the next observer in turn, which
-//	    routes and retries itself (min-routable does not apply); with
-//	    stream=true every answer is streamed and must end with [DONE].
+//	    replica whose lease is valid in a fresh /v1/shards, with that
+//	    engine's API key (derived from the run's token and the row's engine
+//	    ID, as nodes derive it, so a URL gone stale to another engine's port
+//	    answers 401); a connection error is retried once on another replica,
+//	    as a router would. min-routable=N also checks that no /v1/shards it
+//	    read offered fewer than N routable replicas (surge before drain in a
+//	    rolling update). via=gateway: each to the gateway of the next
+//	    observer in turn, which routes and retries itself (min-routable does
+//	    not apply); with stream=true every answer is streamed and must end
+//	    with [DONE].
 //	    Its counters go to the summary.
 //
 // A watch on the engines themselves (cmd_health_loop.go):
@@ -174,7 +177,9 @@
 //	                            frozen node fails it)
 //	serving NAME                a chat completion to every replica with a valid
 //	                            lease answers, from the engine process its
-//	                            record names (checked by the listening socket)
+//	                            record names (checked by the listening socket),
+//	                            sent with that engine's API key; without the
+//	                            key the engine answers 401
 //	restarts SHARD>=N           /v1/shards reports at least N restarts
 //	shard SHARD [status=S] [lease=L] [engine=running|gone]   (at least one)
 //	shards-agree                every observer's /v1/shards shows the same shards,

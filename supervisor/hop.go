@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/secret"
 )
 
 // Node-to-node calls never carry the cluster token: they go to an address
@@ -40,9 +42,7 @@ const (
 // a signature made for one kind of hop is no good for another, and none
 // reveals the token.
 func purposeKey(token, purpose string) []byte {
-	m := hmac.New(sha256.New, []byte(token))
-	m.Write([]byte("llmgw node-to-node\x00" + purpose))
-	return m.Sum(nil)
+	return secret.Derive(token, "llmgw node-to-node\x00"+purpose)
 }
 
 // hopMAC signs everything the hop's meaning depends on, the body by its

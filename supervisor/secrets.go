@@ -1,9 +1,9 @@
 package supervisor
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/llmgw/llmgw/internal/secret"
 )
 
 // fingerprint identifies a cluster token without revealing it: the first
@@ -16,7 +16,5 @@ func fingerprint(token string) string {
 	if token == "" {
 		return ""
 	}
-	m := hmac.New(sha256.New, []byte(token))
-	m.Write([]byte("llmgw token fingerprint v1"))
-	return hex.EncodeToString(m.Sum(nil))[:16]
+	return hex.EncodeToString(secret.Derive(token, "llmgw token fingerprint v1"))[:16]
 }

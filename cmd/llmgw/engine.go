@@ -30,13 +30,17 @@ func engineCommand() *cli.Command {
 				&cli.BoolFlag{Name: "fail-health", Usage: "always answer 503 on /health"},
 				&cli.BoolFlag{Name: "legacy-kv-metric", Usage: "export vllm:gpu_cache_usage_perc (vLLM before 0.10)"},
 				&cli.DurationFlag{Name: "token-delay", Usage: "pause between streamed tokens"},
+				// The engine runner passes the engine's key here, as it
+				// passes vLLM's --api-key. No environment variable: the
+				// runtimes strip LLMGW_* from engines.
+				&cli.StringFlag{Name: "api-key", Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
 			},
 			Action: func(ctx context.Context, c *cli.Command) error {
 				err := fakeengine.Run(ctx, fakeengine.Config{
 					Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
 					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
 					ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
-					LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"),
+					LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"), APIKey: c.String("api-key"),
 					Log: os.Stderr, Now: time.Now,
 				})
 				if code := fakeengine.ExitCode(err); code != 0 {

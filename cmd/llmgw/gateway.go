@@ -17,6 +17,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/gateway"
 )
@@ -90,7 +91,7 @@ type nodeGateway struct {
 
 // listenGateway opens the gateway's listener before the node starts, so
 // the address its record publishes is the one bound (port 0 included).
-func listenGateway(s gatewaySetup, log *slog.Logger) (*gateway.Gateway, net.Listener, error) {
+func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gateway, net.Listener, error) {
 	if s.addr == "" {
 		return nil, nil, nil
 	}
@@ -105,7 +106,10 @@ func listenGateway(s gatewaySetup, log *slog.Logger) (*gateway.Gateway, net.List
 	if s.accessLog {
 		access = os.Stderr
 	}
-	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access})
+	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access,
+		// Each engine demands its own key; the gateway presents it in
+		// place of the client's.
+		EngineKey: func(id string) string { return secret.EngineKey(token, id) }})
 	if s.keys == nil {
 		if host, _, _ := net.SplitHostPort(s.addr); !isLoopback(host) {
 			log.Warn("the gateway is open to anyone who reaches "+s.addr+": give --gateway-keys-file to require API keys", "gateway", s.addr)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
@@ -191,7 +192,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		cfg.Runner = runner
 		cfg.RuntimeName = runner.RuntimeName()
 	}
-	gw, ln, err := listenGateway(gws, log)
+	gw, ln, err := listenGateway(gws, cfg.Token, log)
 	if err != nil {
 		if runner != nil {
 			runner.Close()
@@ -386,7 +387,8 @@ func parsePortRange(v string) (int, int, error) {
 	return a, b, nil
 }
 
-// newRunner builds the engine runner for --runtime; nil for none.
+// newRunner builds the engine runner for --runtime; nil for none. cfg.Token
+// must be loaded: every engine is started with a key derived from it.
 func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger) (*engine.Runner, error) {
 	rt, err := openRuntime(ctx, c, cfg, log)
 	if err != nil || rt == nil {
@@ -402,9 +404,13 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 		host = cfg.BindAddr
 	}
 	probe := cfg.GPUs
+	token := cfg.Token
 	return engine.NewRunner(ctx, engine.Config{
 		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Clock: cfg.Clock, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
+		// Derived, not stored: every node (and a gateway on any of them)
+		// computes the same key for an engine from the token alone.
+		EngineKey: func(id string) string { return secret.EngineKey(token, id) },
 		GPUs: func() []placement.GPU {
 			s, err := probe.Discover(context.Background())
 			if err != nil {

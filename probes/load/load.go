@@ -192,6 +192,7 @@ type Scraper struct {
 	clock    Clock
 	names    Names
 	maxBytes int64
+	bearer   string
 }
 
 // Option configures a Scraper.
@@ -202,6 +203,12 @@ func WithNames(n Names) Option { return func(s *Scraper) { s.names = n } }
 
 // WithMaxBytes changes the largest page read (DefaultMaxBytes).
 func WithMaxBytes(n int64) Option { return func(s *Scraper) { s.maxBytes = n } }
+
+// WithBearer sends "Authorization: Bearer key" with every scrape, for an
+// engine started with an API key that guards its /metrics too (llama.cpp
+// does; vLLM and SGLang leave /metrics open and ignore the header). An
+// empty key sends no header.
+func WithBearer(key string) Option { return func(s *Scraper) { s.bearer = key } }
 
 // NewScraper returns a Scraper. A nil client gets one with a 5 s timeout
 // (http.DefaultClient has none, and a hung engine must not hang the
@@ -228,6 +235,9 @@ func (s *Scraper) Scrape(ctx context.Context, url string) (Sample, error) {
 		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)
 	}
 	req.Header.Set("Accept", acceptText)
+	if s.bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+s.bearer)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)

@@ -346,3 +346,24 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// An engine that guards /metrics with its API key (llama.cpp) is scraped
+// with the key; without WithBearer no Authorization header is sent.
+func TestScraperSendsTheEngineKey(t *testing.T) {
+	body := page(t, "vllm-v1.txt")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer k1" {
+			http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	if _, err := NewScraper(srv.Client(), nil).Scrape(context.Background(), srv.URL); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("scrape without the key: %v, want a 401 error", err)
+	}
+	s, err := NewScraper(srv.Client(), nil, WithBearer("k1")).Scrape(context.Background(), srv.URL)
+	if err != nil || s.Running != 7 {
+		t.Fatalf("scrape with the key: %+v, %v", s, err)
+	}
+}

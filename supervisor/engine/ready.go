@@ -13,7 +13,10 @@ import (
 )
 
 // probeReady is the readiness rule: /health answers 200 and the models
-// list names the served model.
+// list names the served model. Both probes carry the engine's key: the
+// models path is guarded by it (a wrong key, like another engine's on a
+// reused port, is not ready), and the engines leave /health open, so the
+// header costs nothing there.
 func (r *Runner) probeReady(ctx context.Context, e *managed) bool {
 	r.mu.Lock()
 	port, served := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName
@@ -23,8 +26,12 @@ func (r *Runner) probeReady(ctx context.Context, e *managed) bool {
 		return false
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	key := r.engineKey(e.id)
 	ok := func(path string, body *[]byte) bool {
 		req, _ := http.NewRequestWithContext(ctx, "GET", base+path, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 		resp, err := r.cfg.HTTP.Do(req)
 		if err != nil {
 			return false
@@ -100,7 +107,10 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 	}
 	r.mu.Lock()
 	if e.scraper == nil {
-		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(metricNames(prof.Metrics)))
+		// The key goes with every scrape: llama.cpp guards /metrics with
+		// it, vLLM and SGLang leave /metrics open and ignore it.
+		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(metricNames(prof.Metrics)),
+			load.WithBearer(r.engineKey(e.id)))
 	}
 	scraper := e.scraper
 	r.mu.Unlock()

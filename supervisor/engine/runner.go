@@ -72,6 +72,13 @@ type Config struct {
 	MaxLogBytes int64
 	// LogCheck is how often log sizes are checked. 0: 30 s.
 	LogCheck time.Duration
+	// EngineKey gives the API key an engine is started with, from its
+	// engine ID (cmd/llmgw derives it from the cluster token with
+	// internal/secret.EngineKey). The profile passes it to the engine,
+	// which then answers 401 on its API without it; the runner presents it
+	// on its readiness probes and load scrapes. Nil, or an empty key: the
+	// engine runs without one.
+	EngineKey func(engineID string) string
 	// LoadInterval is how often a ready engine's /metrics is scraped.
 	LoadInterval time.Duration
 	Logger       *slog.Logger
@@ -192,6 +199,14 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	r.wg.Add(1)
 	go r.logLoop()
 	return r, nil
+}
+
+// engineKey is engine id's API key; empty when engines run without keys.
+func (r *Runner) engineKey(id string) string {
+	if r.cfg.EngineKey == nil {
+		return ""
+	}
+	return r.cfg.EngineKey(id)
 }
 
 // EngineID names one (shard, spec version) engine on a node.

@@ -143,7 +143,8 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 	if err != nil {
 		return err
 	}
-	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d)}
+	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
+		APIKey: r.engineKey(e.id)}
 	var uuids []string
 	if r.cfg.GPUs != nil {
 		gpus := r.cfg.GPUs()

@@ -1,8 +1,12 @@
 // Package fakeengine is a stand-in inference engine that speaks the part of
 // vLLM's HTTP surface llmgw reads: /health, /v1/models, the OpenAI chat and
-// completions endpoints (plain and SSE streaming) and vLLM's Prometheus
-// metrics. It loads no model and needs no GPU, so placement, supervision,
-// routing and failure handling can be exercised on any machine.
+// completions endpoints (plain and SSE streaming, usage included),
+// /v1/embeddings and vLLM's Prometheus metrics. Where a gateway depends on
+// vLLM's behaviour it answers as vLLM does: an unknown model is a 404 in
+// vLLM's error shape, and with an API key every /v1/* path demands it
+// (401 otherwise) while /health and /metrics stay open. It loads no model
+// and needs no GPU, so placement, supervision, routing and failure
+// handling can be exercised on any machine.
 //
 // Its misbehaviour is scripted by Config, in the style of a mock driver: slow
 // start, a crash after a while with a chosen exit code, a health endpoint
@@ -44,6 +48,10 @@ type Config struct {
 	// LegacyKVMetric exports vllm:gpu_cache_usage_perc (vLLM before the V1
 	// engine) instead of vllm:kv_cache_usage_perc.
 	LegacyKVMetric bool
+	// APIKey, when set, is demanded as "Authorization: Bearer <key>" on
+	// every /v1/* path, as vLLM's --api-key does; /health and /metrics
+	// stay open, as vLLM's do.
+	APIKey string
 
 	// The fields below are not CLI flags; tests and benchmarks set them.
 

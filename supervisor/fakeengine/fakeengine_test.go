@@ -3,12 +3,16 @@ package fakeengine
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -292,27 +296,37 @@ func TestCompletions(t *testing.T) {
 	}
 }
 
+// vllmError is vLLM's error body (since v0.10.1).
+type vllmError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
 func TestBadRequests(t *testing.T) {
 	ts, _ := newTestServer(t, Config{Model: "m1"})
 	for _, tc := range []struct{ path, body, want string }{
 		{"/v1/chat/completions", `{"model":`, "invalid JSON"},
-		{"/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`, "`other` does not exist"},
 		{"/v1/chat/completions", `{"model":"m1","messages":[]}`, "at least one message"},
+		{"/v1/chat/completions", `{"model":"m1","stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`, "only be defined when `stream=True`"},
 		{"/v1/completions", `{"model":"m1"}`, "prompt"},
 		{"/v1/completions", `not json`, "invalid JSON"},
+		{"/v1/completions", `{"model":"m1","prompt":"x","stream_options":{"include_usage":true}}`, "only be defined when `stream=True`"},
+		{"/v1/embeddings", `{"model":"m1"}`, "input"},
+		{"/v1/embeddings", `{"model":"m1","input":[]}`, "input"},
+		{"/v1/embeddings", `{"model":"m1","input":[[1],[]]}`, "empty list of token ids"},
+		{"/v1/embeddings", `{"model":"m1","input":"x","encoding_format":"int8"}`, "encoding_format"},
+		{"/v1/embeddings", `{"model":"m1","input":"x","dimensions":8}`, "matryoshka"},
 	} {
 		code, _, body := post(t, ts.URL+tc.path, tc.body)
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-				Type    string `json:"type"`
-				Code    int    `json:"code"`
-			} `json:"error"`
-		}
+		var e vllmError
 		if err := json.Unmarshal([]byte(body), &e); err != nil {
 			t.Fatalf("%s %s: error body %q: %v", tc.path, tc.body, body, err)
 		}
-		if code != 400 || e.Error.Code != 400 || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.want) {
+		if code != 400 || e.Error.Code != 400 || e.Error.Type != "BadRequestError" || !strings.Contains(e.Error.Message, tc.want) {
 			t.Errorf("%s %s: code %d body %s, want 400 mentioning %q", tc.path, tc.body, code, body, tc.want)
 		}
 	}
@@ -442,5 +456,292 @@ func TestRunCrashes(t *testing.T) {
 func TestRunRejectsMissingModel(t *testing.T) {
 	if err := Run(context.Background(), Config{Port: 0}); err == nil {
 		t.Fatal("Run without a model succeeded")
+	}
+}
+
+// An unknown model is a 404 in vLLM's error shape, on every endpoint that
+// names one: a gateway tells a stale route from a bad request by it.
+func TestUnknownModelIs404(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	for path, body := range map[string]string{
+		"/v1/chat/completions": `{"model":"other","messages":[{"role":"user","content":"x"}]}`,
+		"/v1/completions":      `{"model":"other","prompt":"x","stream":true}`,
+		"/v1/embeddings":       `{"model":"other","input":"x"}`,
+	} {
+		code, _, got := post(t, ts.URL+path, body)
+		var e vllmError
+		if err := json.Unmarshal([]byte(got), &e); err != nil {
+			t.Fatalf("%s: error body %q: %v", path, got, err)
+		}
+		if code != 404 || e.Error.Code != 404 || e.Error.Type != "NotFoundError" || e.Error.Param == nil || *e.Error.Param != "model" ||
+			e.Error.Message != "The model `other` does not exist." {
+			t.Errorf("%s: code %d body %s, want vLLM's 404", path, code, got)
+		}
+	}
+}
+
+func do(t *testing.T, method, url, key, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// With an API key, every /v1/* path (an unknown one too) answers 401
+// without it, with vLLM's body, and serves with it; /health and /metrics
+// stay open, as vLLM's do, so probes and scrapers need no key.
+func TestAPIKeyGuardsV1Only(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1", APIKey: "k-123"})
+	chat := `{"model":"m1","messages":[{"role":"user","content":"x"}]}`
+	for _, tc := range []struct {
+		method, path, auth, body string
+		want                     int
+	}{
+		{"GET", "/v1/models", "", "", 401},
+		{"GET", "/v1/models", "Bearer wrong", "", 401},
+		{"GET", "/v1/models", "Bearer k-123x", "", 401},
+		{"GET", "/v1/models", "Basic k-123", "", 401},
+		{"GET", "/v1/models", "k-123", "", 401},
+		{"GET", "/v1/models", "Bearer k-123", "", 200},
+		{"GET", "/v1/models", "bearer k-123", "", 200}, // the scheme is case-insensitive
+		{"POST", "/v1/chat/completions", "", chat, 401},
+		{"POST", "/v1/chat/completions", "Bearer k-123", chat, 200},
+		{"POST", "/v1/completions", "", `{"model":"m1","prompt":"x"}`, 401},
+		{"POST", "/v1/embeddings", "", `{"model":"m1","input":"x"}`, 401},
+		{"POST", "/v1/embeddings", "Bearer k-123", `{"model":"m1","input":"x"}`, 200},
+		{"GET", "/v1/no-such-path", "", "", 401},
+		{"GET", "/health", "", "", 200},
+		{"GET", "/metrics", "", "", 200},
+	} {
+		code, body := do(t, tc.method, ts.URL+tc.path, tc.auth, tc.body)
+		if code != tc.want {
+			t.Errorf("%s %s with %q = %d %s, want %d", tc.method, tc.path, tc.auth, code, body, tc.want)
+		}
+		if code == 401 && strings.TrimSpace(body) != `{"error":"Unauthorized"}` {
+			t.Errorf("%s %s: 401 body %s, want vLLM's", tc.method, tc.path, body)
+		}
+	}
+	// Without a key configured, nothing is guarded.
+	open, _ := newTestServer(t, Config{Model: "m1"})
+	if code, body := do(t, "GET", open.URL+"/v1/models", "", ""); code != 200 {
+		t.Errorf("keyless engine: /v1/models = %d %s", code, body)
+	}
+}
+
+// chunk is one streamed event, as OpenAI's chunk format has it.
+type chunk struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index        int               `json:"index"`
+		Delta        map[string]string `json:"delta"`
+		Text         *string           `json:"text"`
+		FinishReason *string           `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *usage `json:"usage"`
+}
+
+func chunks(t *testing.T, body string) []chunk {
+	t.Helper()
+	events := readSSE(t, body) // checks the framing and the final [DONE]
+	out := make([]chunk, 0, len(events)-1)
+	for _, e := range events[:len(events)-1] {
+		var c chunk
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatalf("chunk %q: %v", e, err)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// Streams follow OpenAI's chunk format: one id, object, created and model
+// across the stream; a chat opens with the assistant role; the finish
+// reason comes once, last among the choices; usage comes only when
+// stream_options.include_usage asks for it, alone in a last chunk with no
+// choices, right before data: [DONE].
+func TestStreamingChunkFormatAndUsage(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	for _, tc := range []struct {
+		name, path, body, object string
+		chat, withUsage          bool
+	}{
+		{"chat", "/v1/chat/completions", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, false},
+		{"chat with usage", "/v1/chat/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, true},
+		{"completion", "/v1/completions", `{"model":"m1","stream":true,"prompt":"a b"}`, "text_completion", false, false},
+		{"completion with usage", "/v1/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"prompt":"a b"}`, "text_completion", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, hdr, body := post(t, ts.URL+tc.path, tc.body)
+			if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
+				t.Fatalf("code %d, content type %q", code, hdr.Get("Content-Type"))
+			}
+			cs := chunks(t, body)
+			first := cs[0]
+			if first.ID == "" || first.Created == 0 || first.Model != "m1" || first.Object != tc.object {
+				t.Fatalf("first chunk %+v", first)
+			}
+			if tc.chat && (len(first.Choices) != 1 || first.Choices[0].Delta["role"] != "assistant") {
+				t.Errorf("chat stream does not open with the assistant role: %+v", first)
+			}
+			finishes, usages := 0, 0
+			for i, c := range cs {
+				if c.ID != first.ID || c.Object != first.Object || c.Created != first.Created || c.Model != first.Model {
+					t.Errorf("chunk %d %+v differs from the first in id, object, created or model", i, c)
+				}
+				for _, ch := range c.Choices {
+					if ch.FinishReason != nil {
+						finishes++
+						if *ch.FinishReason != "stop" {
+							t.Errorf("finish reason %q", *ch.FinishReason)
+						}
+					}
+				}
+				if c.Usage != nil {
+					usages++
+					if i != len(cs)-1 || len(c.Choices) != 0 {
+						t.Errorf("usage in chunk %d of %d with %d choices; want it alone in the last", i, len(cs), len(c.Choices))
+					}
+					if *c.Usage != (usage{PromptTokens: 2, CompletionTokens: 5, TotalTokens: 7}) {
+						t.Errorf("usage %+v", *c.Usage)
+					}
+				}
+			}
+			if finishes != 1 {
+				t.Errorf("%d finish reasons, want 1", finishes)
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.withUsage]; usages != want {
+				t.Errorf("%d usage chunks, want %d", usages, want)
+			}
+		})
+	}
+}
+
+// A non-streamed answer carries its usage.
+func TestCompletionUsage(t *testing.T) {
+	ts, _ := newTestServer(t, Config{Model: "m1"})
+	code, _, body := post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"one two three"}`)
+	var resp struct {
+		Usage usage `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &resp); err != nil || code != 200 {
+		t.Fatalf("code %d body %s: %v", code, body, err)
+	}
+	if resp.Usage != (usage{PromptTokens: 3, CompletionTokens: 6, TotalTokens: 9}) {
+		t.Fatalf("usage %+v", resp.Usage)
+	}
+}
+
+type embeddingResponse struct {
+	ID     string `json:"id"`
+	Object string `json:"object"`
+	Model  string `json:"model"`
+	Data   []struct {
+		Index     int             `json:"index"`
+		Object    string          `json:"object"`
+		Embedding json.RawMessage `json:"embedding"`
+	} `json:"data"`
+	Usage usage `json:"usage"`
+}
+
+func embeddings(t *testing.T, url, body string) embeddingResponse {
+	t.Helper()
+	code, _, got := post(t, url+"/v1/embeddings", body)
+	if code != 200 {
+		t.Fatalf("embeddings %s: %d %s", body, code, got)
+	}
+	var r embeddingResponse
+	if err := json.Unmarshal([]byte(got), &r); err != nil {
+		t.Fatalf("embeddings body %s: %v", got, err)
+	}
+	return r
+}
+
+func floats(t *testing.T, raw json.RawMessage) []float32 {
+	t.Helper()
+	var v []float32
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("embedding %s: %v", raw, err)
+	}
+	return v
+}
+
+// Embeddings come in vLLM's shape, one per input in order, of unit length,
+// the same from every engine of a model and different across inputs and
+// models; base64 is the same vector as little-endian float32.
+func TestEmbeddings(t *testing.T) {
+	a, _ := newTestServer(t, Config{Model: "m1"})
+	b, _ := newTestServer(t, Config{Model: "m1"})
+	other, _ := newTestServer(t, Config{Model: "m2"})
+
+	r := embeddings(t, a.URL, `{"model":"m1","input":["hello world","bye"]}`)
+	if r.Object != "list" || r.Model != "m1" || !strings.HasPrefix(r.ID, "embd-") || len(r.Data) != 2 {
+		t.Fatalf("response %+v", r)
+	}
+	if r.Usage != (usage{PromptTokens: 3, TotalTokens: 3}) {
+		t.Errorf("usage %+v, want 3 prompt tokens and no completion", r.Usage)
+	}
+	var vs [][]float32
+	for i, d := range r.Data {
+		if d.Index != i || d.Object != "embedding" {
+			t.Errorf("data[%d] = index %d object %q", i, d.Index, d.Object)
+		}
+		v := floats(t, d.Embedding)
+		if len(v) != EmbeddingDims {
+			t.Fatalf("data[%d] has %d dimensions, want %d", i, len(v), EmbeddingDims)
+		}
+		var norm float64
+		for _, x := range v {
+			norm += float64(x) * float64(x)
+		}
+		if math.Abs(norm-1) > 1e-5 {
+			t.Errorf("data[%d] has squared norm %v, want 1", i, norm)
+		}
+		vs = append(vs, v)
+	}
+	if slices.Equal(vs[0], vs[1]) {
+		t.Error("two inputs embed alike")
+	}
+	same := floats(t, embeddings(t, b.URL, `{"model":"m1","input":"hello world"}`).Data[0].Embedding)
+	if !slices.Equal(same, vs[0]) {
+		t.Error("another engine of the same model embeds the same input differently")
+	}
+	if diff := floats(t, embeddings(t, other.URL, `{"model":"m2","input":"hello world"}`).Data[0].Embedding); slices.Equal(diff, vs[0]) {
+		t.Error("another model embeds alike")
+	}
+
+	var s string
+	if err := json.Unmarshal(embeddings(t, a.URL, `{"model":"m1","input":"hello world","encoding_format":"base64"}`).Data[0].Embedding, &s); err != nil {
+		t.Fatalf("base64 embedding is not a string: %v", err)
+	}
+	raw, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(raw) != 4*EmbeddingDims {
+		t.Fatalf("base64 embedding: %d bytes, %v", len(raw), err)
+	}
+	for i := range vs[0] {
+		if x := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])); x != vs[0][i] {
+			t.Fatalf("base64[%d] = %v, float = %v", i, x, vs[0][i])
+		}
+	}
+
+	ids := embeddings(t, a.URL, `{"model":"m1","input":[[1,2,3],[4]]}`)
+	if len(ids.Data) != 2 || ids.Usage.PromptTokens != 4 {
+		t.Errorf("token-id input: %d vectors, %d prompt tokens; want 2 and 4", len(ids.Data), ids.Usage.PromptTokens)
+	}
+	if v := value(t, scrape(t, a.URL), MetricPromptTokens, "m1"); v != 3+2+4 {
+		t.Errorf("prompt tokens counted %v, want 9 (3 + 2 + 4 on this engine)", v)
 	}
 }

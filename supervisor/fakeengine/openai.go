@@ -59,8 +59,11 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, func() string { return req.Model }) {
 		return
 	}
+	if !streamOptionsOK(w, req.Stream, req.StreamOptions) {
+		return
+	}
 	if len(req.Messages) == 0 {
-		writeError(w, http.StatusBadRequest, "messages: at least one message is required", "invalid_request_error")
+		writeError(w, http.StatusBadRequest, "messages: at least one message is required", badRequest, "messages")
 		return
 	}
 	ex := exchange{chat: true, stream: req.Stream, maxTokens: req.MaxTokens}
@@ -71,7 +74,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	for i, m := range req.Messages {
 		text, err := contentText(m.Content)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d].content: %v", i, err), "invalid_request_error")
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d].content: %v", i, err), badRequest, "messages")
 			return
 		}
 		ex.promptTokens += len(strings.Fields(text))
@@ -87,15 +90,29 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, func() string { return req.Model }) {
 		return
 	}
+	if !streamOptionsOK(w, req.Stream, req.StreamOptions) {
+		return
+	}
 	text, n, err := promptText(req.Prompt)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "prompt: "+err.Error(), "invalid_request_error")
+		writeError(w, http.StatusBadRequest, "prompt: "+err.Error(), badRequest, "prompt")
 		return
 	}
 	s.answer(w, r, exchange{
 		prompt: text, promptTokens: n, maxTokens: req.MaxTokens, stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 	})
+}
+
+// streamOptionsOK refuses stream_options on a request that does not
+// stream, as vLLM does (OpenAI's API allows them only with stream), so a
+// gateway that adds them to every request fails here as it would there.
+func streamOptionsOK(w http.ResponseWriter, stream bool, opts *streamOptions) bool {
+	if opts != nil && !stream {
+		writeError(w, http.StatusBadRequest, "Stream options can only be defined when `stream=True`.", badRequest, "stream_options")
+		return false
+	}
+	return true
 }
 
 // contentText flattens a chat message's content.

@@ -1,6 +1,8 @@
 package fakeengine
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,11 +57,38 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/v1/models", s.models)
 	s.mux.HandleFunc("/v1/chat/completions", s.chat)
 	s.mux.HandleFunc("/v1/completions", s.completions)
+	s.mux.HandleFunc("/v1/embeddings", s.embeddings)
 	s.mux.Handle("/metrics", s.metrics)
 	return s, nil
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP checks the API key, as vLLM's authentication middleware does,
+// before any handler: every /v1/* path, unknown ones included, needs it;
+// /health and /metrics do not (probes and scrapers of vLLM send none).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.APIKey != "" && guarded(r.URL.Path) && !s.authorized(r) {
+		// vLLM's middleware answers exactly this, not its usual error
+		// shape.
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// guarded reports whether path needs the API key.
+func guarded(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }
+
+// authorized reports whether r carries the API key as a bearer token (the
+// scheme is case-insensitive, as in vLLM). Comparing digests keeps the
+// comparison's time independent of the key and of its length.
+func (s *Server) authorized(r *http.Request) bool {
+	scheme, param, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "bearer") {
+		return false
+	}
+	got, want := sha256.Sum256([]byte(param)), sha256.Sum256([]byte(s.cfg.APIKey))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+}
 
 func (s *Server) logf(format string, args ...any) {
 	if s.cfg.Log != nil {
@@ -95,7 +124,7 @@ type modelCard struct {
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	if !s.loaded() {
-		writeError(w, http.StatusServiceUnavailable, "engine loading", "service_unavailable")
+		writeError(w, http.StatusServiceUnavailable, "engine loading", "ServiceUnavailableError", "")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
@@ -147,25 +176,26 @@ func (s *Server) reply(prompt string, maxTokens int) (tokens []string, finish st
 }
 
 // decode reads a JSON request body into v and checks the model name. It
-// writes the OpenAI-style error itself and returns false on failure.
+// writes the error itself and returns false on failure.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, model func() string) bool {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+		writeError(w, http.StatusMethodNotAllowed, "use POST", badRequest, "")
 		return false
 	}
 	if !s.loaded() {
-		writeError(w, http.StatusServiceUnavailable, "engine loading", "service_unavailable")
+		writeError(w, http.StatusServiceUnavailable, "engine loading", "ServiceUnavailableError", "")
 		return false
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error(), "invalid_request_error")
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error(), badRequest, "")
 		return false
 	}
 	if m := model(); m != s.cfg.Model {
-		// vLLM itself answers 404 here; llmgw's contract for the fake is 400.
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("The model `%s` does not exist.", m), "invalid_request_error")
+		// As vLLM: a gateway tells "this engine does not serve that
+		// model" (a stale route) from a bad request by the 404.
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", m), "NotFoundError", "model")
 		return false
 	}
 	return true
@@ -181,9 +211,22 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeError answers in OpenAI's error shape.
-func writeError(w http.ResponseWriter, status int, msg, typ string) {
+// badRequest is the error type vLLM gives a request it refuses (400).
+const badRequest = "BadRequestError"
+
+// writeError answers in the error shape of vLLM's OpenAI server since
+// v0.10.1 (vLLM PR 22099), which is OpenAI's: {"error": {"message", "type",
+// "param", "code"}}, with vLLM's type names (BadRequestError,
+// NotFoundError) and the HTTP status as the code. vLLM before v0.10.1 sent
+// the same fields flat, beside "object": "error", so a client of real
+// engines reads error.message and falls back to message. An empty param is
+// null.
+func writeError(w http.ResponseWriter, status int, msg, typ, param string) {
+	var p any
+	if param != "" {
+		p = param
+	}
 	writeJSON(w, status, map[string]any{
-		"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status},
+		"error": map[string]any{"message": msg, "type": typ, "param": p, "code": status},
 	})
 }

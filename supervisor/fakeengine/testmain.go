@@ -21,7 +21,8 @@ func MainForTests(args []string) (int, bool) {
 	crash := fs.Duration("crash-after", 0, "")
 	code := fs.Int("exit-code", 1, "")
 	failHealth := fs.Bool("fail-health", false, "")
+	apiKey := fs.String("api-key", "", "")
 	_ = fs.Parse(args[2:])
-	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth})
+	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth, APIKey: *apiKey})
 	return ExitCode(err), true
 }

@@ -13,6 +13,10 @@ const (
 	hfHome    = "{{if .WeightsDir}}HF_HOME={{.WeightsDir}}{{end}}"
 	vllmUtil  = "{{if .GPUMemoryUtilization}}--gpu-memory-utilization={{.GPUMemoryUtilization}}{{end}}"
 	sglangMem = "{{if .GPUMemoryUtilization}}--mem-fraction-static={{.GPUMemoryUtilization}}{{end}}"
+	// apiKey makes the engine demand its key on its API. vLLM also reads
+	// VLLM_API_KEY, but the flag is the one spelling vLLM, SGLang and the
+	// fake engine share.
+	apiKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
 )
 
 // Builtin returns the profiles llmgw ships, keyed by name. Every call builds
@@ -31,6 +35,7 @@ func Builtin() map[string]Profile {
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
 				vllmUtil,
+				apiKey,
 			},
 			Env:         []string{hfHome},
 			HealthPath:  "/health",
@@ -59,6 +64,7 @@ func Builtin() map[string]Profile {
 				// Without it SGLang serves no /metrics.
 				"--enable-metrics",
 				sglangMem,
+				apiKey,
 			},
 			Env:         []string{hfHome},
 			HealthPath:  "/health",
@@ -89,6 +95,10 @@ func Builtin() map[string]Profile {
 				"--port", "{{.Port}}",
 				"--n-gpu-layers", "999",
 				"--metrics",
+				// llama.cpp's parser takes no --flag=value: flag and value
+				// are two elements, both dropped without a key. With a key
+				// it guards /metrics too, so the load scrape sends it.
+				"{{if .APIKey}}--api-key{{end}}", "{{.APIKey}}",
 			},
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
@@ -110,6 +120,7 @@ func Builtin() map[string]Profile {
 				"--model", "{{.ServedName}}",
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
+				apiKey,
 			},
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",

@@ -6,6 +6,9 @@
 // Templates are Go text/template strings evaluated against Data. An element
 // of Command or Env that renders to the empty string is dropped, which is how
 // an optional flag is written: `{{if .GPUMemoryUtilization}}--flag={{.GPUMemoryUtilization}}{{end}}`.
+// For an engine whose parser does not take --flag=value (llama.cpp), the
+// flag and its value are two elements that are both empty without the
+// value: `{{if .APIKey}}--api-key{{end}}`, `{{.APIKey}}`.
 package profile
 
 import (
@@ -76,6 +79,10 @@ type Inputs struct {
 	WeightsDir string
 	// ShardIndex is the shard's position in its replica (pipeline stage).
 	ShardIndex int
+	// APIKey is the key the engine must demand on its API (see
+	// internal/secret.EngineKey): whoever calls the engine's /v1/* presents
+	// it as a bearer token. Empty: the engine runs without a key.
+	APIKey string
 }
 
 // Data is what templates see.
@@ -94,6 +101,8 @@ type Data struct {
 	GPUMemoryUtilization string
 	WeightsDir           string
 	Self                 string
+	// APIKey is Inputs.APIKey; empty when the engine runs without a key.
+	APIKey string
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -110,7 +119,7 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 	data := Data{
 		Model: d.Model, ServedName: d.Name, Port: in.Port, Host: in.Host,
 		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
-		WeightsDir: in.WeightsDir, Self: in.Self,
+		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
 	}
 	if data.Host == "" {
 		data.Host = "0.0.0.0"
@@ -229,7 +238,7 @@ func (p Profile) Validate() error {
 	if p.HealthPath == "" || p.ModelsPath == "" {
 		return fmt.Errorf("profile %q: health_path and models_path are required", p.Name)
 	}
-	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw"}
+	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k"}
 	if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
 		return err
 	}

@@ -198,3 +198,44 @@ func TestResolveDoesNotAliasProfile(t *testing.T) {
 		t.Fatal("Resolve's result aliases its inputs")
 	}
 }
+
+// Every built-in profile starts its engine with the engine's key when it
+// has one, in the form that engine's parser takes, and before the
+// deployment's args; without a key no trace of the flag is left.
+func TestResolveCarriesTheEngineKey(t *testing.T) {
+	const key = "0123456789abcdef0123456789abcdef"
+	want := map[string][]string{
+		"vllm":     {"--api-key=" + key},
+		"sglang":   {"--api-key=" + key},
+		"llamacpp": {"--api-key", key}, // llama.cpp takes no --flag=value
+		"fake":     {"--api-key=" + key},
+	}
+	for name, p := range Builtin() {
+		w, ok := want[name]
+		if !ok {
+			t.Errorf("profile %s: no expectation; every built-in engine must demand its key", name)
+			continue
+		}
+		d := placement.Deployment{Name: "a", Model: "m", Args: []string{"--last"}}
+		in := Inputs{Port: 1, Self: "/llmgw", APIKey: key}
+		cmd, _, _, err := Resolve(p, d, in)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		tail := cmd[len(cmd)-len(w)-1:]
+		if !slices.Equal(tail, append(slices.Clone(w), "--last")) {
+			t.Errorf("%s: command %q does not end with %q then the deployment's args", name, cmd, w)
+		}
+
+		in.APIKey = ""
+		cmd, _, _, err = Resolve(p, d, in)
+		if err != nil {
+			t.Fatalf("%s without a key: %v", name, err)
+		}
+		for _, a := range cmd {
+			if strings.Contains(a, "api-key") || a == "" {
+				t.Errorf("%s without a key: command %q has %q", name, cmd, a)
+			}
+		}
+	}
+}

@@ -339,7 +339,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		// forks one per GPU). No Pdeathsig: the engine must survive us.
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
-	fmt.Fprintf(logf, "llmgw: starting engine %s: %q\n", spec.ID, spec.Command)
+	fmt.Fprintf(logf, "llmgw: starting engine %s: %q\n", spec.ID, redactAPIKey(spec.Command))
 	if err := cmd.Start(); err != nil {
 		return runtime.Engine{}, fmt.Errorf("process runtime: engine %q: %w", spec.ID, err)
 	}
@@ -370,6 +370,23 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 
 // env is the base environment, then the spec's, then the GPU selection.
 // Later entries win (exec keeps the last value of a duplicated name).
+// redactAPIKey is argv with the value of --api-key (the engine's key, in
+// either spelling: --api-key=K, or --api-key K) replaced, for the start
+// line written to the engine's log: the log is served to others than those
+// who may call the engine.
+func redactAPIKey(argv []string) []string {
+	out := slices.Clone(argv)
+	for i, a := range out {
+		switch {
+		case strings.HasPrefix(a, "--api-key="):
+			out[i] = "--api-key=[redacted]"
+		case a == "--api-key" && i+1 < len(out):
+			out[i+1] = "[redacted]"
+		}
+	}
+	return out
+}
+
 func (r *Runtime) env(spec runtime.EngineSpec) []string {
 	idx := make([]string, len(spec.GPUIndices))
 	for i, g := range spec.GPUIndices {

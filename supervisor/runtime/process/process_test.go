@@ -455,3 +455,24 @@ func TestCorruptRecordDoesNotBlockItsID(t *testing.T) {
 		t.Fatalf("pid %d still runs", e.PID)
 	}
 }
+
+// The start line in the engine's log shows the command without the
+// engine's API key, in either spelling.
+func TestStartLineHidesTheAPIKey(t *testing.T) {
+	r := newRuntime(t, t.TempDir())
+	spec := helperSpec(t, "demo-0-v1", "sleep")
+	spec.Command = append(spec.Command, "--api-key=s3cret-one", "--api-key", "s3cret-two", "--port", "1")
+	if _, err := r.Start(context.Background(), spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Stop(context.Background(), spec.ID, time.Second) })
+	eventually(t, "stdout in log", logHas(spec.LogPath, "hello stdout"))
+	b, _ := os.ReadFile(spec.LogPath)
+	log := string(b)
+	if strings.Contains(log, "s3cret") {
+		t.Fatalf("the log shows the key:\n%s", log)
+	}
+	if !strings.Contains(log, `"--api-key=[redacted]" "--api-key" "[redacted]" "--port" "1"`) {
+		t.Fatalf("the start line does not show the redacted command:\n%s", log)
+	}
+}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/internal/freeport"
+	"github.com/llmgw/llmgw/internal/testwait"
+)
+
+// `llmgw engine fake --api-key K` demands K on /v1/* and leaves /health
+// open, as the engine runner relies on when it starts the fake profile.
+func TestEngineFakeDemandsItsAPIKey(t *testing.T) {
+	port, err := freeport.Loopback()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		app := newApp()
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		done <- app.Run(ctx, []string{"llmgw", "engine", "fake", "--model", "m", "--host", "127.0.0.1",
+			"--port", strconv.Itoa(port), "--api-key", "k-0123"})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("engine fake after cancel: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("engine fake did not stop")
+		}
+	}()
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	status := func(path, auth string) int {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	testwait.Until(t, 10*time.Second, "the fake engine serves /health", func() (bool, string) {
+		c := status("/health", "")
+		return c == 200, "status " + strconv.Itoa(c)
+	})
+	if c := status("/v1/models", ""); c != 401 {
+		t.Errorf("/v1/models without the key = %d, want 401", c)
+	}
+	if c := status("/v1/models", "Bearer k-0123"); c != 200 {
+		t.Errorf("/v1/models with the key = %d, want 200", c)
+	}
+}
