@@ -100,12 +100,12 @@ type NodeRecord struct {
 	// Content is the version at which the content last changed. Beats
 	// advance Version alone, so a record relayed by push/pull can carry a
 	// Version newer than its content; receivers match beats against Content.
-	Content      Version           `json:"content"`
-	API          string            `json:"api"`
-	Gossip       string            `json:"gossip"`
+	Content Version `json:"content"`
+	API     string  `json:"api"`
+	Gossip  string  `json:"gossip"`
 	// Gateway is where the node's OpenAI-compatible gateway answers
 	// (host:port; empty: none).
-	Gateway string `json:"gateway,omitempty"`
+	Gateway      string            `json:"gateway,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	GPUs         []placement.GPU   `json:"gpus"`
 	Shards       []ShardRecord     `json:"shards,omitempty"`
