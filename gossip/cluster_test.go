@@ -16,33 +16,16 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 )
-
-// syncBuffer is a log sink tests can read while nodes write to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type testNode struct {
 	*Cluster
 	port int
 	dir  string
-	log  *syncBuffer
+	log  *testlog.Buffer
 }
 
 func gpus(n int, name string) []placement.GPU {
@@ -60,7 +43,7 @@ func gpus(n int, name string) []placement.GPU {
 func startNode(t testing.TB, name string, port int, dir string, mutate func(*Config)) *testNode {
 	t.Helper()
 	prof, _ := ProfileByName("local")
-	lb := &syncBuffer{}
+	lb := &testlog.Buffer{}
 	cfg := Config{
 		Name: name, BindAddr: "127.0.0.1", BindPort: port, Profile: prof,
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -11,41 +11,22 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/internal/freeport"
+	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
-
-// syncBuffer is the output of a node running in-process: its goroutines
-// log while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // testNode is one `llmgw node up` run in-process on loopback.
 type testNode struct {
 	dataDir string
 	gossip  string
 	api     string
-	out     *syncBuffer
+	out     *testlog.Buffer
 	done    chan error
 	stop    context.CancelFunc
 }
@@ -75,7 +56,7 @@ func startNode(t *testing.T, name, dataDir string, extra ...string) *testNode {
 	t.Helper()
 	args, gossip, api := nodeArgs(t, name, dataDir, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &testNode{dataDir: dataDir, gossip: gossip, api: "http://" + api, out: &syncBuffer{}, done: make(chan error, 1), stop: cancel}
+	n := &testNode{dataDir: dataDir, gossip: gossip, api: "http://" + api, out: &testlog.Buffer{}, done: make(chan error, 1), stop: cancel}
 	app := newApp()
 	app.Writer, app.ErrWriter = n.out, n.out
 	go func() { n.done <- app.Run(ctx, append([]string{"llmgw"}, args...)) }()
@@ -152,7 +133,7 @@ func runWithin(t *testing.T, within time.Duration, args ...string) (string, erro
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	app := newApp()
-	out := &syncBuffer{}
+	out := &testlog.Buffer{}
 	app.Writer, app.ErrWriter = out, out
 	err := app.Run(ctx, append([]string{"llmgw"}, args...))
 	return out.String(), err

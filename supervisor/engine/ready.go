@@ -9,7 +9,6 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/probes/load"
-	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
 // probeReady is the readiness rule: /health answers 200 and the models
@@ -109,7 +108,7 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 	if e.scraper == nil {
 		// The key goes with every scrape: llama.cpp guards /metrics with
 		// it, vLLM and SGLang leave /metrics open and ignore it.
-		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(metricNames(prof.Metrics)),
+		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()),
 			load.WithBearer(r.engineKey(e.id)))
 	}
 	scraper := e.scraper
@@ -128,19 +127,6 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, ScrapedAt: l.ScrapedAt, Error: l.Error}
 	r.notifyLocked()
 	r.mu.Unlock()
-}
-
-// metricNames turns a profile's metric names (data) into what the load
-// scraper reads. Every engine exports the process start time the same way.
-func metricNames(m profile.Metrics) load.Names {
-	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
-		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
-	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
-		if k != "" {
-			n.KVCache = append(n.KVCache, k)
-		}
-	}
-	return n
 }
 
 // ScrapeErrors counts failed engine /metrics scrapes.

@@ -301,7 +301,7 @@ func TestLoadIsReadByTheProfilesMetricNames(t *testing.T) {
 	}
 	page := "# TYPE " + prof.Metrics.Running + " gauge\n" + prof.Metrics.Running + "{model_name=\"m\"} 3\n" +
 		"# TYPE " + prof.Metrics.KVCacheUsage + " gauge\n" + prof.Metrics.KVCacheUsage + "{model_name=\"m\"} 0.25\n"
-	s, err := load.Parse(strings.NewReader(page), expfmt.NewFormat(expfmt.TypeTextPlain), metricNames(prof.Metrics))
+	s, err := load.Parse(strings.NewReader(page), expfmt.NewFormat(expfmt.TypeTextPlain), prof.Metrics.LoadNames())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/fakeengine"
@@ -126,7 +126,7 @@ func TestModelIDIsRewrittenToTheDeploymentName(t *testing.T) {
 // and reaches nothing; a valid key passes, and its name is logged.
 func TestKeysEnforced(t *testing.T) {
 	u := newUpstream(t, chatOK)
-	var log syncBuffer
+	var log testlog.Buffer
 	h := newHarness(t, Config{AccessLog: &log}, oneDeployment(u.URL).snapshot())
 	ks, err := ParseKeys(strings.NewReader("# ops\nsk-live-aaaaaaaaaaaaaaaa alice smith\nsk-live-bbbbbbbbbbbbbbbb\n"))
 	if err != nil {
@@ -348,24 +348,11 @@ func TestShutdownDrains(t *testing.T) {
 	<-done
 }
 
-// syncBuffer is a bytes.Buffer safe for the access-log writer.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // One access-log line per request, with model, replica, node, status and
 // sizes, and never the prompt.
 func TestAccessLog(t *testing.T) {
 	u := newUpstream(t, chatOK)
-	var log syncBuffer
+	var log testlog.Buffer
 	h := newHarness(t, Config{AccessLog: &log}, oneDeployment(u.URL).snapshot())
 	h.post("/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"the secret prompt"}]}`)
 	h.post("/v1/chat/completions", chatBody("nope", false))

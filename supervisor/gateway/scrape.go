@@ -8,7 +8,6 @@ import (
 
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/load"
-	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
 // scrapeTimeout bounds one scrape: a load reading that takes longer is too
@@ -58,7 +57,7 @@ func (s *scrapers) forEngine(engine string) *engineScraper {
 	if p, ok := s.g.cfg.Profiles[engine]; ok && p.MetricsPath != "" && (p.Metrics.Running != "" || p.Metrics.Waiting != "") {
 		client := &http.Client{Transport: s.g.tr, Timeout: scrapeTimeout}
 		es = &engineScraper{path: p.MetricsPath,
-			s: load.NewScraper(client, clock.Func(s.g.now), load.WithNames(metricNames(p.Metrics)))}
+			s: load.NewScraper(client, clock.Func(s.g.now), load.WithNames(p.Metrics.LoadNames()))}
 	}
 	s.byEngine[engine] = es
 	return es
@@ -104,17 +103,4 @@ func (s *scrapers) close() {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
-}
-
-// metricNames turns a profile's metric names into the load scraper's (as
-// the engine runner does for its own scrape).
-func metricNames(m profile.Metrics) load.Names {
-	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
-		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
-	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
-		if k != "" {
-			n.KVCache = append(n.KVCache, k)
-		}
-	}
-	return n
 }

@@ -21,6 +21,7 @@ import (
 	"text/template"
 
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/load"
 )
 
 // Metrics names the Prometheus series llmgw's engine probe reads. Empty
@@ -246,4 +247,17 @@ func (p Profile) Validate() error {
 		return err
 	}
 	return nil
+}
+
+// LoadNames are the profile's metric names as the load scraper reads them
+// (probes/load). Every engine exports the process start time the same way.
+func (m Metrics) LoadNames() load.Names {
+	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
+		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
+	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
+		if k != "" {
+			n.KVCache = append(n.KVCache, k)
+		}
+	}
+	return n
 }
