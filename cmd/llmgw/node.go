@@ -222,6 +222,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
 		page.Register(n, mux)
+		registerGatewayStats(n, mux, gw)
 	}
 	node, err := supervisor.Start(ctx, cfg)
 	if err != nil {
