@@ -104,8 +104,10 @@ type NodeRecord struct {
 	API     string  `json:"api"`
 	Gossip  string  `json:"gossip"`
 	// Gateway is where the node's OpenAI-compatible gateway answers
-	// (host:port; empty: none).
+	// (host:port; empty: none), and GatewayTLS whether it speaks HTTPS
+	// there. GatewayTLS is refused without a Gateway.
 	Gateway      string            `json:"gateway,omitempty"`
+	GatewayTLS   bool              `json:"gateway_tls,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	GPUs         []placement.GPU   `json:"gpus"`
 	Shards       []ShardRecord     `json:"shards,omitempty"`

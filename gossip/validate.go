@@ -137,6 +137,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 			hosts[strings.ToLower(h)] = true
 		}
 	}
+	if r.GatewayTLS && r.Gateway == "" {
+		return bad("gateway_tls", "set without a gateway address")
+	}
 	if len(r.GPUs) > maxNodeGPUs {
 		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)
 	}

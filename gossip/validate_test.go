@@ -232,6 +232,7 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"engine at the API host", rec(nil)},
 		{"engine at the gossip host", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://10.0.1.5:8100" })},
 		{"no engine URL yet", rec(func(r *NodeRecord) { r.Shards[0].URL = "" })},
+		{"a gateway over HTTPS", rec(func(r *NodeRecord) { r.Gateway, r.GatewayTLS = "10.0.0.5:8000", true })},
 	}
 	bad := []struct {
 		why, field string
@@ -248,6 +249,8 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a shard without an ID", "shard_id", rec(func(r *NodeRecord) { r.Shards[0].ShardID = "" })},
 		{"a shard on too many GPUs", "gpus", rec(func(r *NodeRecord) { r.Shards[0].GPUs = make([]int, maxShardGPUs+1) })},
 		{"a bad API address", "api", rec(func(r *NodeRecord) { r.API = "nowhere" })},
+		{"a bad gateway address", "gateway", rec(func(r *NodeRecord) { r.Gateway = "nowhere" })},
+		{"TLS on no gateway", "gateway_tls", rec(func(r *NodeRecord) { r.GatewayTLS = true })},
 		{"too many labels", "labels", rec(func(r *NodeRecord) {
 			r.Labels = map[string]string{}
 			for i := range maxNodeLabels + 1 {

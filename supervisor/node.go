@@ -47,8 +47,10 @@ type Config struct {
 	APIAddr string
 	// GatewayAddr is where this node's gateway listens (host:port; empty:
 	// none), published in its record with a wildcard host replaced by the
-	// advertised one.
+	// advertised one. GatewayTLS says it speaks HTTPS, so that clients
+	// reading the record know the scheme.
 	GatewayAddr string
+	GatewayTLS  bool
 	// Join lists gossip addresses to join, retried in the background.
 	Join      []string
 	GossipKey []byte
@@ -220,6 +222,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		Version:      gossip.Version{Epoch: id.Epoch},
 		API:          n.AdvertisedAPI(),
 		Gateway:      n.advertised(cfg.GatewayAddr),
+		GatewayTLS:   cfg.GatewayTLS && cfg.GatewayAddr != "",
 		Labels:       cfg.Labels,
 		GPUs:         gpus,
 		AgentVersion: cfg.Version,

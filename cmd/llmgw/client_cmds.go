@@ -251,21 +251,32 @@ func unplaceCommand() *cli.Command {
 func modelsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "models",
-		Usage: "list deployments: how many replicas are placed and ready, where, and why not",
+		Usage: "list deployments: how many replicas are placed and ready, where, and why not; and the gateways clients send requests to",
 		Flags: jsonClientFlags(),
 		Action: func(ctx context.Context, c *cli.Command) error {
 			cl, err := newClient(c)
 			if err != nil {
 				return err
 			}
+			var info status.ClusterInfo
+			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+				return err
+			}
 			var deps []status.DeploymentInfo
 			if err := cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps); err != nil {
 				return err
 			}
+			gws := status.Gateways(info.Members)
 			if c.Bool("json") {
-				return printJSON(c.Root().Writer, deps)
+				if deps == nil {
+					deps = []status.DeploymentInfo{}
+				}
+				return printJSON(c.Root().Writer, modelsJSON{Gateways: gws, Deployments: deps})
 			}
-			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
+			w := c.Root().Writer
+			fmt.Fprintln(w, gatewayLine(gws))
+			fmt.Fprintln(w)
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tMODEL\tENGINE\tREPLICAS\tREADY\tNODES\tWHY")
 			for _, d := range deps {
 				why := "-"
@@ -284,6 +295,33 @@ func modelsCommand() *cli.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// modelsJSON is `llmgw models --json`: the gateways clients can use (any
+// of them routes to every deployment) and the deployments.
+type modelsJSON struct {
+	Gateways    []status.GatewayInfo    `json:"gateways"`
+	Deployments []status.DeploymentInfo `json:"deployments"`
+}
+
+// maxGatewaysShown bounds the GATEWAYS line; --json lists them all.
+const maxGatewaysShown = 8
+
+// gatewayLine says where clients send requests: the alive nodes'
+// gateways, any of which routes to every deployment.
+func gatewayLine(gws []status.GatewayInfo) string {
+	if len(gws) == 0 {
+		return "GATEWAYS  none: no alive node runs a gateway (see node up --gateway)"
+	}
+	var parts []string
+	for i, g := range gws {
+		if i == maxGatewaysShown {
+			parts = append(parts, fmt.Sprintf("+%d more (--json lists them)", len(gws)-i))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", g.URL, g.Node))
+	}
+	return "GATEWAYS  " + strings.Join(parts, ", ") + "; OpenAI clients use <gateway>/v1"
 }
 
 func shardsCommand() *cli.Command {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -188,4 +189,40 @@ func (g *nodeGateway) Close() {
 	_ = g.srv.Shutdown(ctx)
 	close(g.stop)
 	g.wg.Wait()
+}
+
+// gatewayStatsPath is where a node serves its gateway's recent traffic,
+// for `llmgw top`. It needs no token: it reveals no prompts, only rates
+// and times per deployment.
+const gatewayStatsPath = "/v1/gateway/stats"
+
+// gatewayStats is the body of GET /v1/gateway/stats: this node's gateway,
+// where clients reach it, and each deployment's traffic through it.
+type gatewayStats struct {
+	Node string `json:"node"`
+	URL  string `json:"url,omitempty"`
+	// Window is what the figures cover (a model's own window is shorter
+	// when more requests came than its ring holds).
+	Window time.Duration        `json:"window"`
+	Models []gateway.ModelStats `json:"models"`
+}
+
+// registerGatewayStats adds GET /v1/gateway/stats to the node's API. With
+// no gateway (--gateway ""), it answers 404 saying so.
+func registerGatewayStats(n *supervisor.Node, mux *http.ServeMux, gw *gateway.Gateway) {
+	mux.HandleFunc("GET "+gatewayStatsPath, func(w http.ResponseWriter, r *http.Request) {
+		snap := n.Status()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		if gw == nil {
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "node " + snap.Self() + " runs no gateway (--gateway is empty)"})
+			return
+		}
+		out := gatewayStats{Node: snap.Self(), Window: gw.StatsWindow(), Models: gw.Stats()}
+		if m, ok := snap.Member(snap.Self()); ok {
+			out.URL = m.GatewayURL()
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/gateway"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -253,6 +254,10 @@ func TestTopDrawsOneFrame(t *testing.T) {
 			{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 2},
 			{Deployment: placement.Deployment{Name: "big", Replicas: 1}, Why: []string{"big-0: needs 8 GPUs"}},
 		},
+		// n1's gateway saw chat's requests; big's, none.
+		gatewayStatsPath: gatewayStats{Node: "n1", URL: "http://10.0.0.1:8000", Window: time.Minute, Models: []gateway.ModelStats{
+			{Model: "chat", Requests: 90, Rate: 1.5, Window: time.Minute, TTFBP50: 12 * time.Millisecond, TTFBP99: 1250 * time.Millisecond},
+		}},
 		"/v1/shards": []status.ShardInfo{
 			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
 			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
@@ -276,8 +281,10 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		regexp.MustCompile(`nodes 1/2 alive\s+models 2\s+shards 2/3 ready`),
 		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-`),
 		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3\s`),
-		regexp.MustCompile(`(?m)^chat\s+2/2\s+5\s+2\s+38%\s+20\s+100\s+-$`),
-		regexp.MustCompile(`(?m)^big\s+0/1\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
+		regexp.MustCompile(`last 1m, as seen by n1's gateway \(http://10\.0\.0\.1:8000\)`),
+		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50 TTFB\s+P99 TTFB\s+RUNNING\s+WAITING\s+KV CACHE\s+PROMPT TOK/S\s+GEN TOK/S\s+WHY$`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+20\s+100\s+-$`),
+		regexp.MustCompile(`(?m)^big\s+0/1\s+0\.00\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
 		regexp.MustCompile(`(?m)^chat-0\s+n1\s+0\s+ready\s+valid\s+2\s+1\s+25%\s+60\s+0$`),
 	} {
 		if !want.MatchString(out) {
@@ -292,9 +299,27 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		Cluster     status.ClusterInfo      `json:"cluster"`
 		Deployments []status.DeploymentInfo `json:"deployments"`
 		Shards      []status.ShardInfo      `json:"shards"`
+		Gateway     *gatewayStats           `json:"gateway"`
 	}
-	if err != nil || json.Unmarshal([]byte(js), &frame) != nil || len(frame.Shards) != 3 || len(frame.Cluster.Members) != 2 || len(frame.Deployments) != 2 {
+	if err != nil || json.Unmarshal([]byte(js), &frame) != nil || len(frame.Shards) != 3 || len(frame.Cluster.Members) != 2 || len(frame.Deployments) != 2 ||
+		frame.Gateway == nil || len(frame.Gateway.Models) != 1 {
 		t.Errorf("top --once --json: %v\n%s", err, js)
+	}
+
+	// A node without a gateway (or one too old to say): the gateway
+	// columns are blank and the frame says why.
+	delete(answers, gatewayStatsPath)
+	out, err = run(t, "top", "--once", "--addr", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`REQ/S and TTFB blank: GET /v1/gateway/stats: 404 Not Found`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+-\s+-\s+-\s+5\s+2\s+38%`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("frame without gateway stats lacks %s:\n%s", want, out)
+		}
 	}
 	if _, err := run(t, "top", "--interval", "10ms", "--addr", srv.URL); err == nil || !strings.Contains(err.Error(), "--interval") {
 		t.Errorf("--interval 10ms: %v, want an error naming --interval", err)

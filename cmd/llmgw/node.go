@@ -200,7 +200,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		return failure(err.Error())
 	}
 	if ln != nil {
-		cfg.GatewayAddr = ln.Addr().String()
+		cfg.GatewayAddr, cfg.GatewayTLS = ln.Addr().String(), gws.tls != nil
 	}
 	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
 		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
@@ -222,6 +222,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
 		page.Register(n, mux)
+		registerGatewayStats(n, mux, gw)
 	}
 	node, err := supervisor.Start(ctx, cfg)
 	if err != nil {

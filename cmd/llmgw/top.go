@@ -13,13 +13,14 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/supervisor/gateway"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 func topCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "top",
-		Usage: "a live overview of the whole cluster from any node: nodes, models and shards with their load",
+		Usage: "a live overview of the whole cluster from any node: nodes, models and shards with their load, and each model's requests through that node's gateway",
 		Flags: append(jsonClientFlags(),
 			&cli.DurationFlag{Name: "interval", Value: 2 * time.Second, Usage: "time between refreshes"},
 			&cli.BoolFlag{Name: "once", Usage: "print one frame and exit"},
@@ -37,7 +38,11 @@ func topCommand() *cli.Command {
 			draw := func(snap topSnapshot) error {
 				if c.Bool("json") {
 					// One object per frame (JSON lines when refreshed).
-					return printJSON(w, map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards})
+					frame := map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards, "gateway": snap.gateway}
+					if snap.gatewayErr != nil {
+						frame["gateway_error"] = snap.gatewayErr.Error()
+					}
+					return printJSON(w, frame)
 				}
 				renderTop(w, cl.base, snap, time.Now())
 				return nil
@@ -80,11 +85,15 @@ func topCommand() *cli.Command {
 	}
 }
 
-// topSnapshot is what one frame shows: the cluster as the asked node sees it.
+// topSnapshot is what one frame shows: the cluster as the asked node sees
+// it, and the traffic through that node's gateway (nil, with gatewayErr
+// saying why, when it has none or did not say).
 type topSnapshot struct {
-	cluster status.ClusterInfo
-	models  []status.DeploymentInfo
-	shards  []status.ShardInfo
+	cluster    status.ClusterInfo
+	models     []status.DeploymentInfo
+	shards     []status.ShardInfo
+	gateway    *gatewayStats
+	gatewayErr error
 }
 
 func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
@@ -98,13 +107,23 @@ func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
 	if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &s.shards); err != nil {
 		return s, err
 	}
+	// A node without a gateway (404) or an older one leaves the gateway
+	// columns blank; the frame says why.
+	var gs gatewayStats
+	if err := cl.do(ctx, "GET", gatewayStatsPath, nil, "", &gs); err != nil {
+		s.gatewayErr = err
+	} else {
+		s.gateway = &gs
+	}
 	return s, nil
 }
 
 // renderTop writes one frame. Load figures come from each engine's own
 // /metrics as its node last scraped them, carried in the node records; a
 // dash means no valid reading yet (or a rate right after an engine
-// restart, whose counters started over).
+// restart, whose counters started over). REQ/S and TTFB are the asked
+// node's gateway's own: requests that came in through other nodes'
+// gateways are not in them.
 func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 	alive, ready := 0, 0
 	for _, m := range s.cluster.Members {
@@ -164,11 +183,29 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 			m.rates = true
 		}
 	}
-	fmt.Fprintln(tw, "MODEL\tREADY\tRUNNING\tWAITING\tKV CACHE\tPROMPT TOK/S\tGEN TOK/S\tWHY")
+	traffic := map[string]gateway.ModelStats{}
+	if s.gateway != nil {
+		for _, ms := range s.gateway.Models {
+			traffic[ms.Model] = ms
+		}
+		fmt.Fprintf(w, "REQ/S and P50/P99 TTFB (time to first byte): last %s, as seen by %s's gateway", windowText(s.gateway.Window), s.gateway.Node)
+		if s.gateway.URL != "" {
+			fmt.Fprintf(w, " (%s)", s.gateway.URL)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "REQ/S and TTFB blank: %v\n", s.gatewayErr)
+	}
+	fmt.Fprintln(tw, "MODEL\tREADY\tREQ/S\tP50 TTFB\tP99 TTFB\tRUNNING\tWAITING\tKV CACHE\tPROMPT TOK/S\tGEN TOK/S\tWHY")
 	for _, d := range s.models {
 		m := per[d.Name]
 		if m == nil {
 			m = &sum{}
+		}
+		rate, p50, p99 := "-", "-", "-"
+		if s.gateway != nil {
+			t := traffic[d.Name] // none in the window: a zero rate
+			rate, p50, p99 = fmt.Sprintf("%.2f", t.Rate), ttfbText(t.TTFBP50), ttfbText(t.TTFBP99)
 		}
 		kv, prompt, gen := "-", "-", "-"
 		if m.kvN > 0 {
@@ -181,7 +218,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		if m.kvN > 0 {
 			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, run, wait, kv, prompt, gen, dash(strings.Join(d.Why, "; ")))
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, rate, p50, p99, run, wait, kv, prompt, gen, dash(strings.Join(d.Why, "; ")))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -205,6 +242,28 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", sh.ShardID, dash(sh.Node), ints(sh.GPUs), dash(status), sh.Lease, run, wait, kv, gen, sh.Restarts)
 	}
 	tw.Flush()
+}
+
+// ttfbText writes a time to first byte as "0.4ms", "35ms" or "1.25s"; a
+// dash for none (no answered request in the window).
+func ttfbText(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// windowText writes a stats window as "1m" or "90s".
+func windowText(d time.Duration) string {
+	if d >= time.Minute && d%time.Minute == 0 {
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	}
+	return d.Round(time.Second).String()
 }
 
 // isTerminal reports whether w is a character device (a terminal).

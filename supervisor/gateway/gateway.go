@@ -217,6 +217,9 @@ func (g *Gateway) SetKeys(ks *KeySet) { g.keys.Store(ks) }
 // deployment.
 func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.now()) }
 
+// StatsWindow is the window Stats reports over (Config.StatsWindow).
+func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }
+
 // Shutdown makes the gateway refuse new requests with 503 "node stopping"
 // and waits until those in flight end or ctx does, then stops its
 // background work (load scrapes, the access-log writer, idle connections

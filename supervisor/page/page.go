@@ -1,6 +1,7 @@
 // Package page draws the cluster page at GET /: nodes with their GPUs,
 // deployments with what is placed and why the rest is not, and shards with
-// their leases and load. Any node draws it from its own gossip view, so there
+// their leases and load, and at the top where clients send requests: the
+// nodes' gateways, each row linking to its own. Any node draws it from its own gossip view, so there
 // is no page that only one node can serve, and each node name links to that
 // node's own page.
 //
@@ -67,6 +68,7 @@ type data struct {
 	Self, Version, Now string
 	Refresh            int
 	Summary            summary
+	Gateway            gatewayHint
 	Nodes              []nodeRow
 	Deployments        []depRow
 	Shards             []shardRow
@@ -80,16 +82,28 @@ type summary struct {
 	Unplaced                int
 }
 
+// gatewayHint is the line at the top: one gateway to send requests to
+// (this node's when it runs one and is alive), and how many there are.
+type gatewayHint struct {
+	URL, Link string
+	Node      string
+	Self      bool
+	Count     int
+}
+
 type nodeRow struct {
 	Name, State, StateClass string
 	Link                    string
-	Self                    bool
-	Labels                  []string
-	Agent, Runtime          string
-	GPUs                    []gpuRow
-	Shards                  int
-	Faults, FaultsClass     string
-	Simulated               bool
+	// Gateway is where clients reach the node's gateway (empty: none),
+	// GatewayLink its model list.
+	Gateway, GatewayLink string
+	Self                 bool
+	Labels               []string
+	Agent, Runtime       string
+	GPUs                 []gpuRow
+	Shards               int
+	Faults, FaultsClass  string
+	Simulated            bool
 }
 
 type gpuRow struct {
@@ -128,6 +142,9 @@ func build(snap *status.Snapshot, now time.Time) data {
 		if m.API != "" {
 			row.Link = "http://" + m.API + "/"
 		}
+		if u := m.GatewayURL(); u != "" {
+			row.Gateway, row.GatewayLink = u, u+"/v1/models"
+		}
 		for k, v := range m.Labels {
 			row.Labels = append(row.Labels, k+"="+v)
 		}
@@ -165,6 +182,14 @@ func build(snap *status.Snapshot, now time.Time) data {
 		}
 		if row.Self {
 			d.Version = m.AgentVersion
+		}
+	}
+
+	gws := status.Gateways(snap.Members())
+	d.Gateway.Count = len(gws)
+	for i, g := range gws {
+		if i == 0 || g.Node == d.Self {
+			d.Gateway.URL, d.Gateway.Link, d.Gateway.Node, d.Gateway.Self = g.URL+"/v1", g.URL+"/v1/models", g.Node, g.Node == d.Self
 		}
 	}
 

@@ -16,8 +16,15 @@ const token = "page-test-token-0123456789abcdef"
 
 func startNode(t *testing.T, name string, labels map[string]string, join ...int) (*supervisor.Node, int) {
 	t.Helper()
+	return startWith(t, name, labels, func(*supervisor.Config) {}, join...)
+}
+
+// startWith is startNode with cfg adjusted by mut before the start.
+func startWith(t *testing.T, name string, labels map[string]string, mut func(*supervisor.Config), join ...int) (*supervisor.Node, int) {
+	t.Helper()
 	cfg := supervisortest.Config(t, name, join...)
 	cfg.Token, cfg.Version, cfg.Labels = token, "v-test", labels
+	mut(&cfg)
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) }
 	return supervisortest.Start(t, cfg), cfg.BindPort
 }
@@ -49,8 +56,10 @@ func place(t *testing.T, n *supervisor.Node, spec string) {
 }
 
 func TestClusterPage(t *testing.T) {
-	a, aport := startNode(t, "alpha", map[string]string{"rack": `<script>alert("r1")</script>`})
-	b, _ := startNode(t, "bravo", map[string]string{"zone": "b&w"}, aport)
+	// The gateways are only published, not served: the page draws what
+	// the records say. A wildcard host is published as the advertised one.
+	a, aport := startWith(t, "alpha", map[string]string{"rack": `<script>alert("r1")</script>`}, func(c *supervisor.Config) { c.GatewayAddr = "0.0.0.0:18000" })
+	b, _ := startWith(t, "bravo", map[string]string{"zone": "b&w"}, func(c *supervisor.Config) { c.GatewayAddr, c.GatewayTLS = "127.0.0.1:18443", true }, aport)
 	place(t, a, `{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
 	place(t, a, `{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8,"gpu_memory":"70GiB"}`)
 
@@ -82,6 +91,11 @@ func TestClusterPage(t *testing.T) {
 		"<td>huge</td>", "0 / 0 / 1", "8 GPUs, 70GiB each", "needs 8 GPUs", // why not
 		"chat-0", "chat-1", `class="ok">valid</td>`, `class="bad">unplaced</td><td class="dim">none</td>`, `<span class="tag">chat-`, // shard rows
 		"simulated GPUs",
+		// Each node's gateway, with its scheme, linking to its models;
+		// the line at the top names this node's.
+		`<a href="http://127.0.0.1:18000/v1/models">http://127.0.0.1:18000</a>`,
+		`<a href="https://127.0.0.1:18443/v1/models">https://127.0.0.1:18443</a>`,
+		`Clients send OpenAI-compatible requests to any node's gateway, e.g. <a href="https://127.0.0.1:18443/v1/models">https://127.0.0.1:18443/v1</a> (this node's; 2 gateways in the table below)`,
 		"&lt;script&gt;alert(&#34;r1&#34;)&lt;/script&gt;", // the label, escaped
 		"zone=b&amp;w",
 	} {
@@ -108,7 +122,8 @@ func TestClusterPage(t *testing.T) {
 func TestPageWithNoDeployments(t *testing.T) {
 	a, _ := startNode(t, "solo", nil)
 	code, _, body := get(t, "http://"+a.APIAddr()+"/")
-	if code != 200 || !strings.Contains(body, "nothing placed yet") || !strings.Contains(body, "no shards") {
+	if code != 200 || !strings.Contains(body, "nothing placed yet") || !strings.Contains(body, "no shards") ||
+		!strings.Contains(body, "No alive node runs a gateway") || !strings.Contains(body, `<span class="dim">none</span>`) {
 		t.Errorf("empty cluster page: %d\n%s", code, body)
 	}
 }

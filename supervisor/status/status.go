@@ -112,7 +112,7 @@ func Build(in Input) *Snapshot {
 func memberInfo(m gossip.Member) MemberInfo {
 	mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt, ClockOffset: m.ClockOffset, TokenMismatch: m.TokenMismatch}
 	if r := m.Record; r != nil {
-		mi.API, mi.Gateway, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Gateway, r.Labels, r.GPUs, r.Shards
+		mi.API, mi.Gateway, mi.GatewayTLS, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Gateway, r.GatewayTLS, r.Labels, r.GPUs, r.Shards
 		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes
 		if mi.Gossip == "" {
 			mi.Gossip = r.Gossip

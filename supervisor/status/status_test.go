@@ -155,3 +155,22 @@ func TestUnplacedAndEmpty(t *testing.T) {
 		t.Fatalf("empty snapshot: %+v", empty)
 	}
 }
+
+// The gateways clients can use are the alive members' with their scheme:
+// https where the record says the gateway speaks TLS.
+func TestGateways(t *testing.T) {
+	s := Build(Input{Self: "a", Now: t0, TTL: ttl, Members: []gossip.Member{
+		{Name: "a", State: gossip.StateAlive, Record: &gossip.NodeRecord{Name: "a", Gateway: "10.0.0.1:8000"}},
+		{Name: "b", State: gossip.StateAlive, Record: &gossip.NodeRecord{Name: "b", Gateway: "10.0.0.2:8443", GatewayTLS: true}},
+		{Name: "c", State: gossip.StateAlive, Record: &gossip.NodeRecord{Name: "c"}},                          // runs none
+		{Name: "d", State: gossip.StateDead, Record: &gossip.NodeRecord{Name: "d", Gateway: "10.0.0.4:8000"}}, // not reachable
+	}})
+	got := Gateways(s.Members())
+	want := []GatewayInfo{{Node: "a", URL: "http://10.0.0.1:8000"}, {Node: "b", URL: "https://10.0.0.2:8443"}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Gateways = %v, want %v", got, want)
+	}
+	if g := Gateways(nil); g == nil || len(g) != 0 {
+		t.Errorf("no members: %#v, want an empty list (JSON [])", g)
+	}
+}

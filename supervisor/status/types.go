@@ -14,6 +14,7 @@ type MemberInfo struct {
 	Gossip       string               `json:"gossip"`
 	API          string               `json:"api"`
 	Gateway      string               `json:"gateway,omitempty"`
+	GatewayTLS   bool                 `json:"gateway_tls,omitempty"`
 	Labels       map[string]string    `json:"labels,omitempty"`
 	GPUs         []placement.GPU      `json:"gpus"`
 	Shards       []gossip.ShardRecord `json:"shards,omitempty"`
@@ -71,4 +72,35 @@ type ShardInfo struct {
 	StartedAt    time.Time          `json:"started_at,omitzero"`
 	Load         gossip.ShardLoad   `json:"load,omitzero"`
 	Reason       string             `json:"reason,omitempty"`
+}
+
+// GatewayURL is where clients reach the member's gateway, scheme included:
+// "http://10.0.0.5:8000", or https when it speaks TLS; empty when the
+// member runs none.
+func (m MemberInfo) GatewayURL() string {
+	switch {
+	case m.Gateway == "":
+		return ""
+	case m.GatewayTLS:
+		return "https://" + m.Gateway
+	}
+	return "http://" + m.Gateway
+}
+
+// GatewayInfo is one gateway clients can send requests to: every gateway
+// routes to every deployment's replicas, wherever they run.
+type GatewayInfo struct {
+	Node string `json:"node"`
+	URL  string `json:"url"`
+}
+
+// Gateways lists the gateways of the alive members, in member order.
+func Gateways(members []MemberInfo) []GatewayInfo {
+	out := []GatewayInfo{}
+	for _, m := range members {
+		if u := m.GatewayURL(); u != "" && m.State == gossip.StateAlive {
+			out = append(out, GatewayInfo{Node: m.Name, URL: u})
+		}
+	}
+	return out
 }
