@@ -120,12 +120,12 @@ func commandTable() map[string]cmdSpec {
 		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env via", (*runner).cmdPlace},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
-		"wait-until":   {"within for on alive suspect dead left ready status lease engine running", (*runner).cmdWaitUntil},
-		"expect":       {"on columns since min-routable", (*runner).cmdExpect},
+		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by", (*runner).cmdWaitUntil},
+		"expect":       {"on columns since min-routable min-success before", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment min-routable via stream", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment via stream on workers min-routable min-success before after", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
 	}
 }
