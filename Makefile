@@ -31,7 +31,7 @@ sdk:
 	@[ "$${LLMGW_SKIP_NODE_TESTS:-}" = 1 ] && exit 0; \
 	lock=$(SDK)/node_modules/.package-lock.json; \
 	[ -f $$lock ] && [ ! $(SDK)/package-lock.json -nt $$lock ] && exit 0; \
-	if command -v npm >/dev/null; then npm ci --prefix $(SDK) --no-audit --no-fund; \
+	if command -v npm >/dev/null; then echo "npm ci --prefix $(SDK)"; npm ci --prefix $(SDK) --no-audit --no-fund; \
 	else echo "note: npm not found: TestOpenAISDKThroughTheGateway will fail (install Node.js 20+ and npm, or set LLMGW_SKIP_NODE_TESTS=1)"; fi
 
 # The race detector over every package but the scenarios (whose nodes are
