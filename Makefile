@@ -4,22 +4,35 @@ GO      ?= go
 BIN     := bin/llmgw
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 DEMO    ?= $(CURDIR)/.demo
+# The official OpenAI SDK, pinned, that scenarios' TestOpenAISDKThroughTheGateway
+# points at a gateway (Node.js 20 or later and npm).
+SDK     := scenarios/testdata/openai-sdk
 # go-nvml's cgo bindings call functions the NVML header marks deprecated.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: build test race bench run stop lint clean scenarios fuzz
+.PHONY: build test race bench run stop lint clean scenarios fuzz sdk
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/llmgw
 
 # The scenarios assert failover budgets in wall-clock time, so they run on
 # their own after the other packages rather than beside them on a small box.
-test: build
+test: build sdk
 	@sock=$${LLMGW_TEST_CONTAINERD_SOCKET:-/run/containerd/containerd.sock}; [ -S "$$sock" ] || \
 		echo "note: no containerd socket at $$sock: the containerd integration tests will skip (start one with: eval \"\$$(.ci/containerd.sh start)\")"
 	$(GO) vet ./...
 	$(GO) test -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
 	$(GO) test -timeout 15m ./scenarios/
+
+# Install the SDK as its lock file says when it is missing or the lock is
+# newer. Without npm the SDK test fails and says how to install it;
+# LLMGW_SKIP_NODE_TESTS=1 skips both.
+sdk:
+	@[ "$${LLMGW_SKIP_NODE_TESTS:-}" = 1 ] && exit 0; \
+	lock=$(SDK)/node_modules/.package-lock.json; \
+	[ -f $$lock ] && [ ! $(SDK)/package-lock.json -nt $$lock ] && exit 0; \
+	if command -v npm >/dev/null; then echo "npm ci --prefix $(SDK)"; npm ci --prefix $(SDK) --no-audit --no-fund; \
+	else echo "note: npm not found: TestOpenAISDKThroughTheGateway will fail (install Node.js 20+ and npm, or set LLMGW_SKIP_NODE_TESTS=1)"; fi
 
 # The race detector over every package but the scenarios (whose nodes are
 # separate processes: build them with -race to check those, see README).
@@ -52,4 +65,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeSpecMemory -fuzztime 30s ./supervisor/
 
 clean:
-	rm -rf bin $(DEMO)
+	rm -rf bin $(DEMO) $(SDK)/node_modules

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/llmgw/llmgw/internal/secret"
 )
@@ -270,40 +271,44 @@ func (r *runner) chat(ctx context.Context, row shardRow) error {
 
 // chatThroughGateway sends one small chat completion for deployment to a
 // node's gateway, streamed or not, and checks the answer: a choice, or,
-// streamed, events that end with [DONE] and carry no error.
-func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool) error {
+// streamed, events that end with [DONE] and carry no error. It returns the
+// node that served it (the gateway's Llmgw-Node header) and when the
+// answer's head arrived (zero when none did).
+func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool) (served string, head time.Time, err error) {
 	body := map[string]any{
 		"model":      deployment,
 		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
 		"max_tokens": 4,
 		"stream":     stream,
 	}
-	if !stream {
-		var resp struct {
-			Choices []json.RawMessage `json:"choices"`
-		}
-		if err := r.call(ctx, "POST", gatewayURL+"/v1/chat/completions", body, false, &resp); err != nil {
-			return err
-		}
-		if len(resp.Choices) == 0 {
-			return fmt.Errorf("answer without choices")
-		}
-		return nil
-	}
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, "POST", gatewayURL+"/v1/chat/completions", bytes.NewReader(b))
 	if err != nil {
-		return err
+		return "", time.Time{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.http.Do(req)
 	if err != nil {
-		return err
+		return "", time.Time{}, err
 	}
+	head = time.Now()
 	defer resp.Body.Close()
+	served = resp.Header.Get("Llmgw-Node")
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+		return served, head, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if !stream {
+		var answer struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&answer); err != nil {
+			return served, head, fmt.Errorf("decode the answer: %w", err)
+		}
+		if len(answer.Choices) == 0 {
+			return served, head, fmt.Errorf("answer without choices")
+		}
+		return served, head, nil
 	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -313,11 +318,11 @@ func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment 
 		}
 		data = strings.TrimSpace(data)
 		if data == "[DONE]" {
-			return nil
+			return served, head, nil
 		}
 		if strings.Contains(data, `"error"`) {
-			return fmt.Errorf("stream broke off: %s", data)
+			return served, head, fmt.Errorf("stream broke off: %s", data)
 		}
 	}
-	return fmt.Errorf("stream ended without [DONE] (%v)", sc.Err())
+	return served, head, fmt.Errorf("stream ended without [DONE] (%v)", sc.Err())
 }

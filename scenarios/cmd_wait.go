@@ -184,6 +184,32 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			}
 			return true, ""
 		}, wantArgs(0, "only running=N")
+	case "served":
+		if err := wantArgs(1, "a request loop: served LOOP by=NODE"); err != nil {
+			return nil, err
+		}
+		l, ok := r.loops[args[0]]
+		if !ok {
+			return nil, usagef("wait-until served: request-loop %s: not started", args[0])
+		}
+		ref, err := d.need("by")
+		if err != nil {
+			return nil, err
+		}
+		ns, labels, err := r.resolveNodes(r.ctx, []string{ref})
+		if err != nil {
+			return nil, err
+		}
+		return func([]*node) (bool, string) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for _, q := range l.reqs {
+				if q.err == "" && q.node == ns[0].name {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("no answer of request-loop %s came from %s yet (%d requests)", l.name, labels[0], len(l.reqs))
+		}, nil
 	case "shards-agree":
 		return r.condShardsAgree, wantArgs(0, "no positional arguments")
 	case "no-orphans":
@@ -192,7 +218,7 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, shards-agree, engines, no-orphans)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, shards-agree, engines, no-orphans)", name)
 }
 
 // poll evaluates cond until it holds or within passes. The time returned is

@@ -123,19 +123,41 @@
 //
 // A background client (cmd_request_loop.go):
 //
-//	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] | stop | expect-no-errors [min-routable=N]
+//	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
 //	    Chat completions in a loop. via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
 //	    engine's API key (derived from the run's token and the row's engine
 //	    ID, as nodes derive it, so a URL gone stale to another engine's port
 //	    answers 401); a connection error is retried once on another replica,
-//	    as a router would. min-routable=N also checks that no /v1/shards it
-//	    read offered fewer than N routable replicas (surge before drain in a
-//	    rolling update). via=gateway: each to the gateway of the next
-//	    observer in turn, which routes and retries itself (min-routable does
-//	    not apply); with stream=true every answer is streamed and must end
-//	    with [DONE].
-//	    Its counters go to the summary.
+//	    as a router would. via=gateway: each to the gateway of the next
+//	    observer in turn, which routes and retries itself; with stream=true
+//	    every answer is streamed and must end with [DONE]. on=(NODES) asks
+//	    only those nodes (their gateways, or their /v1/shards), each while
+//	    it is an observer; resolved at start, so on=(@chat-1) stays on the
+//	    node planned for chat-1 then. workers=N runs N such clients at
+//	    once, started 50 ms apart. Every request is recorded: when it was
+//	    sent, when its answer began (the response head, or the failure)
+//	    and ended, and the node that served it (the gateway's Llmgw-Node
+//	    header; via=engines, the replica's node).
+//	request-loop NAME stop
+//	request-loop NAME expect-no-errors [min-routable=N] [min-success=P%] [before=EVENT]
+//	    "no errors" when every request was answered. min-success=99.9%
+//	    allows failures up to 100-P percent of the requests ("at least
+//	    99.9% of requests answered"; the counts go to the summary only).
+//	    before=EVENT (or EVENT+DURATION) counts only the requests whose
+//	    answer began before that moment, so requests a stopping node
+//	    refuses afterwards do not count, while a stream it had begun to
+//	    answer and then cut does; the output also says whether any of them
+//	    was still in flight at the event. min-routable=N (via=engines)
+//	    also checks that no /v1/shards the loop read offered fewer than N
+//	    routable replicas (surge before drain in a rolling update).
+//	request-loop NAME expect-none-from NODE after=EVENT[+DURATION]
+//	    No request sent after that moment was served by NODE (name it by
+//	    name or alias: "@SHARD" would be resolved now), and at least one
+//	    was answered (by others).
+//
+// Its counters go to the summary: answered, errors, the share answered
+// when some failed, and how many requests each node served.
 //
 // A watch on the engines themselves (cmd_health_loop.go):
 //
@@ -182,6 +204,9 @@
 //	                            key the engine answers 401
 //	restarts SHARD>=N           /v1/shards reports at least N restarts
 //	shard SHARD [status=S] [lease=L] [engine=running|gone]   (at least one)
+//	served LOOP by=NODE         request-loop LOOP got an answer served by NODE
+//	                            (NODE resolved when the wait begins: by=@chat-0
+//	                            is the node planned for chat-0 then)
 //	shards-agree                every observer's /v1/shards shows the same shards,
 //	                            nodes, leases, statuses and draining flags
 //	engines running=N           N engine processes of this run exist (any node, orphans too)
@@ -189,7 +214,7 @@
 //
 // serving, restarts and shard read the first observer's /v1/shards;
 // single-holder, engines and no-orphans look at every running node and at
-// the processes, whatever on= says.
+// the processes, whatever on= says; served reads only the loop's record.
 //
 // # Reports (expect)
 //
@@ -202,7 +227,8 @@
 //	expect pids-unchanged since=SNAPSHOT         engines kept their pids
 //	expect plan-diff since=SNAPSHOT              assignments added, removed or moved
 //	expect no-orphans
-//	expect request-loop NAME [min-routable=N]    same as request-loop NAME expect-no-errors
+//	expect request-loop NAME [min-routable=N] [min-success=P%] [before=EVENT]
+//	                                             same as request-loop NAME expect-no-errors
 //
 // models, shards and members ask every observer (or those in on=); when
 // all answer alike the answer is printed once, else each under "as seen by

@@ -120,12 +120,12 @@ func commandTable() map[string]cmdSpec {
 		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env via", (*runner).cmdPlace},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
-		"wait-until":   {"within for on alive suspect dead left ready status lease engine running", (*runner).cmdWaitUntil},
-		"expect":       {"on columns since min-routable", (*runner).cmdExpect},
+		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by", (*runner).cmdWaitUntil},
+		"expect":       {"on columns since min-routable min-success before", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment min-routable via stream", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment via stream on workers min-routable min-success before after", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
 	}
 }
@@ -159,46 +159,11 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		res.Skipped, res.Why = true, why
 		return res, nil
 	}
-	if opts.Out == nil {
-		opts.Out = io.Discard
-	}
-	work := opts.WorkDir
-	if work == "" {
-		if work, err = os.MkdirTemp("", "llmgw-scenario-"); err != nil {
-			return res, err
-		}
-		defer os.RemoveAll(work)
-	} else {
-		work = filepath.Join(work, res.Name)
-		_ = os.RemoveAll(work)
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
+	r, cleanup, err := newRunner(ctx, opts, commands, &res)
+	if err != nil {
 		return res, err
 	}
-	if opts.Ports == nil {
-		opts.Ports = freeport.New()
-	}
-	r := &runner{
-		ctx: ctx, commands: commands, opts: opts, work: work, res: &res,
-		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
-		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
-		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, healthLoops: map[string]*healthLoop{}, pollEvery: 50 * time.Millisecond,
-	}
-	r.tokenFile = filepath.Join(work, "token")
-	tok := make([]byte, 20)
-	_, _ = rand.Read(tok)
-	r.token = hex.EncodeToString(tok)
-	if err := os.WriteFile(r.tokenFile, []byte(r.token+"\n"), 0o600); err != nil {
-		return res, err
-	}
-	r.gossipKeyFile = filepath.Join(work, "gossip.key")
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	if err := os.WriteFile(r.gossipKeyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
-		return res, err
-	}
-	defer r.teardownNet()
-	defer r.teardown()
+	defer cleanup()
 
 	failed := false
 	var runErr error
@@ -220,33 +185,11 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 			break
 		}
 		t := time.Now()
-		mark, hasMark := d.kvRaw("mark")
-		out, at, err := r.commands[d.cmd].run(r, d)
-		var ue *usageError
-		if errors.As(err, &ue) {
-			runErr = fmt.Errorf("%s:%d: %s: %w", file, d.line, d.raw, err)
+		out, err := r.exec(d)
+		if err != nil {
+			runErr = fmt.Errorf("%s:%d: %w", file, d.line, err)
 			break
 		}
-		if err == nil {
-			err = d.unused()
-			if errors.As(err, &ue) {
-				runErr = fmt.Errorf("%s:%d: %w", file, d.line, err)
-				break
-			}
-		}
-		if err != nil {
-			out = strings.TrimSpace(out + "\nerror: " + err.Error())
-		}
-		if at.IsZero() {
-			at = time.Now()
-		}
-		if !d.noEvent {
-			r.events[d.cmd] = at
-			if hasMark {
-				r.events[mark] = at
-			}
-		}
-		out = normalize(out)
 		status := "ok"
 		if out != d.expected {
 			status = "DIFFERS"
@@ -287,6 +230,91 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 		}
 	}
 	return res, runErr
+}
+
+// newRunner prepares one run: its work dir (a temporary one unless
+// opts.WorkDir is set), a token and a gossip key made for it. cleanup
+// kills what the run started and removes the temporary work dir; call it
+// even when newRunner fails.
+func newRunner(ctx context.Context, opts Options, commands map[string]cmdSpec, res *Result) (r *runner, cleanup func(), err error) {
+	var undo []func()
+	cleanup = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	work := opts.WorkDir
+	if work == "" {
+		if work, err = os.MkdirTemp("", "llmgw-scenario-"); err != nil {
+			return nil, cleanup, err
+		}
+		undo = append(undo, func() { _ = os.RemoveAll(work) })
+	} else {
+		work = filepath.Join(work, res.Name)
+		_ = os.RemoveAll(work)
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, cleanup, err
+	}
+	if opts.Ports == nil {
+		opts.Ports = freeport.New()
+	}
+	r = &runner{
+		ctx: ctx, commands: commands, opts: opts, work: work, res: res,
+		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
+		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
+		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, healthLoops: map[string]*healthLoop{}, pollEvery: 50 * time.Millisecond,
+	}
+	undo = append(undo, r.teardownNet, r.teardown)
+	r.tokenFile = filepath.Join(work, "token")
+	tok := make([]byte, 20)
+	_, _ = rand.Read(tok)
+	r.token = hex.EncodeToString(tok)
+	if err := os.WriteFile(r.tokenFile, []byte(r.token+"\n"), 0o600); err != nil {
+		return nil, cleanup, err
+	}
+	r.gossipKeyFile = filepath.Join(work, "gossip.key")
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	if err := os.WriteFile(r.gossipKeyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, cleanup, err
+	}
+	return r, cleanup, nil
+}
+
+// exec runs one command and records its events. It returns the command's
+// output, normalized, with an error of the system under test appended as
+// "error: ..."; err is a mistake in the file (a usage error), which ends
+// the scenario.
+func (r *runner) exec(d *directive) (out string, err error) {
+	mark, hasMark := d.kvRaw("mark")
+	out, at, err := r.commands[d.cmd].run(r, d)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return "", fmt.Errorf("%s: %w", d.raw, err)
+	}
+	if err == nil {
+		err = d.unused()
+		if errors.As(err, &ue) {
+			return "", err
+		}
+	}
+	if err != nil {
+		out = strings.TrimSpace(out + "\nerror: " + err.Error())
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	if !d.noEvent {
+		r.events[d.cmd] = at
+		if hasMark {
+			r.events[mark] = at
+		}
+	}
+	return normalize(out), nil
 }
 
 // validate checks command names and keys before anything starts, so a

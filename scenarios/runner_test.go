@@ -153,3 +153,50 @@ func TestSummaryColumns(t *testing.T) {
 		}
 	}
 }
+
+// The loop's verdicts count the window they are asked about: before= the
+// requests whose answer began before the event (a stream in flight at it
+// included, a request refused after it not), min-success= a share, and
+// expect-none-from the requests sent after a moment.
+func TestRequestLoopVerdictsCountTheirWindow(t *testing.T) {
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	n1, n2 := &node{name: "n1"}, &node{name: "n2"}
+	r := &runner{ctx: context.Background(), commands: commandTable(), clusterStarted: true, res: &Result{},
+		nodes: []*node{n1, n2}, byName: map[string]*node{"n1": n1, "n2": n2}, aliases: map[string]string{"sleeper": "n1"},
+		events: map[string]time.Time{"stop": t0, "early": at(-5 * time.Second)}, loops: map[string]*requestLoop{}}
+	l := &requestLoop{name: "clients", viaGateway: true, stopping: make(chan struct{}), done: make(chan struct{}), reqs: []loopRequest{
+		{sent: at(-2 * time.Second), first: at(-2 * time.Second), end: at(-time.Second), node: "n1"},
+		{sent: at(-time.Second), first: at(-time.Second), end: at(time.Second), node: "n2"},                                      // in flight at stop
+		{sent: at(-time.Millisecond), first: at(5 * time.Millisecond), end: at(5 * time.Millisecond), err: "HTTP 503: stopping"}, // refused just after
+		{sent: at(time.Second), first: at(time.Second), end: at(time.Second), err: "connection refused"},
+	}}
+	close(l.done)
+	r.loops["clients"] = l
+	check := func(line, want string) {
+		t.Helper()
+		d, err := parseDirective(line, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.exec(d)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		if got != want {
+			t.Errorf("%s:\n got %q\nwant %q", line, got, want)
+		}
+	}
+	check("request-loop clients expect-no-errors", "2 of 4 requests failed; first: [HTTP 503: stopping connection refused]")
+	check("request-loop clients expect-no-errors before=stop", "no errors among those begun before stop, some still in flight at it")
+	check("request-loop clients expect-no-errors before=stop+2s", "2 of 4 requests failed; first: [HTTP 503: stopping connection refused]")
+	check("request-loop clients expect-no-errors before=early", "no request was answered before early")
+	check("request-loop clients expect-no-errors min-success=50%", "at least 50% of requests answered")
+	check("request-loop clients expect-no-errors min-success=99.9%", "2 of 4 requests failed: fewer than 99.9% answered; first: [HTTP 503: stopping connection refused]")
+	check("expect request-loop clients min-success=50% before=stop", "at least 50% of requests answered among those begun before stop, some still in flight at it")
+	check("request-loop clients expect-none-from sleeper after=stop", "no request sent after stop was answered")
+	l.reqs = append(l.reqs, loopRequest{sent: at(1500 * time.Millisecond), first: at(1600 * time.Millisecond), end: at(1700 * time.Millisecond), node: "n2"})
+	check("request-loop clients expect-none-from sleeper after=stop", "none of the requests sent after stop was served by sleeper")
+	check("request-loop clients expect-none-from n2 after=stop+1s", "1 of the 1 requests answered since stop+1s were served by n2")
+	check("request-loop clients expect-none-from n1 after=early", "1 of the 3 requests answered since early were served by n1")
+}
