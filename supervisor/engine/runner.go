@@ -55,6 +55,10 @@ type Config struct {
 	// says "stopping" at once, and every node, and every router reading
 	// one, must learn that before the engine stops answering. 0: 1 s.
 	DrainDelay time.Duration
+	// DrainMax bounds how long after DrainDelay a stopping engine may keep
+	// requests in hand (running or waiting, on its /metrics) before it is
+	// stopped anyway. 0: 30 s.
+	DrainMax time.Duration
 	// StableAfter is how long an engine must stay ready before its crash
 	// count starts over. Running is not enough (a model that loads for two
 	// minutes and then runs out of memory is crash-looping), and neither is
@@ -175,6 +179,9 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	}
 	if cfg.DrainDelay == 0 {
 		cfg.DrainDelay = time.Second
+	}
+	if cfg.DrainMax == 0 {
+		cfg.DrainMax = 30 * time.Second
 	}
 	if cfg.StableAfter == 0 {
 		cfg.StableAfter = time.Minute

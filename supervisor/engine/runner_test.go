@@ -384,3 +384,32 @@ func TestServingEngineDrainsBeforeItStops(t *testing.T) {
 	})
 	waitShard(t, r, "stopped after the drain", func(s []string) bool { return len(s) == 0 })
 }
+
+// A stopping engine keeps the requests it has in hand: after the drain
+// delay its node waits until its /metrics shows nothing running or waiting
+// (at most DrainMax), so a stream in flight ends whole instead of cut.
+func TestStoppingEngineFinishesItsStreams(t *testing.T) {
+	env := newRunnerEnv(t)
+	r := env.openWith(func(c *Config) { c.DrainMax = 20 * time.Second })
+	d := desired("chat", "--token-delay=100ms")
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	s := r.Shards()[0]
+	body := `{"model":"chat","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"a long answer please"}]}`
+	req, _ := http.NewRequest("POST", s.URL+"/v1/chat/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: HTTP %d", resp.StatusCode)
+	}
+	// Stop it while the stream runs (20 tokens, 100 ms apart).
+	r.Reconcile(context.Background(), nil)
+	all, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(all), "data: [DONE]") {
+		t.Fatalf("the stream in flight was cut by the stop (err %v): ...%s", err, all[max(0, len(all)-200):])
+	}
+	waitShard(t, r, "stopped once idle", func(s []string) bool { return len(s) == 0 })
+}

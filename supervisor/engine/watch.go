@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -279,8 +281,46 @@ func (r *Runner) setReady(e *managed, ready bool, pid int) {
 	}
 }
 
+// awaitIdle waits until e, already routed around, reports no running or
+// waiting request on its /metrics (the profile's names), polled every Poll:
+// the requests and streams in flight finish instead of being cut by the
+// stop. It gives up waiting after DrainMax, and at once for an engine
+// whose load it cannot read. It returns false if the agent closes meanwhile.
+func (r *Runner) awaitIdle(e *managed) bool {
+	prof, err := r.profileOf(e)
+	if err != nil || prof.MetricsPath == "" || (prof.Metrics.Running == "" && prof.Metrics.Waiting == "") {
+		return true
+	}
+	r.mu.Lock()
+	port := e.state.Spec.HTTPPort
+	r.mu.Unlock()
+	scraper := load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()), load.WithBearer(r.engineKey(e.id)))
+	url := "http://127.0.0.1:" + strconv.Itoa(port) + prof.MetricsPath
+	deadline := r.cfg.Clock.Now().Add(r.cfg.DrainMax)
+	tick := time.NewTicker(r.cfg.Poll)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(r.base, statusTimeout)
+		s, err := scraper.Scrape(ctx, url)
+		cancel()
+		if err != nil || s.Running+s.Waiting == 0 {
+			return true
+		}
+		if !r.cfg.Clock.Now().Before(deadline) {
+			r.log.Warn("engine still busy at the drain bound; stopping it", "engine", e.id, "running", s.Running, "waiting", s.Waiting, "bound", r.cfg.DrainMax)
+			return true
+		}
+		select {
+		case <-r.quit:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
 // finish stops the engine and forgets it. One that served when it was told
-// to stop keeps serving for DrainDelay first. A stop that fails is tried
+// to stop keeps serving for DrainDelay first, then until the requests it
+// has in hand are done (at most DrainMax; see awaitIdle). A stop that fails is tried
 // again with backoff: forgetting an engine that still runs would leave its
 // GPUs busy under no one's claim. If the agent closes meanwhile, the state
 // file stays, and the next agent adopts the engine and stops it.
@@ -295,6 +335,9 @@ func (r *Runner) finish(e *managed) {
 			t.Stop()
 			return // the next agent adopts it and decides
 		case <-t.C:
+		}
+		if !r.awaitIdle(e) {
+			return // the agent is closing: the next one decides
 		}
 	}
 	for delay := r.cfg.BackoffMin; ; delay = min(2*delay, r.cfg.BackoffMax) {

@@ -22,7 +22,9 @@ func MainForTests(args []string) (int, bool) {
 	code := fs.Int("exit-code", 1, "")
 	failHealth := fs.Bool("fail-health", false, "")
 	apiKey := fs.String("api-key", "", "")
+	tokenDelay := fs.Duration("token-delay", 0, "")
 	_ = fs.Parse(args[2:])
-	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth, APIKey: *apiKey})
+	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth,
+		APIKey: *apiKey, TokenDelay: *tokenDelay})
 	return ExitCode(err), true
 }
