@@ -200,7 +200,7 @@ func Run(ctx context.Context, opts Options, file string) (Result, error) {
 				res.Why = fmt.Sprintf("%s:%d: %s\n--- want:\n%s\n--- got:\n%s", file, d.line, d.raw, indent(d.expected), indent(out))
 			}
 		}
-		fmt.Fprintf(opts.Out, "[%6.1fs] %-60s %s (%.2fs)\n", time.Since(start).Seconds(), d.raw, status, time.Since(t).Seconds())
+		fmt.Fprintf(r.opts.Out, "[%6.1fs] %-60s %s (%.2fs)\n", time.Since(start).Seconds(), d.raw, status, time.Since(t).Seconds())
 	}
 	res.Duration = time.Since(start)
 	res.Profile = r.cfg.profile
