@@ -62,7 +62,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./gossip/
 	$(GO) test -run '^$$' -fuzz FuzzLoadDeployments -fuzztime 30s ./gossip/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeDeployment -fuzztime 30s ./placement/
-	$(GO) test -run '^$$' -fuzz FuzzDecodeSpecMemory -fuzztime 30s ./supervisor/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeSpecMemory -fuzztime 30s ./supervisor/spec/
 
 clean:
 	rm -rf bin $(DEMO) $(SDK)/node_modules

@@ -2,11 +2,11 @@ package gossip
 
 import (
 	"encoding/json"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testmem"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -37,7 +37,7 @@ func FuzzLoadDeployments(f *testing.F) {
 		)
 		now := func() time.Time { return time.UnixMilli(1700000000000) }
 		store, hlc := NewStore(now, time.Hour), NewHLC("n", now)
-		got := allocated(func() {
+		got := testmem.Allocated(func() {
 			if recs, err = parseDeployments(b, path); err == nil {
 				for _, r := range recs {
 					if _, bad := checkDeployment(r, now()); bad != nil {
@@ -67,14 +67,4 @@ func FuzzLoadDeployments(f *testing.F) {
 			t.Fatalf("a peer would drop what the store took in: %v", err)
 		}
 	})
-}
-
-// allocated is how many bytes f allocates. It counts the whole process,
-// so callers run nothing beside it.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
 }

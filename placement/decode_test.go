@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/testmem"
 )
 
 func TestDecodeDeployment(t *testing.T) {
@@ -143,16 +144,6 @@ func TestBytes(t *testing.T) {
 	}
 }
 
-// allocated is how many bytes f allocates (the whole process's count, so
-// callers keep other goroutines out of the way: no t.Parallel).
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // A deeply nested body is refused by its depth, naming the limit and the
 // fix, before anything is built per level. Before the fix the duplicate-key
 // check built a path string per level first: 100 KB of nested objects cost
@@ -168,7 +159,7 @@ func TestDecodeDeploymentRefusesDeepNesting(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var err error
 			in := []byte(body)
-			got := allocated(func() { _, err = DecodeDeployment(in) })
+			got := testmem.Allocated(func() { _, err = DecodeDeployment(in) })
 			var ne *NestingError
 			if !errors.As(err, &ne) || !errors.Is(err, ErrInvalidDeployment) {
 				t.Fatalf("err = %v, want a *NestingError wrapping ErrInvalidDeployment", err)
@@ -217,7 +208,7 @@ func TestDuplicateKeyCheckIsLinear(t *testing.T) {
 		key string
 		dup bool
 	)
-	got := allocated(func() { key, dup = duplicateKey(in) })
+	got := testmem.Allocated(func() { key, dup = duplicateKey(in) })
 	if !dup || key != strings.Repeat("k", 100<<10)+".7" {
 		t.Fatalf("duplicateKey = %.20q…, %v; want the long key's 7", key, dup)
 	}

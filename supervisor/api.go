@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/spec"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -170,7 +171,7 @@ func (n *Node) handleDeployments(w http.ResponseWriter, r *http.Request) {
 	// shown redacted.
 	if !n.hasToken(r) {
 		for i := range out {
-			out[i].Deployment = redactSpec(out[i].Deployment)
+			out[i].Deployment = spec.Redact(out[i].Deployment)
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -187,12 +188,12 @@ func (n *Node) handlePlace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
 		return
 	}
-	spec, err := DecodeSpec(body, r.Header.Get("Content-Type"))
+	d, err := spec.Decode(body, r.Header.Get("Content-Type"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	info, err := n.Place(spec)
+	info, err := n.Place(d)
 	switch {
 	case errors.Is(err, placement.ErrInvalidDeployment):
 		writeError(w, http.StatusBadRequest, err.Error())

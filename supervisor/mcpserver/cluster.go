@@ -14,6 +14,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/spec"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -375,17 +376,17 @@ func (s *Server) place(_ context.Context, in placeIn) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
 	}
-	spec, err := supervisor.DecodeSpec(body, "application/json")
+	d, err := spec.Decode(body, "application/json")
 	if err != nil {
 		return nil, fmt.Errorf("spec refused: %w", err)
 	}
-	info, err := s.node.Place(spec)
+	info, err := s.node.Place(d)
 	if err != nil {
 		return nil, err
 	}
-	s.log.Info("deployment placed over MCP", "name", spec.Name)
-	return placeOut{Placed: spec.Name, SpecVersion: info.SpecVersion, Stamp: info.Stamp, Spec: spec,
-		Next: "every node now places it alike; call why_not with deployment " + spec.Name + " to see where it runs"}, nil
+	s.log.Info("deployment placed over MCP", "name", d.Name)
+	return placeOut{Placed: d.Name, SpecVersion: info.SpecVersion, Stamp: info.Stamp, Spec: d,
+		Next: "every node now places it alike; call why_not with deployment " + d.Name + " to see where it runs"}, nil
 }
 
 func (s *Server) unplace(_ context.Context, in unplaceIn) (any, error) {

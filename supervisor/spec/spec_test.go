@@ -1,4 +1,4 @@
-package supervisor
+package spec
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmgw/llmgw/internal/testmem"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -23,7 +24,7 @@ func TestDecodeSpecRefusesWhatItWouldHalfApply(t *testing.T) {
 		{"YAML pipeline_parallel: 0", "name: a\nmodel: m\npipeline_parallel: 0\n", "application/yaml", `pipeline_parallel: invalid value "0": an integer from 1 to 64`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := DecodeSpec([]byte(tc.body), tc.ctype)
+			_, err := Decode([]byte(tc.body), tc.ctype)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, placement.ErrInvalidDeployment) {
 				t.Fatalf("got %v, want an invalid-deployment error containing %q", err, tc.wantErr)
 			}
@@ -34,7 +35,7 @@ func TestDecodeSpecRefusesWhatItWouldHalfApply(t *testing.T) {
 		"# a comment\n---\nname: a\nmodel: m\n...\n", // and so are comments and an end marker
 		"name: a\nmodel: m\nargs:\n  - |\n    ---\n", // "---" inside a block scalar is text
 	} {
-		d, err := DecodeSpec([]byte(body), "application/yaml")
+		d, err := Decode([]byte(body), "application/yaml")
 		if err != nil || d.Name != "a" {
 			t.Errorf("%q: %+v, %v; want deployment a", body, d, err)
 		}
@@ -51,7 +52,7 @@ func TestDecodeSpecRefusesCostlyBodies(t *testing.T) {
 		t.Run(h.name, func(t *testing.T) {
 			body := []byte(h.body)
 			var err error
-			got := allocated(func() { _, err = DecodeSpec(body, h.ctype) })
+			got := testmem.Allocated(func() { _, err = Decode(body, h.ctype) })
 			if err == nil || !errors.Is(err, placement.ErrInvalidDeployment) || !strings.Contains(err.Error(), h.wantErr) {
 				t.Fatalf("err = %.200v; want an invalid-deployment error saying %q", err, h.wantErr)
 			}
@@ -67,12 +68,12 @@ func TestDecodeSpecRefusesCostlyBodies(t *testing.T) {
 // even one as large as validation allows, fits them in YAML and in JSON.
 func TestDecodeSpecAcceptsOrdinarySpecs(t *testing.T) {
 	for _, body := range ordinarySpecs {
-		d, err := DecodeSpec([]byte(body), "")
+		d, err := Decode([]byte(body), "")
 		if err != nil || d.Name != "chat" {
 			t.Errorf("%q: %+v, %v; want deployment chat", body, d, err)
 		}
 	}
-	d, err := DecodeSpec([]byte(ordinarySpecs[2]), "")
+	d, err := Decode([]byte(ordinarySpecs[2]), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestDecodeSpecAcceptsOrdinarySpecs(t *testing.T) {
 	b, _ := json.Marshal(big)
 	j.Write(b)
 	for _, body := range []string{y.String(), j.String()} {
-		if d, err := DecodeSpec([]byte(body), ""); err != nil || len(d.Env) != 1024 || len(d.Labels) != 256 || len(d.Args) != 256 {
+		if d, err := Decode([]byte(body), ""); err != nil || len(d.Env) != 1024 || len(d.Labels) != 256 || len(d.Args) != 256 {
 			t.Errorf("the largest valid spec (%.20q…): %d labels, %d env, %d args, %v", body, len(d.Labels), len(d.Env), len(d.Args), err)
 		}
 	}

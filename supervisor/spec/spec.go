@@ -1,4 +1,8 @@
-package supervisor
+// Package spec reads deployment specs as operators send them (JSON or
+// YAML, through the API and MCP alike), bounding what a body may cost before
+// any per-level work, and redacts the secrets a spec may carry for callers
+// without the token.
+package spec
 
 import (
 	"bytes"
@@ -15,9 +19,9 @@ import (
 // token see.
 const redacted = "(redacted: send the cluster token to see it)"
 
-// redactSpec returns d with env values and the values of key-like
+// Redact returns d with env values and the values of key-like
 // arguments (--api-key X, --hf-token=X, ...) redacted.
-func redactSpec(d placement.Deployment) placement.Deployment {
+func Redact(d placement.Deployment) placement.Deployment {
 	if len(d.Env) > 0 {
 		env := make(map[string]string, len(d.Env))
 		for k := range d.Env {
@@ -58,12 +62,12 @@ func secretFlag(name string) bool {
 	return false
 }
 
-// DecodeSpec reads a deployment from JSON or YAML.
+// Decode reads a deployment from JSON or YAML.
 //
 // What a body may cost stays a small multiple of its size: JSON is checked
 // for nesting by placement before anything is built per level, and YAML is
 // checked here, before the YAML parser builds its tree (yamlGuard).
-func DecodeSpec(body []byte, contentType string) (placement.Deployment, error) {
+func Decode(body []byte, contentType string) (placement.Deployment, error) {
 	js := body
 	trimmed := bytes.TrimSpace(body)
 	if !bytes.HasPrefix(trimmed, []byte("{")) || strings.Contains(contentType, "yaml") {

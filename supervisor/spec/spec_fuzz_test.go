@@ -1,11 +1,12 @@
-package supervisor
+package spec
 
 import (
 	"encoding/json"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/testmem"
 )
 
 // FuzzDecodeSpec feeds JSON and YAML through the API's decoder: it never
@@ -17,7 +18,7 @@ func FuzzDecodeSpec(f *testing.F) {
 	f.Add([]byte("name: [\n"), "application/yaml")
 	f.Add([]byte(`{"name":"x","model":"m","gpu_memory":-1}`), "")
 	f.Fuzz(func(t *testing.T, body []byte, ctype string) {
-		d, err := DecodeSpec(body, ctype)
+		d, err := Decode(body, ctype)
 		if err != nil {
 			return
 		}
@@ -28,7 +29,7 @@ func FuzzDecodeSpec(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d2, err := DecodeSpec(b, "application/json")
+		d2, err := Decode(b, "application/json")
 		if err != nil {
 			t.Fatalf("re-decode of %s: %v", b, err)
 		}
@@ -54,7 +55,7 @@ func FuzzDecodeSpecMemory(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, ctype string) {
 		var err error
-		got := allocated(func() { _, err = DecodeSpec(body, ctype) })
+		got := testmem.Allocated(func() { _, err = Decode(body, ctype) })
 		if limit := specAllocBudget(len(body)); got > limit {
 			t.Fatalf("a %d-byte body (%.80q…) allocated %d bytes, over its budget of %d (decode error: %v)", len(body), body, got, limit, err)
 		}
@@ -66,16 +67,6 @@ func FuzzDecodeSpecMemory(f *testing.F) {
 // one long YAML string), and the shape limits bound what is spent per
 // value (a few MB at placement.MaxSpecValues).
 func specAllocBudget(n int) uint64 { return 32*uint64(n) + 4<<20 }
-
-// allocated is how many bytes f allocates. It counts the whole process,
-// so callers run nothing beside it (no t.Parallel).
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 type hostileSpec struct {
 	name, body, ctype string
