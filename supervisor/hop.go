@@ -38,13 +38,6 @@ const (
 	hopWindow = time.Minute
 )
 
-// purposeKey derives the secret for one purpose from the cluster token, so
-// a signature made for one kind of hop is no good for another, and none
-// reveals the token.
-func purposeKey(token, purpose string) []byte {
-	return secret.Derive(token, "llmgw node-to-node\x00"+purpose)
-}
-
 // hopMAC signs everything the hop's meaning depends on, the body by its
 // digest. Each field goes in with its length, so no two different hops
 // sign the same bytes.
@@ -63,7 +56,7 @@ func hopMAC(key []byte, method, target, from, caller string, body []byte, unix i
 func (n *Node) signHop(out *http.Request, purpose, caller string, body []byte) {
 	out.Header.Del("Authorization")
 	unix := n.clock.Now().Unix()
-	mac := hopMAC(purposeKey(n.cfg.Token, purpose), out.Method, out.URL.RequestURI(), n.cfg.Name, caller, body, unix)
+	mac := hopMAC(secret.HopKey(n.cfg.Token, purpose), out.Method, out.URL.RequestURI(), n.cfg.Name, caller, body, unix)
 	out.Header.Set(forwardedHeader, n.cfg.Name)
 	out.Header.Set(hopCallerHeader, caller)
 	out.Header.Set(hopHeader, strconv.FormatInt(unix, 10)+"."+hex.EncodeToString(mac))
@@ -83,7 +76,7 @@ func (n *Node) verifyHop(r *http.Request, purpose string, body []byte) (string, 
 	if d := n.clock.Now().Sub(time.Unix(unix, 0)); d > hopWindow || d < -hopWindow {
 		return "", fmt.Errorf("a call forwarded by %q was signed %s away from this node's clock, more than %s: are the two nodes' clocks set?", from, d.Round(time.Second), hopWindow)
 	}
-	if !hmac.Equal(got, hopMAC(purposeKey(n.cfg.Token, purpose), r.Method, r.RequestURI, from, caller, body, unix)) {
+	if !hmac.Equal(got, hopMAC(secret.HopKey(n.cfg.Token, purpose), r.Method, r.RequestURI, from, caller, body, unix)) {
 		return "", fmt.Errorf("a call forwarded by %q has a wrong signature: do all nodes have the same cluster token?", from)
 	}
 	return caller, nil

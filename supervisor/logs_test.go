@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/engine"
 )
@@ -183,7 +184,7 @@ func TestLogsNeedTheToken(t *testing.T) {
 	sign := func(token, purpose string, at time.Time) http.Header {
 		h := http.Header{}
 		target := "/v1/shards/x-0/logs?tail=1"
-		mac := hopMAC(purposeKey(token, purpose), "GET", target, "b", "127.0.0.1", nil, at.Unix())
+		mac := hopMAC(secret.HopKey(token, purpose), "GET", target, "b", "127.0.0.1", nil, at.Unix())
 		h.Set(forwardedHeader, "b")
 		h.Set(hopCallerHeader, "127.0.0.1")
 		h.Set(hopHeader, fmt.Sprintf("%d.%x", at.Unix(), mac))
@@ -342,7 +343,7 @@ func TestMCPHopIsCheckedWithItsBody(t *testing.T) {
 	}
 	other := func(r *http.Request) {
 		unix := time.Now().Unix()
-		mac := hopMAC(purposeKey("another-cluster-token-0123456789", "mcp"), r.Method, r.URL.RequestURI(), "b", "mcp", body, unix)
+		mac := hopMAC(secret.HopKey("another-cluster-token-0123456789", "mcp"), r.Method, r.URL.RequestURI(), "b", "mcp", body, unix)
 		r.Header.Set(forwardedHeader, "b")
 		r.Header.Set(hopCallerHeader, "mcp")
 		r.Header.Set(hopHeader, fmt.Sprintf("%d.%x", unix, mac))

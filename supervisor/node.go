@@ -25,6 +25,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
@@ -209,7 +210,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
 		Now: cfg.Clock.Now, DeploymentsFile: dir.DeploymentsFile(), APIAddr: n.AdvertisedAPI(),
-		TokenFingerprint: fingerprint(cfg.Token),
+		TokenFingerprint: secret.Fingerprint(cfg.Token),
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.isDropped

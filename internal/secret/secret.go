@@ -45,3 +45,23 @@ func EngineKey(token, engineID string) string {
 	}
 	return hex.EncodeToString(Derive(token, engineKeyLabel+engineID))[:32]
 }
+
+// Fingerprint identifies a cluster token without revealing it: the first
+// 16 hex characters of Derive(token, "llmgw token fingerprint v1"). Nodes
+// announce it in gossip so that two nodes with different tokens see it
+// (each refuses the other's API calls). The label is versioned: a new
+// derivation gets a new label, never the same one reused. Empty without a
+// token, so nothing is compared.
+func Fingerprint(token string) string {
+	if token == "" {
+		return ""
+	}
+	return hex.EncodeToString(Derive(token, "llmgw token fingerprint v1"))[:16]
+}
+
+// HopKey is the key that signs one kind of node-to-node call (purpose:
+// "logs", "mcp"), so a signature made for one kind of hop is no good for
+// another, and none reveals the token.
+func HopKey(token, purpose string) []byte {
+	return Derive(token, "llmgw node-to-node\x00"+purpose)
+}

@@ -2,6 +2,7 @@ package secret
 
 import (
 	"encoding/hex"
+	"strings"
 	"testing"
 )
 
@@ -47,5 +48,23 @@ func TestEngineKeyIsNotAnotherPurposesValue(t *testing.T) {
 	}
 	if len(key) != 32 {
 		t.Fatalf("EngineKey length %d, want 32", len(key))
+	}
+}
+
+// The derivation is pinned (the values come from another HMAC
+// implementation): nodes of different versions must agree on it.
+func TestTokenFingerprintIsPinnedAndRevealsNothing(t *testing.T) {
+	for tok, want := range map[string]string{
+		"test-token-0123456789abcdef":  "6ce7a1e2ac612cb4",
+		"other-token-0123456789abcdef": "df24197abbe92410",
+		"":                             "",
+	} {
+		got := Fingerprint(tok)
+		if got != want {
+			t.Errorf("Fingerprint(%q) = %q, want %q", tok, got, want)
+		}
+		if tok != "" && strings.Contains(tok, got) {
+			t.Errorf("Fingerprint(%q) = %q is part of the token", tok, got)
+		}
 	}
 }
