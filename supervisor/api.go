@@ -106,8 +106,8 @@ func (n *Node) hasToken(r *http.Request) bool {
 	return ok && n.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(n.cfg.Token)) == 1
 }
 
-// CheckToken writes the error and returns false unless r carries the
-// cluster token. Other packages' handlers (MCP) use it too.
+// checkToken writes the error and returns false unless r carries the
+// cluster token (MCP reaches it through RequireTokenOrHop).
 func (n *Node) checkToken(w http.ResponseWriter, r *http.Request) bool {
 	tok, ok := bearerToken(r.Header.Get("Authorization"))
 	if !ok {
@@ -120,15 +120,6 @@ func (n *Node) checkToken(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// RequireToken wraps h so that it needs the cluster token.
-func (n *Node) RequireToken(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.checkToken(w, r) {
-			h.ServeHTTP(w, r)
-		}
-	})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

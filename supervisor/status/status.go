@@ -52,7 +52,6 @@ type Snapshot struct {
 	members       []MemberInfo
 	deployments   []deployment
 	shards        []shard
-	nextLapse     time.Time
 }
 
 // deployment is one DeploymentInfo with what its Ready count rests on.
@@ -101,11 +100,6 @@ func Build(in Input) *Snapshot {
 	}
 	s.buildShards(in.Plan, leases, lapses, records)
 	s.buildDeployments(in)
-	for _, sh := range s.shards {
-		if t := sh.info.LeaseExpires; !t.IsZero() && (s.nextLapse.IsZero() || t.Before(s.nextLapse)) {
-			s.nextLapse = t
-		}
-	}
 	return s
 }
 
@@ -277,11 +271,6 @@ func (s *Snapshot) BuiltAt() time.Time { return s.builtAt }
 
 // ReconcileTook is how long the reconcile pass that built it took.
 func (s *Snapshot) ReconcileTook() time.Duration { return s.reconcileTook }
-
-// NextLapse is the earliest moment a lease in the snapshot lapses unless
-// renewed (zero when no lease is live): a snapshot older than that may
-// read differently from a fresh one.
-func (s *Snapshot) NextLapse() time.Time { return s.nextLapse }
 
 // Plan is the plan of the pass.
 func (s *Snapshot) Plan() placement.Plan { return s.plan }
