@@ -148,7 +148,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	if err := cl.do(ctx, "POST", "/v1/deployments", spec, "application/json", nil); err != nil {
 		return fmt.Errorf("place the demo deployment: %w", err)
 	}
-	if _, err := waitServing(ctx, cl, "chat", 2, 30*time.Second); err != nil {
+	if err := waitServing(ctx, cl, "chat", 2, 30*time.Second); err != nil {
 		return fmt.Errorf("%w; see the logs in %s", err, dir)
 	}
 	// Every node's gateway serves the whole cluster: ask the last node's,
@@ -220,10 +220,8 @@ func poll(ctx context.Context, within time.Duration, check func() (done bool, st
 	return fmt.Errorf("not within %v (%s)", within, last)
 }
 
-// waitServing waits until deployment name has want ready replicas and
-// returns the URL of one.
-func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) (string, error) {
-	var url string
+// waitServing waits until deployment name has want ready replicas.
+func waitServing(ctx context.Context, cl *client, name string, want int, within time.Duration) error {
 	err := poll(ctx, within, func() (bool, string) {
 		var shards []status.ShardInfo
 		if err := cl.do(ctx, "GET", "/v1/shards", nil, "", &shards); err != nil {
@@ -233,15 +231,14 @@ func waitServing(ctx context.Context, cl *client, name string, want int, within 
 		for _, s := range shards {
 			if s.Deployment == name && s.Lease == "valid" {
 				ready++
-				url = s.URL
 			}
 		}
 		return ready >= want, fmt.Sprintf("%d of %d replicas ready", ready, want)
 	})
 	if err != nil {
-		return "", fmt.Errorf("deployment %s did not become ready: %w", name, err)
+		return fmt.Errorf("deployment %s did not become ready: %w", name, err)
 	}
-	return url, nil
+	return nil
 }
 
 func waitAlive(ctx context.Context, addr string, n int, within time.Duration) error {

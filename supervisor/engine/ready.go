@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
 // probeReady is the readiness rule: /health answers 200 and the models
@@ -104,16 +105,7 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 	if err != nil || prof.MetricsPath == "" {
 		return
 	}
-	r.mu.Lock()
-	if e.scraper == nil {
-		// The key goes with every scrape: llama.cpp guards /metrics with
-		// it, vLLM and SGLang leave /metrics open and ignore it.
-		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()),
-			load.WithBearer(r.engineKey(e.id)))
-	}
-	scraper := e.scraper
-	r.mu.Unlock()
-	sample, err := scraper.Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
+	sample, err := r.scraperOf(e, prof).Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
 	var l load.Load
 	if err != nil {
 		r.scrapeErrors.Add(1)
@@ -127,6 +119,20 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, ScrapedAt: l.ScrapedAt, Error: l.Error}
 	r.notifyLocked()
 	r.mu.Unlock()
+}
+
+// scraperOf is e's /metrics scraper, made on first use with prof's metric
+// names.
+func (r *Runner) scraperOf(e *managed, prof profile.Profile) *load.Scraper {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.scraper == nil {
+		// The key goes with every scrape: llama.cpp guards /metrics with
+		// it, vLLM and SGLang leave /metrics open and ignore it.
+		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()),
+			load.WithBearer(r.engineKey(e.id)))
+	}
+	return e.scraper
 }
 
 // ScrapeErrors counts failed engine /metrics scrapes.

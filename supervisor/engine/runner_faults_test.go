@@ -341,8 +341,7 @@ func TestEngineWithACorruptRuntimeRecordIsNotLeftRunning(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.open()
 	d := desired("chat")
-	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, d)
 	first := readyPID(r, "chat-0")
 	// Should the runner lose it, the test must not: nothing else tracks it.
 	t.Cleanup(func() { _ = syscall.Kill(-first, syscall.SIGKILL) })

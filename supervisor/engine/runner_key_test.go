@@ -45,8 +45,7 @@ func TestEngineDemandsItsKeyAndTheRunnerPresentsIt(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.openWith(func(c *Config) { c.EngineKey = keyFor(testToken) })
 	d := desired("chat")
-	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, d)
 	pid := readyPID(r, "chat-0")
 	url := r.Shards()[0].URL
 	key := secret.EngineKey(testToken, EngineID(d.ShardID, d.SpecVersion))
@@ -93,8 +92,7 @@ func TestEngineDemandsItsKeyAndTheRunnerPresentsIt(t *testing.T) {
 func TestEngineWithAnotherKeyIsNotReady(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.openWith(func(c *Config) { c.EngineKey = keyFor(testToken) })
-	r.Reconcile(context.Background(), []Desired{desired("chat")})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, desired("chat"))
 	r.Close()
 
 	r2 := env.openUnsettled(func(c *Config) { c.EngineKey = keyFor("other-token-0123456789abcdef") })

@@ -110,6 +110,13 @@ func waitShard(t *testing.T, r *Runner, what string, cond func(s []string) bool)
 	})
 }
 
+// runReady plans d on r and waits until its engine is ready.
+func runReady(t *testing.T, r *Runner, d Desired) {
+	t.Helper()
+	r.Reconcile(context.Background(), []Desired{d})
+	waitShard(t, r, d.ShardID+" ready", func([]string) bool { return readyPID(r, d.ShardID) > 0 })
+}
+
 func readyPID(r *Runner, shard string) int {
 	for _, s := range r.Shards() {
 		if s.ShardID == shard && s.Ready {
@@ -123,8 +130,7 @@ func TestAgentRestartAdoptsTheSameEngine(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.open()
 	d := desired("chat")
-	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, d)
 	pid := readyPID(r, "chat-0")
 	url := r.Shards()[0].URL
 	// The agent dies (its watchers stop, the engine does not).
@@ -318,8 +324,7 @@ func TestAdoptedEngineIsReadyWhenTheRunnerIsHandedOver(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.open()
 	d := desired("chat")
-	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, d)
 	pid := readyPID(r, "chat-0")
 	r.Close()
 
@@ -341,8 +346,7 @@ func TestAdoptedEngineIsReadyWhenTheRunnerIsHandedOver(t *testing.T) {
 func TestReclaimStampsClaimsAfresh(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.open()
-	r.Reconcile(context.Background(), []Desired{desired("chat")})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, desired("chat"))
 	first := r.Shards()[0].ClaimStamp
 	at := time.Unix(0, first).Add(time.Hour)
 	r.Reclaim(at)
@@ -367,8 +371,7 @@ func TestReclaimStampsClaimsAfresh(t *testing.T) {
 func TestServingEngineDrainsBeforeItStops(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.openWith(func(c *Config) { c.DrainDelay = 800 * time.Millisecond })
-	r.Reconcile(context.Background(), []Desired{desired("chat")})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, desired("chat"))
 	url := r.Shards()[0].URL
 	r.Reconcile(context.Background(), nil)
 	if s := r.Shards(); len(s) != 1 || s[0].Status != gossip.ShardStopping || s[0].Ready {
@@ -392,8 +395,7 @@ func TestStoppingEngineFinishesItsStreams(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.openWith(func(c *Config) { c.DrainMax = 20 * time.Second })
 	d := desired("chat", "--token-delay=100ms")
-	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "chat ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	runReady(t, r, d)
 	s := r.Shards()[0]
 	body := `{"model":"chat","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"a long answer please"}]}`
 	req, _ := http.NewRequest("POST", s.URL+"/v1/chat/completions", strings.NewReader(body))

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -294,7 +293,7 @@ func (r *Runner) awaitIdle(e *managed) bool {
 	r.mu.Lock()
 	port := e.state.Spec.HTTPPort
 	r.mu.Unlock()
-	scraper := load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()), load.WithBearer(r.engineKey(e.id)))
+	scraper := r.scraperOf(e, prof)
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + prof.MetricsPath
 	deadline := r.cfg.Clock.Now().Add(r.cfg.DrainMax)
 	tick := time.NewTicker(r.cfg.Poll)
