@@ -24,14 +24,19 @@ func (v Version) Newer(o Version) bool {
 
 // ShardLoad is an engine's load as last scraped by its node.
 type ShardLoad struct {
-	Running       float64   `json:"running"`
-	Waiting       float64   `json:"waiting"`
-	KVCacheUsage  float64   `json:"kv_cache_usage"`
-	PromptTPS     float64   `json:"prompt_tokens_per_s"`
-	GenerationTPS float64   `json:"generation_tokens_per_s"`
-	RatesValid    bool      `json:"rates_valid"`
-	ScrapedAt     time.Time `json:"scraped_at,omitzero"`
-	Error         string    `json:"error,omitempty"`
+	Running       float64 `json:"running"`
+	Waiting       float64 `json:"waiting"`
+	KVCacheUsage  float64 `json:"kv_cache_usage"`
+	PromptTPS     float64 `json:"prompt_tokens_per_s"`
+	GenerationTPS float64 `json:"generation_tokens_per_s"`
+	RatesValid    bool    `json:"rates_valid"`
+	// PrefixHitRate (0-1) is the share of prompt tokens the engine's prefix
+	// cache held since the previous scrape, out of PrefixQueriesPS looked
+	// up per second.
+	PrefixHitRate   float64   `json:"prefix_cache_hit_rate,omitempty"`
+	PrefixQueriesPS float64   `json:"prefix_cache_queries_per_s,omitempty"`
+	ScrapedAt       time.Time `json:"scraped_at,omitzero"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // ShardStatus is what a shard's engine is doing on its holder.

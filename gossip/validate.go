@@ -175,6 +175,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if len(s.GPUs) > maxShardGPUs {
 			return bad(field+".gpus", "%d GPUs, at most %d", len(s.GPUs), maxShardGPUs)
 		}
+		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
+			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
+		}
 		if s.URL != "" {
 			if err := checkEngineURL(s.URL, hosts); err != nil {
 				return bad(field+".url", "%v", err)

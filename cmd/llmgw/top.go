@@ -161,6 +161,10 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		running, waiting, kv, prompt, gen float64
 		kvN                               int
 		rates                             bool
+		// hits and lookups are prefix-cache tokens per second: the
+		// model's hit rate is their ratio, each engine weighted by its
+		// lookups.
+		hits, lookups float64
 	}
 	per := map[string]*sum{}
 	for _, sh := range s.shards {
@@ -182,6 +186,8 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 			m.gen += l.GenerationTPS
 			m.rates = true
 		}
+		m.hits += l.PrefixHitRate * l.PrefixQueriesPS
+		m.lookups += l.PrefixQueriesPS
 	}
 	traffic := map[string]gateway.ModelStats{}
 	if s.gateway != nil {
@@ -196,7 +202,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 	} else {
 		fmt.Fprintf(w, "REQ/S and TTFB blank: %v\n", s.gatewayErr)
 	}
-	fmt.Fprintln(tw, "MODEL\tREADY\tREQ/S\tP50 TTFB\tP99 TTFB\tRUNNING\tWAITING\tKV CACHE\tPROMPT TOK/S\tGEN TOK/S\tWHY")
+	fmt.Fprintln(tw, "MODEL\tREADY\tREQ/S\tP50 TTFB\tP99 TTFB\tRUNNING\tWAITING\tKV CACHE\tCACHE HIT\tPROMPT TOK/S\tGEN TOK/S\tWHY")
 	for _, d := range s.models {
 		m := per[d.Name]
 		if m == nil {
@@ -207,7 +213,10 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 			t := traffic[d.Name] // none in the window: a zero rate
 			rate, p50, p99 = fmt.Sprintf("%.2f", t.Rate), ttfbText(t.TTFBP50), ttfbText(t.TTFBP99)
 		}
-		kv, prompt, gen := "-", "-", "-"
+		kv, hit, prompt, gen := "-", "-", "-", "-"
+		if m.lookups > 0 {
+			hit = fmt.Sprintf("%.0f%%", 100*m.hits/m.lookups)
+		}
 		if m.kvN > 0 {
 			kv = fmt.Sprintf("%.0f%%", 100*m.kv/float64(m.kvN))
 		}
@@ -218,7 +227,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		if m.kvN > 0 {
 			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, rate, p50, p99, run, wait, kv, prompt, gen, dash(strings.Join(d.Why, "; ")))
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, rate, p50, p99, run, wait, kv, hit, prompt, gen, dash(strings.Join(d.Why, "; ")))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

@@ -272,6 +272,9 @@ func loadText(l gossip.ShardLoad, status gossip.ShardStatus) string {
 	s := fmt.Sprintf("%g run · %g wait · KV %.0f%%", l.Running, l.Waiting, l.KVCacheUsage*100)
 	if l.RatesValid {
 		s += fmt.Sprintf(" · %.0f in / %.0f out tok/s", l.PromptTPS, l.GenerationTPS)
+		if l.PrefixQueriesPS > 0 {
+			s += fmt.Sprintf(" · prefix cache %.0f%% hit", 100*l.PrefixHitRate)
+		}
 	} else {
 		s += " · rates after the next scrape"
 	}
