@@ -153,10 +153,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	over := func() bool {
 		return ctx.Err() != nil || (cfg.Duration > 0 && cfg.Now().Sub(start) >= cfg.Duration)
 	}
+	// Arrivals keep to a schedule from the start, so time spent starting
+	// requests does not slow the rate down.
+	next := start
 	for i := 0; cfg.Requests == 0 || i < cfg.Requests; i++ {
 		if cfg.Rate > 0 {
-			gap := time.Duration(cfg.Rand.ExpFloat64() / cfg.Rate * float64(time.Second))
-			if !cfg.Sleep(ctx, gap) {
+			next = next.Add(time.Duration(cfg.Rand.ExpFloat64() / cfg.Rate * float64(time.Second)))
+			if d := next.Sub(cfg.Now()); d > 0 && !cfg.Sleep(ctx, d) {
 				break
 			}
 		}

@@ -151,17 +151,22 @@ func promptTokens(t *testing.T, base string) int {
 // With a rate, the gaps between starts are the seeded exponential draws.
 func TestPoissonArrivalsFollowTheSeed(t *testing.T) {
 	ts := engines(t, 1, fakeengine.Config{})
+	// A clock that only sleeping moves: each sleep is then exactly the
+	// gap to the next arrival.
 	var mu sync.Mutex
+	now := time.Unix(1000, 0)
 	var gaps []time.Duration
 	sleep := func(ctx context.Context, d time.Duration) bool {
 		mu.Lock()
+		defer mu.Unlock()
 		gaps = append(gaps, d)
-		mu.Unlock()
+		now = now.Add(d)
 		return true
 	}
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	rep, err := Run(context.Background(), Config{
 		URL: ts[0].URL, Model: "m", Rate: 50, Requests: 40, Workload: Unique(1),
-		Rand: rand.New(rand.NewPCG(7, 7)), Sleep: sleep,
+		Rand: rand.New(rand.NewPCG(7, 7)), Sleep: sleep, Now: clock,
 	})
 	if err != nil || rep.Succeeded != 40 {
 		t.Fatalf("%+v %v", rep, err)
@@ -178,6 +183,9 @@ func TestPoissonArrivalsFollowTheSeed(t *testing.T) {
 	}
 	if mean := sum / 40; mean < 10*time.Millisecond || mean > 40*time.Millisecond {
 		t.Errorf("mean gap %v at 50/s; want near 20ms", mean)
+	}
+	if rep.DurationS != sum.Seconds() {
+		t.Errorf("run took %vs by its clock, want the arrivals' %vs", rep.DurationS, sum.Seconds())
 	}
 }
 
