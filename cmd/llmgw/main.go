@@ -63,6 +63,7 @@ func newApp() *cli.Command {
 			topCommand(),
 			logsCommand(),
 			chatCommand(),
+			benchCommand(),
 			versionCommand(),
 			demoCommand(),
 			engineCommand(),
