@@ -222,7 +222,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 			collectors = append(collectors, gw)
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
-		page.Register(n, mux)
+		page.Register(n, mux, pageOptions(gw))
 		registerGatewayStats(n, mux, gw)
 	}
 	node, err := supervisor.Start(ctx, cfg)

@@ -25,7 +25,7 @@ func startWith(t *testing.T, name string, labels map[string]string, mut func(*su
 	cfg := supervisortest.Config(t, name, join...)
 	cfg.Token, cfg.Version, cfg.Labels = token, "v-test", labels
 	mut(&cfg)
-	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) }
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux, Options{}) }
 	return supervisortest.Start(t, cfg), cfg.BindPort
 }
 
