@@ -69,12 +69,12 @@ const LeaseNone placement.LeaseState = "none"
 
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
-	ShardID     string               `json:"shard_id"`
-	ReplicaID   string               `json:"replica_id"`
-	Deployment  string               `json:"deployment"`
-	SpecVersion string               `json:"spec_version"`
-	Node        string               `json:"node,omitempty"`
-	GPUs        []int                `json:"gpus"`
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node,omitempty"`
+	GPUs        []int  `json:"gpus"`
 	// Lease is valid, starting, lapsed or none (see LeaseNone).
 	Lease placement.LeaseState `json:"lease"`
 	// LeaseExpires is when the lease lapses unless its holder renews it,
