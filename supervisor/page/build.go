@@ -16,7 +16,7 @@ import (
 // cell, and the whole text is on hover.
 const (
 	maxReason    = 140
-	maxFaultText = 90
+	maxFaultText = 72
 )
 
 func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway bool) data {
@@ -64,6 +64,9 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 			cell := gpuCell(g)
 			cell.Shards = strings.Join(held[g.Index], ", ")
 			cell.Activity = activity[g.Index]
+			if n := len(row.GPUs); n == 0 || row.GPUs[n-1].Name != g.Name {
+				cell.ShowName = g.Name
+			}
 			row.GPUs = append(row.GPUs, cell)
 			d.Summary.GPUs++
 			if m.State == gossip.StateAlive && len(held[g.Index]) == 0 && !g.Faulted {

@@ -136,8 +136,10 @@ type nodeRow struct {
 }
 
 type gpuRow struct {
-	Index              int
-	Name               string
+	Index int
+	// Name is the GPU's model; ShowName the same, only on the first of
+	// a run of GPUs of one model (the rest have it on hover).
+	Name, ShowName     string
 	OwnPct, ForeignPct int
 	Text               string
 	// Activity is utilisation, temperature and power from the node's
