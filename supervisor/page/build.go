@@ -259,7 +259,12 @@ func trafficText(t Traffic) string {
 	if t.Requests == 0 {
 		return "no requests"
 	}
+	// Two significant digits below 10 req/s (0.7, 1.5), whole numbers
+	// above (%g would write 120 as 1.2e+02).
 	s := fmt.Sprintf("%.2g req/s", t.Rate)
+	if t.Rate >= 10 {
+		s = fmt.Sprintf("%.0f req/s", t.Rate)
+	}
 	if t.TTFBP50 > 0 {
 		s += fmt.Sprintf(" · TTFB p50 %s p99 %s", ms(t.TTFBP50), ms(t.TTFBP99))
 	}
