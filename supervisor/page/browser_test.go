@@ -3,6 +3,7 @@ package page
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
 	"net/http"
 	"os"
@@ -66,6 +67,17 @@ func deadNodeCluster(t *testing.T) (alpha *supervisor.Node, page string) {
 			return host.ParseDriverFaults(text, time.Now(), host.DefaultFaultWindow, time.Local, time.Time{}), nil
 		}
 	}, aport)
+	// Placed once all three are known, so that chat spreads over alpha
+	// and bravo (a shard placed earlier would stay where it was).
+	testwait.Until(t, 20*time.Second, "alpha knows three alive nodes", func() (bool, string) {
+		alive := 0
+		for _, m := range a.Status().Members() {
+			if m.State == gossip.StateAlive && m.API != "" {
+				alive++
+			}
+		}
+		return alive == 3, fmt.Sprintf("%d alive", alive)
+	})
 	place(t, a, `{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
 	place(t, a, `{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8,"gpu_memory":"70GiB"}`)
 	testwait.Until(t, 20*time.Second, "chat ready on alpha and bravo, seen by alpha", func() (bool, string) {
