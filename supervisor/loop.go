@@ -208,7 +208,7 @@ func (n *Node) gpuLoop(ctx context.Context) {
 		n.gpuSnap = snap
 		n.mu.Unlock()
 		tel, telChanged := n.telemetryDue(ctx, local.Telemetry)
-		if gpuChanged(local.GPUs, gpus) || probes != local.Probes || telChanged {
+		if gpuChanged(local.GPUs, gpus) || !sameProbes(probes, local.Probes) || telChanged {
 			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) {
 				r.GPUs, r.Probes = gpus, probes
 				if telChanged {
@@ -279,4 +279,12 @@ func gpuChanged(old, cur []placement.GPU) bool {
 		}
 	}
 	return false
+}
+
+// sameProbes compares probe summaries, the fault's time by the instant it
+// names (== would also compare its location).
+func sameProbes(a, b gossip.ProbeSummary) bool {
+	ta, tb := a.LastDriverFaultAt, b.LastDriverFaultAt
+	a.LastDriverFaultAt, b.LastDriverFaultAt = time.Time{}, time.Time{}
+	return a == b && ta.Equal(tb)
 }
