@@ -70,6 +70,10 @@ type Config struct {
 	// puts nothing new there, vllm#36960: /health can say 200 while the GPU
 	// faults), and the counts travel in the node's record.
 	DriverFaults func(ctx context.Context) (host.DriverFaults, error)
+	// Interconnect, when set, reads the RDMA ports' rates; they travel in
+	// the record's telemetry beside the GPUs' activity (read from GPUs
+	// when it is a gpu.TelemetryReader).
+	Interconnect func(ctx context.Context) (host.Interconnect, error)
 	LeaseTTL     time.Duration
 	// Runner runs shards; nil claims shards without running anything.
 	Runner Runner
@@ -122,8 +126,10 @@ type Node struct {
 	// renewalWarned: a failed note of the renewal on disk was logged (the
 	// control loop owns it).
 	renewalWarned bool
-	// loadPublished is when shard load last went out in the record.
+	// loadPublished is when shard load last went out in the record, and
+	// telemetryRead when telemetry was last read (the GPU loop owns it).
 	loadPublished time.Time
+	telemetryRead time.Time
 	// wake makes the control loop reconcile now (the node settled).
 	wake chan struct{}
 

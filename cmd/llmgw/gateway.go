@@ -21,6 +21,7 @@ import (
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/page"
 )
 
 func gatewayFlags() []cli.Flag {
@@ -241,4 +242,20 @@ func registerGatewayStats(n *supervisor.Node, mux *http.ServeMux, gw *gateway.Ga
 		}
 		_ = json.NewEncoder(w).Encode(out)
 	})
+}
+
+// pageOptions gives the cluster page this node's gateway traffic (nothing
+// when it runs none): the page may not import the gateway.
+func pageOptions(gw *gateway.Gateway) page.Options {
+	if gw == nil {
+		return page.Options{}
+	}
+	return page.Options{Traffic: func() []page.Traffic {
+		var out []page.Traffic
+		for _, m := range gw.Stats() {
+			out = append(out, page.Traffic{Deployment: m.Model, Requests: m.Requests, Errors: m.Errors, Rate: m.Rate,
+				Window: m.Window, TTFBP50: m.TTFBP50, TTFBP99: m.TTFBP99})
+		}
+		return out
+	}}
 }

@@ -248,8 +248,10 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	answers := map[string]any{
 		"/v1/cluster": status.ClusterInfo{Self: "n1", Members: []status.MemberInfo{
-			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour)},
-			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3}},
+			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour),
+				Telemetry: gossip.Telemetry{Links: []gossip.LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 800.4, RxMBps: 12}, {Device: "mlx5_1", Port: 1, Up: true, TxMBps: 11.7}}}},
+			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3, XidRecent: 1},
+				Telemetry: gossip.Telemetry{Links: []gossip.LinkRate{{Device: "mlx5_0", Port: 1}}}},
 		}},
 		"/v1/deployments": []status.DeploymentInfo{
 			{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 2},
@@ -280,8 +282,9 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`nodes 1/2 alive\s+models 2\s+shards 2/3 ready`),
-		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-`),
-		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3\s`),
+		regexp.MustCompile(`(?m)^NODE\s+STATE\s+GPUS\s+GPU MEMORY\s+SHARDS\s+FAULTS\s+LINK TX/RX MB/S\s+RUNTIME\s+AGE$`),
+		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-\s+812/12\s`),
+		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3 \(1 Xid\)\s+no link\s`),
 		regexp.MustCompile(`last 1m, as seen by n1's gateway \(http://10\.0\.0\.1:8000\)`),
 		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50 TTFB\s+P99 TTFB\s+RUNNING\s+WAITING\s+KV CACHE\s+CACHE HIT\s+PROMPT TOK/S\s+GEN TOK/S\s+WHY$`),
 		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+52%\s+20\s+100\s+-$`),

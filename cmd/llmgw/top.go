@@ -140,17 +140,14 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		now.Format("15:04:05"), s.cluster.Self, addr, alive, len(s.cluster.Members), len(s.models), ready, len(s.shards))
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tGPU MEMORY\tSHARDS\tXID (1h)\tRUNTIME\tAGE")
+	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tGPU MEMORY\tSHARDS\tFAULTS\tLINK TX/RX MB/S\tRUNTIME\tAGE")
 	for _, m := range s.cluster.Members {
 		age := "-"
 		if !m.StartedAt.IsZero() {
 			age = shortDuration(now.Sub(m.StartedAt))
 		}
-		faults := "-"
-		if m.Probes.DriverFaultsRecent > 0 {
-			faults = fmt.Sprint(m.Probes.DriverFaultsRecent)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, m.State, gpuSummary(m.GPUs), gpuMemory(m.GPUs), len(m.Shards), faults, dash(m.Runtime), age)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.Name, m.State, gpuSummary(m.GPUs), gpuMemory(m.GPUs), len(m.Shards),
+			topFaults(m.Probes), topLinks(m.Telemetry.Links), dash(m.Runtime), age)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -283,4 +280,35 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// topFaults is a node's recent driver faults (Xids and NVRM errors, in
+// the node's fault window); a dash when none.
+func topFaults(p gossip.ProbeSummary) string {
+	if p.DriverFaultsRecent == 0 {
+		return "-"
+	}
+	if p.XidRecent > 0 {
+		return fmt.Sprintf("%d (%d Xid)", p.DriverFaultsRecent, p.XidRecent)
+	}
+	return fmt.Sprint(p.DriverFaultsRecent)
+}
+
+// topLinks sums a node's RDMA ports with a link: "812/3.2" MB/s sent and
+// received; "no link" when it has ports but none is up, a dash when none.
+func topLinks(ls []gossip.LinkRate) string {
+	var tx, rx float64
+	up := 0
+	for _, l := range ls {
+		if l.Up {
+			tx, rx, up = tx+l.TxMBps, rx+l.RxMBps, up+1
+		}
+	}
+	switch {
+	case len(ls) == 0:
+		return "-"
+	case up == 0:
+		return "no link"
+	}
+	return fmt.Sprintf("%.0f/%.0f", tx, rx)
 }

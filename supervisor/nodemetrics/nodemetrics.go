@@ -174,11 +174,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	type sl struct{ status, lease string }
 	shards := map[sl]int{}
 	for _, s := range snap.Shards(now) {
-		lease := string(s.Lease)
-		if lease == "" {
-			lease = "none"
-		}
-		shards[sl{string(s.Status), lease}]++
+		shards[sl{string(s.Status), string(s.Lease)}]++
 	}
 	for k, v := range shards {
 		gauge(ch, descShards, float64(v), k.status, k.lease)

@@ -25,6 +25,7 @@ type MemberInfo struct {
 	AgentVersion string               `json:"agent_version,omitempty"`
 	Runtime      string               `json:"runtime,omitempty"`
 	Probes       gossip.ProbeSummary  `json:"probes,omitzero"`
+	Telemetry    gossip.Telemetry     `json:"telemetry,omitzero"`
 	// ClockOffset is the node's clock minus the cluster's, as the
 	// answering node estimates it (absent until it probed the node).
 	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
@@ -50,15 +51,32 @@ type DeploymentInfo struct {
 	Why         []string     `json:"why,omitempty"`
 }
 
+// LeaseNone is the lease of a shard that nobody holds: planned on a node
+// that has not claimed it yet (status pending), or placed nowhere (status
+// unplaced).
+//
+// A shard's lease reads one of four words wherever it is shown (the page,
+// `llmgw shards`, `llmgw top`, MCP, /metrics), all from ShardInfo.Lease:
+//
+//	valid     its holder is alive and renewing, and the engine is ready: routable
+//	starting  its holder is alive and renewing; the engine is not ready yet
+//	lapsed    a holder claimed it, but the claim no longer counts: the holder
+//	          died, left, restarted or stopped renewing, or is stopping it
+//	none      nobody holds it
+//
+// The first three are placement's judgements (placement.LeaseState).
+const LeaseNone placement.LeaseState = "none"
+
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
-	ShardID     string               `json:"shard_id"`
-	ReplicaID   string               `json:"replica_id"`
-	Deployment  string               `json:"deployment"`
-	SpecVersion string               `json:"spec_version"`
-	Node        string               `json:"node,omitempty"`
-	GPUs        []int                `json:"gpus"`
-	Lease       placement.LeaseState `json:"lease"`
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node,omitempty"`
+	GPUs        []int  `json:"gpus"`
+	// Lease is valid, starting, lapsed or none (see LeaseNone).
+	Lease placement.LeaseState `json:"lease"`
 	// LeaseExpires is when the lease lapses unless its holder renews it,
 	// as this node judges (zero once lapsed).
 	LeaseExpires time.Time          `json:"lease_expires,omitzero"`
