@@ -34,7 +34,7 @@ func benchCommand() *cli.Command {
 			&cli.StringFlag{Name: "model", Required: true, Usage: "the model (deployment) to load"},
 			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "requests in flight"},
 			&cli.FloatFlag{Name: "rate", Usage: "requests per second, arriving as a Poisson process (0: closed loop at --concurrency)"},
-			&cli.IntFlag{Name: "requests", Usage: "requests to send (default 100 without --duration)"},
+			&cli.IntFlag{Name: "requests", Value: 100, Usage: "requests to send (with --duration: only when given)"},
 			&cli.DurationFlag{Name: "duration", Usage: "stop starting requests after this long"},
 			&cli.BoolFlag{Name: "stream", Usage: "stream the answers"},
 			&cli.IntFlag{Name: "max-tokens", Value: 64, Usage: "tokens per answer, sent with ignore_eos so every answer is this long (0: the engine decides)"},
@@ -110,8 +110,11 @@ func benchConfig(c *cli.Command) (loadgen.Config, error) {
 	if cfg.Rate > 0 && !c.IsSet("concurrency") {
 		cfg.Concurrency = 0 // open loop, uncapped
 	}
+	if cfg.Duration > 0 && !c.IsSet("requests") {
+		cfg.Requests = 0 // until the duration is over
+	}
 	if cfg.Requests == 0 && cfg.Duration == 0 {
-		cfg.Requests = 100
+		return cfg, usageError("--requests 0: want at least 1, or a --duration")
 	}
 	w, err := benchWorkload(c)
 	cfg.Workload = w

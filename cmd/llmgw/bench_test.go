@@ -82,6 +82,7 @@ func TestBenchBadFlagsNameTheFlag(t *testing.T) {
 		{[]string{"--concurrency", "0"}, "--concurrency"},
 		{[]string{"--rate", "-2"}, "--rate"},
 		{[]string{"--requests", "-1"}, "--requests"},
+		{[]string{"--requests", "0"}, "--requests"},
 		{[]string{"--duration", "-1s"}, "--duration"},
 		{[]string{"--max-tokens", "-1"}, "--max-tokens"},
 		{[]string{"--tenants", "0"}, "--tenants"},

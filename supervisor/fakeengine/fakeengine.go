@@ -37,6 +37,7 @@
 //     thousand uncached prompt tokens after the sequence starts running
 //     (--prefill-base, --prefill-per-1k-tokens), then one token every
 //     TokenDelay (--token-delay). Sequences do not slow each other down.
+//     An embedding is its prefill alone, without the prefix cache.
 //
 // The zero Config is today's fast engine (no delays, 256 sequences, 8192
 // blocks of 16 tokens). A benchmark in one process builds replicas with

@@ -1,10 +1,12 @@
 package loadgen
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -60,6 +62,15 @@ func roundRobin(t *testing.T, backends []*httptest.Server) *httptest.Server {
 		proxies[i] = p
 	}
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The body is read whole first, as llmgw's gateway reads it: a
+		// response relayed while the proxy still streams the client's body
+		// upstream would race Go's server discarding that body.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		proxies[int(next.Add(1)-1)%len(proxies)].ServeHTTP(w, r)
 	}))
 	t.Cleanup(gw.Close)
@@ -290,27 +301,44 @@ func TestDurationEndsTheRun(t *testing.T) {
 	}
 }
 
-// The shared-prefix workload: tenants interleave, a tenant's requests share
-// its system prompt, every question is unique, and an engine's prefix
-// cache serves all but each tenant's first request from cache.
+// The shared-prefix workload: a tenant's requests share its system prompt,
+// the tenants come in about equal numbers and interleaved, every question
+// is unique, and an engine's prefix cache serves all but each tenant's
+// first request from cache.
 func TestSharedPrefixWorkload(t *testing.T) {
 	w, err := SharedPrefix(3, 100, 9)
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	for i := range 9 {
+	perTenant := map[string]int{}
+	changes := 0
+	for i := range 300 {
 		m := w(i)
 		if len(m) != 2 || m[0].Role != "system" || m[1].Role != "user" || len(m[0].Content) != 400 {
 			t.Fatalf("request %d: %+v", i, m)
 		}
-		if m[0].Content != w(i + 3)[0].Content || m[0].Content == w(i + 1)[0].Content {
-			t.Errorf("request %d: tenants not interleaved by i mod 3", i)
+		perTenant[m[0].Content]++
+		if i > 0 && w(i - 1)[0].Content != m[0].Content {
+			changes++
 		}
 		if seen[m[1].Content] {
 			t.Errorf("question %q repeated", m[1].Content)
 		}
 		seen[m[1].Content] = true
+	}
+	if len(perTenant) != 3 {
+		t.Fatalf("%d distinct system prompts, want 3", len(perTenant))
+	}
+	for _, n := range perTenant {
+		if n < 70 || n > 130 {
+			t.Errorf("tenants' shares %v of 300; want about 100 each", slices.Collect(maps.Values(perTenant)))
+		}
+	}
+	// Random draws change tenant two times in three; a cycle would every
+	// time.
+	if changes < 150 || changes > 250 {
+		t.Errorf("the tenant changed %d times in 300 requests; want them interleaved at random (about 200)", changes)
 	}
 	if again, _ := SharedPrefix(3, 100, 9); again(4)[0].Content != w(4)[0].Content || again(4)[1].Content != w(4)[1].Content {
 		t.Error("the workload is not a function of its seed")
@@ -327,8 +355,12 @@ func TestSharedPrefixWorkload(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	// "system\n" + 400 + "\nuser\n" = 413 shared characters: 6 blocks of
-	// 16 tokens, hit by each of the 27 requests after a tenant's first.
-	if want := fmt.Sprintf(`%s{model_name="m"} %d`, fakeengine.MetricPrefixCacheHits, 27*96); !strings.Contains(string(b), want) {
+	// 16 tokens, hit by each request after its tenant's first.
+	firsts := map[string]bool{}
+	for i := range 30 {
+		firsts[w(i)[0].Content] = true
+	}
+	if want := fmt.Sprintf(`%s{model_name="m"} %d`, fakeengine.MetricPrefixCacheHits, (30-len(firsts))*96); !strings.Contains(string(b), want) {
 		t.Errorf("metrics lack %q:\n%s", want, b)
 	}
 	if _, err := SharedPrefix(0, 10, 1); err == nil {

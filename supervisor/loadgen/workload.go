@@ -37,10 +37,11 @@ func question(seed uint64, i int) string {
 
 // SharedPrefix is the workload that rewards prefix affinity: tenants
 // tenants, each with its own system prompt of systemTokens tokens (four
-// characters each, as the fake engine counts),
-// and every request one short question of its own; request i comes from
-// tenant i mod tenants, so the tenants arrive interleaved. The prompts are
-// a function of seed alone.
+// characters each, as the fake engine counts), and every request one short
+// question of its own. Each request's tenant is drawn at random, so the
+// tenants arrive interleaved in no fixed cycle (a cycle would line up with
+// a round-robin over a divisor of its length and hand that policy affinity
+// by accident). Prompts and tenants are a function of seed alone.
 func SharedPrefix(tenants, systemTokens int, seed uint64) (Workload, error) {
 	if tenants < 1 {
 		return nil, errors.New("loadgen: the shared-prefix workload needs at least one tenant")
@@ -56,7 +57,8 @@ func SharedPrefix(tenants, systemTokens int, seed uint64) (Workload, error) {
 		system[t] = (head + text(rng, max(0, 4*systemTokens-len(head))))[:4*systemTokens]
 	}
 	return func(i int) []Message {
-		return []Message{{Role: "system", Content: system[i%tenants]}, {Role: "user", Content: question(seed, i)}}
+		t := rand.New(rand.NewPCG(seed^0x74656e616e74, uint64(i))).IntN(tenants)
+		return []Message{{Role: "system", Content: system[t]}, {Role: "user", Content: question(seed, i)}}
 	}, nil
 }
 
