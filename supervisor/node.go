@@ -119,6 +119,11 @@ type Node struct {
 	dir     datadir.Dir
 	id      datadir.Identity
 	settled atomic.Bool
+	// toldPeers: --join or node.json named peers at start; isolatedSince
+	// is since when the node has heard none (zero: it is not isolated;
+	// under mu, see isolation.go).
+	toldPeers     bool
+	isolatedSince time.Time
 	// renewalWarned: a failed note of the renewal on disk was logged (the
 	// control loop owns it).
 	renewalWarned bool
@@ -263,6 +268,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}()
 	n.id = id
+	n.toldPeers = len(dedupe(append(slices.Clone(cfg.Join), id.Peers...), n.cluster.Address())) > 0
 	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
 	go n.loop(lctx)
 	go n.gpuLoop(lctx)

@@ -36,6 +36,12 @@ func nodesCommand() *cli.Command {
 			if c.Bool("json") {
 				return printJSON(c.Root().Writer, info.Members)
 			}
+			for _, m := range info.Members {
+				if m.Isolated {
+					fmt.Fprintf(c.Root().Writer, "%s is ISOLATED: it has heard no peer for %s, so this list is its last view; its shards' leases lapse elsewhere within the lease TTL\n",
+						m.Name, shortDuration(time.Since(m.IsolatedSince)))
+				}
+			}
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE")
 			for _, m := range info.Members {
@@ -46,6 +52,9 @@ func nodesCommand() *cli.Command {
 				state := string(m.State)
 				if m.TokenMismatch {
 					state += " (other token)"
+				}
+				if m.Isolated {
+					state += ", isolated"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
 			}

@@ -157,7 +157,7 @@ func (s *Server) addClusterTools() {
 	addCluster(s, &mcp.Tool{Name: "nodes", Annotations: readOnly(), Description: "Every node this node knows by gossip: " +
 		"name, state (alive, suspect, dead, left), API address, labels, GPUs (index, model, memory total/used/" +
 		"foreign in bytes, NVLink peers, faulted), how many shards it holds, agent version, runtime and probe " +
-		"summary (recent driver faults). Node names are what the host tools' node argument takes."}, s.nodes)
+		"summary (recent driver faults); the answering node's own row says isolated (with since when) when it has heard no peer for several probe intervals. Node names are what the host tools' node argument takes."}, s.nodes)
 	addCluster(s, &mcp.Tool{Name: "deployments", Annotations: readOnly(), Description: "What the cluster is asked to " +
 		"run: each deployment's spec (model, engine, replicas, tensor/pipeline parallel, memory, constraints), " +
 		"spec version, how many replicas are placed and how many are ready (every shard holds a valid lease), " +

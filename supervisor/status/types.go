@@ -31,6 +31,11 @@ type MemberInfo struct {
 	// TokenMismatch: the node announces another cluster token; it and the
 	// answering node refuse each other's API calls.
 	TokenMismatch bool `json:"token_mismatch,omitempty"`
+	// Isolated (the answering node's own row only): it has heard no peer
+	// since IsolatedSince although it expects some. Its leases lapse
+	// elsewhere within the TTL; what it shows of others is old.
+	Isolated      bool      `json:"isolated,omitempty"`
+	IsolatedSince time.Time `json:"isolated_since,omitzero"`
 }
 
 // ClusterInfo is the body of /v1/cluster.
