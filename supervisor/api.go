@@ -148,6 +148,8 @@ func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
 		"profile":       n.cfg.Profile.Name,
 		"version":       n.cfg.Version,
 		"started_at":    n.started,
+		"uptime_s":      n.clock.Now().Sub(n.started).Round(100 * time.Millisecond).Seconds(),
+		"tools":         n.mcpTools(),
 		"record":        rec,
 		"gossip_stats":  n.cluster.Stats(),
 		"assigned_here": plan.ForNode(n.cfg.Name),

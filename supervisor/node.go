@@ -140,6 +140,22 @@ type Node struct {
 	once    sync.Once
 	// follows counts the open follow=1 log streams, per caller.
 	follows followSlots
+	// tools are the MCP tools this node serves (SetMCPTools), under mu.
+	tools []string
+}
+
+// SetMCPTools records the MCP tools this node serves, for /status.json.
+func (n *Node) SetMCPTools(names []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.tools = slices.Clone(names)
+}
+
+// mcpTools is what SetMCPTools recorded, never nil.
+func (n *Node) mcpTools() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string{}, n.tools...)
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
