@@ -137,31 +137,14 @@ func placeCommand() *cli.Command {
 		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
 		&cli.StringSliceFlag{Name: "arg", Usage: "extra engine argument (repeatable)"},
 		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
+		waitFlag(),
 	)
 	return &cli.Command{
 		Name:      "place",
 		Usage:     "ask the cluster to serve a model (any node accepts it; every node learns it)",
 		ArgsUsage: "NAME",
 		Flags:     flags,
-		Action: func(ctx context.Context, c *cli.Command) error {
-			cl, err := newClient(c)
-			if err != nil {
-				return err
-			}
-			body, ctype, err := placeBody(c)
-			if err != nil {
-				return usageError(err.Error())
-			}
-			var out status.DeploymentInfo
-			if err := cl.do(ctx, "POST", "/v1/deployments", body, ctype, &out); err != nil {
-				return err
-			}
-			if c.Bool("json") {
-				return printJSON(c.Root().Writer, out)
-			}
-			fmt.Fprintf(c.Root().Writer, "placed %s (%s, %d replica(s), spec %s); watch it with: llmgw models\n", out.Name, out.Model, out.Replicas, out.SpecVersion)
-			return nil
-		},
+		Action:    placeAction,
 	}
 }
 

@@ -53,7 +53,25 @@ type DeploymentInfo struct {
 	Ready       int          `json:"ready"`
 	Nodes       []string     `json:"nodes"`
 	Why         []string     `json:"why,omitempty"`
+	// Change is set only in the answer to a place: what the write did to
+	// the spec the cluster held (ChangeNew, ChangeChanged, ChangeScaled,
+	// ChangeUnchanged).
+	Change string `json:"change,omitempty"`
 }
+
+// What a place did to the spec the cluster held under its name.
+const (
+	// ChangeNew: no live deployment had the name.
+	ChangeNew = "new"
+	// ChangeChanged: a new spec version; its replicas roll, the old
+	// serving until the new are ready.
+	ChangeChanged = "changed"
+	// ChangeScaled: the same spec version with another replica count;
+	// replicas that serve keep serving.
+	ChangeScaled = "scaled"
+	// ChangeUnchanged: the same spec and replicas.
+	ChangeUnchanged = "unchanged"
+)
 
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
