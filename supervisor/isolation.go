@@ -39,13 +39,17 @@ func (n *Node) expectsPeers(members []gossip.Member) bool {
 // not).
 func (n *Node) checkIsolation(now time.Time, members []gossip.Member) time.Time {
 	heard := n.cluster.LastHeard()
+	after := n.isolatedAfter()
 	if heard.IsZero() || heard.Before(n.started) {
-		heard = n.started
+		// Never heard anyone: peers may just be starting (nodes start in
+		// any order), and the join loop says what it hears meanwhile;
+		// isolated once the node stops waiting and settles on its own.
+		heard, after = n.started, max(after, settleTimeout)
 	}
 	silent := now.Sub(heard)
 	n.mu.Lock()
 	was := n.isolatedSince
-	isolated := n.expectsPeers(members) && silent >= n.isolatedAfter()
+	isolated := n.expectsPeers(members) && silent >= after
 	switch {
 	case isolated && was.IsZero():
 		n.isolatedSince = heard
