@@ -88,7 +88,7 @@ func (n *Node) keyMismatch(err error, said *bool) bool {
 	if !*said {
 		*said = true
 		n.log.Error("peer "+je.Peer+" answered but gossip decryption failed: this node's gossip key differs from the cluster's; copy "+
-			n.dir.GossipKeyFile()+" from a member (the same file in its data dir) or pass the cluster's key with --gossip-key-file, then restart this node",
+			n.dir.GossipKeyFile()+" from a member (gossip.key in its data dir) or pass the cluster's key with --gossip-key-file (if this node already names a file there, that file holds the wrong key), then restart this node",
 			"peer", je.Peer, "detail", je.Detail)
 	}
 	return true
