@@ -211,6 +211,9 @@
 //	                            nodes, leases, statuses and draining flags
 //	engines running=N           N engine processes of this run exist (any node, orphans too)
 //	no-orphans                  every engine process runs a shard some node holds
+//	isolated yes|no             /status.json says the node is (or is not) isolated:
+//	                            it has heard no peer for several probe intervals
+//	                            although it expects some
 //
 // serving, restarts and shard read the first observer's /v1/shards;
 // single-holder, engines and no-orphans look at every running node and at
@@ -229,6 +232,8 @@
 //	expect no-orphans
 //	expect request-loop NAME [min-routable=N] [min-success=P%] [before=EVENT]
 //	                                             same as request-loop NAME expect-no-errors
+//	expect log NODE match=TEXT                   how many lines of the node's log (all its
+//	                                             runs) contain TEXT
 //
 // models, shards and members ask every observer (or those in on=); when
 // all answer alike the answer is printed once, else each under "as seen by

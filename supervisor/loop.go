@@ -96,6 +96,7 @@ func (n *Node) reconcile(ctx context.Context) {
 	now := n.clock.Now()
 	writes := n.writes.Load() // before the read: what it is sure to see
 	members := n.cluster.Members()
+	isolated := n.checkIsolation(now, members)
 	deps := n.cluster.Deployments()
 	view := BuildView(members, deps, now, n.cfg.LeaseTTL)
 	plan := placement.Compute(view)
@@ -117,7 +118,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		members = n.cluster.Members()
 	}
 	n.publish(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
-		Members: members, Deployments: deps, ReconcileTook: time.Since(start)}), writes)
+		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated}), writes)
 }
 
 // publish makes snap what readers see; it saw the first writes deployment

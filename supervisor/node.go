@@ -123,6 +123,11 @@ type Node struct {
 	dir     datadir.Dir
 	id      datadir.Identity
 	settled atomic.Bool
+	// toldPeers: --join or node.json named peers at start; isolatedSince
+	// is since when the node has heard none (zero: it is not isolated;
+	// under mu, see isolation.go).
+	toldPeers     bool
+	isolatedSince time.Time
 	// renewalWarned: a failed note of the renewal on disk was logged (the
 	// control loop owns it).
 	renewalWarned bool
@@ -141,6 +146,22 @@ type Node struct {
 	once    sync.Once
 	// follows counts the open follow=1 log streams, per caller.
 	follows followSlots
+	// tools are the MCP tools this node serves (SetMCPTools), under mu.
+	tools []string
+}
+
+// SetMCPTools records the MCP tools this node serves, for /status.json.
+func (n *Node) SetMCPTools(names []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.tools = slices.Clone(names)
+}
+
+// mcpTools is what SetMCPTools recorded, never nil.
+func (n *Node) mcpTools() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string{}, n.tools...)
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -269,6 +290,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}()
 	n.id = id
+	n.toldPeers = len(dedupe(append(slices.Clone(cfg.Join), id.Peers...), n.cluster.Address())) > 0
 	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
 	go n.loop(lctx)
 	go n.gpuLoop(lctx)

@@ -159,7 +159,7 @@ func (s *Server) addClusterTools() {
 		"foreign in bytes, NVLink peers, faulted), how many shards it holds, agent version, runtime, probe " +
 		"summary (driver faults, meaning Xids and NVRM errors such as NV_ERR_*, in the recent window and since boot, " +
 		"with the newest fault line) and telemetry (per GPU utilisation %, temperature °C and power W; per RDMA " +
-		"port up or not and tx/rx MB/s; rounded, read at most every 15 s, with read_at). Node names are what the " +
+		"port up or not and tx/rx MB/s; rounded, read at most every 15 s, with read_at). The answering node's own row says isolated (with since when) when it has heard no peer for several probe intervals. Node names are what the " +
 		"host tools' node argument takes."}, s.nodes)
 	addCluster(s, &mcp.Tool{Name: "deployments", Annotations: readOnly(), Description: "What the cluster is asked to " +
 		"run: each deployment's spec (model, engine, replicas, tensor/pipeline parallel, memory, constraints), " +
@@ -183,7 +183,7 @@ func (s *Server) addClusterTools() {
 		"or change a deployment (the same as llmgw place). The spec is validated first and a bad one is refused " +
 		"with the field at fault. Accepted, it is replicated to every node by gossip and placed by all of them " +
 		"alike; a changed spec rolls: new shards start beside the old, which stop once the new are ready. " +
-		"Returns the stored spec and its version; call why_not a few seconds later to see where it landed."}, s.place)
+		"Returns the stored spec and its version, change (new, changed, scaled or unchanged), how many replicas the plan computed with it places now and, for the rest, placement's reasons; call why_not a few seconds later to see where it landed."}, s.place)
 	addCluster(s, &mcp.Tool{Name: "unplace", Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(true)}, Description: "Remove " +
 		"a deployment (the same as llmgw unplace): every node stops its shards. Fails for a name the cluster " +
 		"does not know, listing the ones it does."}, s.unplace)

@@ -123,6 +123,8 @@ var (
 		"1 when the last /metrics scrape of an engine on this node failed.", []string{"shard", "deployment"}, nil)
 	descScrapeErrors = prometheus.NewDesc("llmgw_engine_scrape_errors_total",
 		"Failed engine /metrics scrapes on this node.", nil, nil)
+	descIsolated = prometheus.NewDesc("llmgw_isolated",
+		"1 while this node hears no peer although it expects some: its shards' leases lapse in the other nodes' views within the lease TTL.", nil, nil)
 )
 
 // nodeCollector reads everything from the node at scrape time.
@@ -137,6 +139,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
+	ch <- descIsolated
 	if c.scrapeErrors != nil {
 		ch <- descScrapeErrors
 	}
@@ -195,6 +198,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	if self, ok := snap.Member(snap.Self()); ok {
+		gauge(ch, descIsolated, b2f(self.Isolated))
 		c.collectSelf(ch, self)
 	}
 	if c.scrapeErrors != nil {

@@ -39,6 +39,9 @@ type Input struct {
 	Deployments []gossip.DeploymentRecord
 	// ReconcileTook is how long the pass took.
 	ReconcileTook time.Duration
+	// Isolated is since when this node has heard no peer while it expects
+	// some (zero: it is not isolated); its own member row says so.
+	Isolated time.Time
 }
 
 // Snapshot is the cluster as one reconcile pass saw it. It is immutable:
@@ -89,7 +92,11 @@ func Build(in Input) *Snapshot {
 	lapses := map[string]time.Time{}
 	records := map[held]gossip.ShardRecord{}
 	for _, m := range in.Members {
-		s.members = append(s.members, memberInfo(m))
+		mi := memberInfo(m)
+		if m.Name == in.Self && !in.Isolated.IsZero() {
+			mi.Isolated, mi.IsolatedSince = true, in.Isolated
+		}
+		s.members = append(s.members, mi)
 		if m.Record == nil {
 			continue
 		}

@@ -32,6 +32,11 @@ type MemberInfo struct {
 	// TokenMismatch: the node announces another cluster token; it and the
 	// answering node refuse each other's API calls.
 	TokenMismatch bool `json:"token_mismatch,omitempty"`
+	// Isolated (the answering node's own row only): it has heard no peer
+	// since IsolatedSince although it expects some. Its leases lapse
+	// elsewhere within the TTL; what it shows of others is old.
+	Isolated      bool      `json:"isolated,omitempty"`
+	IsolatedSince time.Time `json:"isolated_since,omitzero"`
 }
 
 // ClusterInfo is the body of /v1/cluster.
@@ -49,6 +54,10 @@ type DeploymentInfo struct {
 	Ready       int          `json:"ready"`
 	Nodes       []string     `json:"nodes"`
 	Why         []string     `json:"why,omitempty"`
+	// Change is set only in the answer to a place: what the write did to
+	// the spec the cluster held (ChangeNew, ChangeChanged, ChangeScaled,
+	// ChangeUnchanged).
+	Change string `json:"change,omitempty"`
 }
 
 // LeaseNone is the lease of a shard that nobody holds: planned on a node
@@ -66,6 +75,20 @@ type DeploymentInfo struct {
 //
 // The first three are placement's judgements (placement.LeaseState).
 const LeaseNone placement.LeaseState = "none"
+
+// What a place did to the spec the cluster held under its name.
+const (
+	// ChangeNew: no live deployment had the name.
+	ChangeNew = "new"
+	// ChangeChanged: a new spec version; its replicas roll, the old
+	// serving until the new are ready.
+	ChangeChanged = "changed"
+	// ChangeScaled: the same spec version with another replica count;
+	// replicas that serve keep serving.
+	ChangeScaled = "scaled"
+	// ChangeUnchanged: the same spec and replicas.
+	ChangeUnchanged = "unchanged"
+)
 
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
