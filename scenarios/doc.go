@@ -159,6 +159,15 @@
 // Its counters go to the summary: answered, errors, the share answered
 // when some failed, and how many requests each node served.
 //
+// Whether gateways agree without talking to each other (cmd_affinity.go):
+//
+//	affinity deployment=D via=(NODES) [tenants=8] [rounds=2]
+//	    For each tenant (a long system prompt of its own and a question of
+//	    every request's own), rounds requests through each listed node's
+//	    gateway in turn, one at a time. Prints for how many tenants every
+//	    answer came from one replica (the Llmgw-Replica header); the counts,
+//	    with how many replicas were used, go to the summary.
+//
 // A watch on the engines themselves (cmd_health_loop.go):
 //
 //	health-loop NAME start deployment=D | stop | expect-no-gap

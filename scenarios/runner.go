@@ -127,6 +127,7 @@ func commandTable() map[string]cmdSpec {
 		"dump":         {"", (*runner).cmdDump},
 		"request-loop": {"deployment via stream on workers min-routable min-success before after", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
+		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}
 }
 
