@@ -90,6 +90,7 @@ type Gateway struct {
 	routing      atomic.Pointer[routing]
 	keys         atomic.Pointer[KeySet]
 	callers      *callers
+	bodies       *bodyPool
 
 	// active counts proxied requests (admission and drain); idle is
 	// signalled when it drops to zero while stopping.
@@ -160,7 +161,7 @@ func New(cfg Config) *Gateway {
 		cfg.StatsWindow = time.Minute
 	}
 	g := &Gateway{cfg: cfg, now: cfg.Now, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
-		stats: newStats(cfg.StatsWindow), callers: newCallers(), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
+		stats: newStats(cfg.StatsWindow), callers: newCallers(), bodies: newBodyPool(), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
 	if cfg.AccessLog != nil {
 		g.log = newAccessLog(cfg.AccessLog, cfg.AccessLogQueue, g.m.logDropped.Inc)
 	}

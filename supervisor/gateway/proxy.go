@@ -38,6 +38,8 @@ type exchange struct {
 	use usage
 	// body collects a plain answer for its usage, up to maxUsageBody.
 	body []byte
+	// bb holds the request body, shared with the attempts' readers.
+	bb *bodyBuf
 }
 
 // maxUsageBody bounds how much of a plain answer is kept to read its usage;
@@ -73,11 +75,15 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		}
 		defer release()
 	}
-	body, err := g.readBody(x)
+	err = g.readBody(x)
+	if x.bb != nil {
+		defer x.bb.release()
+	}
 	if err != nil {
 		x.fail(err)
 		return
 	}
+	body := x.bb.b
 	p, err := parseBody(body, ep)
 	if err != nil {
 		x.fail(err)
@@ -101,34 +107,55 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 // readBody reads the whole body (capped), so that a retry can resend it and
 // a slow client never holds an engine's slot. Its deadline is real time:
 // it is a network deadline, whatever clock the gateway judges leases by.
-func (g *Gateway) readBody(x *exchange) ([]byte, *apiError) {
+//
+// The body lands in a pooled buffer (x.bb), which the exchange releases
+// when it ends and each attempt when the transport closes its body.
+func (g *Gateway) readBody(x *exchange) *apiError {
 	limit := g.cfg.MaxBodyBytes
 	if x.r.ContentLength > limit {
-		return nil, errBodyTooLarge(limit)
+		return errBodyTooLarge(limit)
 	}
 	_ = x.rc.SetReadDeadline(time.Now().Add(g.cfg.BodyTimeout))
 	defer func() { _ = x.rc.SetReadDeadline(time.Time{}) }()
 	rd := http.MaxBytesReader(x.w, x.r.Body, limit)
-	var body []byte
 	var err error
 	if n := x.r.ContentLength; n > 0 {
-		body = make([]byte, n)
-		_, err = io.ReadFull(rd, body)
+		x.bb = g.bodies.get(int(n))
+		x.bb.b = x.bb.b[:n]
+		_, err = io.ReadFull(rd, x.bb.b)
 	} else {
-		body, err = io.ReadAll(rd)
+		x.bb = g.bodies.get(0)
+		x.bb.b, err = readAll(rd, x.bb.b)
 	}
-	x.entry.bytesIn = int64(len(body))
+	x.entry.bytesIn = int64(len(x.bb.b))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return nil, errBodyTooLarge(limit)
+		return errBodyTooLarge(limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, &apiError{status: http.StatusRequestTimeout, typ: typeInvalid, code: "body_timeout",
+		return &apiError{status: http.StatusRequestTimeout, typ: typeInvalid, code: "body_timeout",
 			message: fmt.Sprintf("the request body took longer than %s to arrive", g.cfg.BodyTimeout)}
 	case err != nil:
-		return nil, errBadRequest("", "reading the request body: %v", err)
+		return errBadRequest("", "reading the request body: %v", err)
 	}
-	return body, nil
+	return nil
+}
+
+// readAll appends r's bytes to b, as io.ReadAll does into a fresh slice.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // forward sends the request to a replica, retrying on another where that is
@@ -173,7 +200,7 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 		tried = append(tried, lr)
 		x.entry.replica, x.entry.node, x.entry.attempts = lr.ReplicaID, lr.Node, attempt+1
 		epoch := lr.rep.begin()
-		resp, err := g.send(x.r, lr, body)
+		resp, err := g.send(x, lr, body)
 		if err != nil {
 			lr.rep.end(epoch)
 			if x.r.Context().Err() != nil {
@@ -305,15 +332,20 @@ func cleanHeader(h http.Header, drop ...string) http.Header {
 // send makes one attempt. The client's Authorization never goes upstream:
 // it is the client's key to the gateway, and the engine has a key of its
 // own.
-func (g *Gateway) send(r *http.Request, lr *liveRoute, body []byte) (*http.Response, error) {
+func (g *Gateway) send(x *exchange, lr *liveRoute, body []byte) (*http.Response, error) {
+	r := x.r
 	url := lr.URL + r.URL.Path
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, url, bytes.NewReader(body))
+	rd := x.bb.reader(body)
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, url, rd)
 	if err != nil {
+		_ = rd.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	// Only the standard library's own readers get a length by themselves.
+	req.ContentLength = int64(len(body))
 	req.Header = cleanHeader(r.Header, "Authorization", "Content-Length", "Expect", "Cookie")
 	if g.cfg.EngineKey != nil {
 		if k := g.cfg.EngineKey(lr.EngineID); k != "" {
@@ -333,6 +365,9 @@ func discard(resp *http.Response) {
 // bufPool holds the relay buffers: one per request in flight would
 // otherwise be garbage at every request.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// eventEnd ends a server-sent event (engines end lines with "\n").
+var eventEnd = []byte("\n\n")
 
 // maxEvent bounds how much of one server-sent event is held before it is
 // passed on anyway.
@@ -441,6 +476,14 @@ func (g *Gateway) relayEvents(x *exchange, lr *liveRoute, resp *http.Response) {
 			return false
 		}
 		ev = ev[:0]
+		// Events that arrived together leave together: when the next
+		// event is already whole in the buffer, it is written first and
+		// the flush covers both. Nothing waits for bytes still to come.
+		if n := br.Buffered(); n > 0 {
+			if next, _ := br.Peek(n); bytes.Contains(next, eventEnd) {
+				return true
+			}
+		}
 		if x.rc.Flush() != nil {
 			x.gone = true
 			return false
