@@ -114,6 +114,9 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--token-file", tokenFile,
 			"--gossip-key-file", keyFile,
 			"--label", "zone=demo-" + strconv.Itoa(i%2),
+			// The node's own log, which llmgw overview reads; stdout and
+			// stderr (a panic, the gateway's access log) go there too.
+			"--log-file", filepath.Join(dir, name+".log"),
 		}
 		if i > 0 {
 			args = append(args, "--join", first)

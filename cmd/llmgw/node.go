@@ -67,6 +67,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
+		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
 	}, gatewayFlags()...)
 }
@@ -167,7 +168,12 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return usageError(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")))
 	}
-	log := slog.New(slog.NewTextHandler(c.Root().ErrWriter, &slog.HandlerOptions{Level: level}))
+	log, logFile, closeLog, err := nodeLogger(c.Root().ErrWriter, c.String("log-file"), level)
+	if err != nil {
+		return usageError(fromEnv(err.Error()))
+	}
+	defer closeLog()
+	started := time.Now()
 	cfg, err := nodeConfig(c, log)
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
@@ -238,6 +244,14 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if gw != nil {
 		served = serveGateway(gws, gw, ln, node, log)
 	}
+	aliveCtx, stopAlive := context.WithCancel(context.Background())
+	aliveDone := make(chan struct{})
+	go func() {
+		defer close(aliveDone)
+		stamp := aliveStamp(cfg.Name, node.APIAddr(), logFile, c.String("weights-dir"), c.String("simulate-gpus"), started)
+		keepAlive(aliveCtx, datadir.New(cfg.DataDir), stamp, cfg.Clock, aliveEvery, log)
+	}()
+	defer func() { stopAlive(); <-aliveDone }()
 	select {
 	case <-ctx.Done():
 		log.Info("signal received: leaving the cluster")
