@@ -68,7 +68,9 @@ func (r EnginesReader) Read(ctx context.Context, d datadir.Dir, st stamp) Engine
 		e := Engine{Shard: st.ShardID, Model: st.Spec.ServedModelName, Engine: st.Spec.Engine, Deployment: st.Spec.Deployment,
 			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, Port: st.Spec.HTTPPort, PID: st.PID,
 			PIDAlive: alive(st.PID), StartedAt: st.StartedAt, Restarts: st.Restarts}
-		if st.Spec.Model != "" {
+		// Clients ask for the served name (the deployment's); the hub id
+		// stands in only when there is none.
+		if e.Model == "" {
 			e.Model = st.Spec.Model
 		}
 		s.Engines = append(s.Engines, e)

@@ -17,7 +17,7 @@ func Render(f Frame, width int, st Styles) string {
 	if self == "" {
 		self = "this machine"
 	}
-	r.line(st.Title.Render("llmgw overview") + "  " + self + "  " + f.At.Local().Format("15:04:05") + st.Dim.Render("  refreshed every 3s"))
+	r.line(st.Title.Render("llmgw overview") + "  " + self + "  " + f.At.Local().Format("15:04:05"))
 	r.agent(f.Agent)
 	r.peers(f.Peers)
 	r.gpus(f.GPUs)

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/x/term"
+	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/probes/gpu"
+	"github.com/llmgw/llmgw/probes/host"
+	"github.com/llmgw/llmgw/supervisor/datadir"
+	"github.com/llmgw/llmgw/supervisor/overview"
+)
+
+// overviewEvery is how often the full-screen overview reads the machine.
+const overviewEvery = 3 * time.Second
+
+// defaultDataDir is node up's --data-dir default.
+const defaultDataDir = "/var/lib/llmgw"
+
+func overviewCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "overview",
+		Usage: "this machine's own screen, read from the machine alone: the agent's service, peers, GPUs, engines, disks and recent problems (works with the agent down; run with sudo to read everything)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "data-dir", Value: defaultDataDir, Usage: "the node's data dir", Sources: cli.EnvVars("LLMGW_DATA_DIR")},
+			&cli.StringFlag{Name: "weights-dir", Usage: "the weights dir to show (default: the one the agent runs with)", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
+			&cli.StringFlag{Name: "api", Usage: "host:port of the agent's API (default: the one the agent's stamp names, else 127.0.0.1:7070)"},
+			&cli.BoolFlag{Name: "once", Usage: "print one plain-text frame and exit (also what a pipe gets)"},
+		},
+		Action: func(ctx context.Context, c *cli.Command) error {
+			if a := c.String("api"); a != "" {
+				if _, _, err := net.SplitHostPort(a); err != nil {
+					return usageError(fmt.Sprintf("--api %q: want host:port, e.g. 127.0.0.1:7070", a))
+				}
+			}
+			return runOverview(ctx, c.Root().Writer, c.String("data-dir"), c.String("weights-dir"), c.String("api"), c.Bool("once"))
+		},
+	}
+}
+
+// bareAction is what `llmgw` with no arguments does: on a terminal of a
+// machine with a node data dir, the overview; anywhere else the help.
+func bareAction(ctx context.Context, c *cli.Command) error {
+	if c.Args().Len() > 0 {
+		return usageError(fmt.Sprintf("no command %q: see llmgw --help", c.Args().First()))
+	}
+	dir := os.Getenv("LLMGW_DATA_DIR")
+	if dir == "" {
+		dir = defaultDataDir
+	}
+	// A data dir that is root's (0700) still exists: the overview then
+	// says what needs sudo.
+	if _, err := os.Stat(dir); err != nil || !isTerminal(c.Root().Writer) {
+		return cli.ShowAppHelp(c)
+	}
+	return runOverview(ctx, c.Root().Writer, dir, os.Getenv("LLMGW_WEIGHTS_DIR"), "", false)
+}
+
+// runOverview shows the overview of the node in dataDir: full screen on a
+// terminal, or one plain frame with once or into a pipe.
+func runOverview(ctx context.Context, w io.Writer, dataDir, weightsDir, api string, once bool) error {
+	probe := gpu.System()
+	defer probe.Close()
+	o := machineOverview(dataDir, weightsDir, api, probe)
+	if once || !isTerminal(w) {
+		width := 0
+		if f, ok := w.(*os.File); ok && isTerminal(w) {
+			width, _, _ = term.GetSize(f.Fd())
+		}
+		_, err := io.WriteString(w, overview.Render(o.Read(ctx), width, overview.Plain()))
+		return err
+	}
+	m := overviewModel{read: o.Read, styles: overview.Colored(w), every: overviewEvery, keys: "q quit · ↑↓ PgUp PgDn scroll · refreshed every " + overviewEvery.String()}
+	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx), tea.WithOutput(w))
+	if _, err := p.Run(); err != nil && !errors.Is(err, tea.ErrProgramKilled) && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// machineOverview reads this machine: fixed commands through
+// host.ExecRunner, the agent's API on loopback, NVML directly.
+func machineOverview(dataDir, weightsDir, api string, probe gpu.Discoverer) overview.Overview {
+	run := host.ExecRunner{}
+	client := overview.HTTPAPI{Client: &http.Client{Timeout: overview.Timeout}}
+	asRoot := os.Geteuid() == 0
+	return overview.Overview{
+		Dir:   datadir.New(dataDir),
+		Clock: clock.Real(),
+		Agent: overview.AgentReader{Run: run, API: client, Addr: api, Version: version, DataDir: dataDir},
+		Peers: overview.PeersReader{API: client, Addr: api},
+		// Telemetry (utilisation, temperature, power) is left for the
+		// reader probes/gpu is growing; the columns show a dash until then.
+		GPUs:     overview.GPUsReader{GPUs: probe},
+		Engines:  overview.EnginesReader{API: client, Addr: api},
+		Disks:    overview.DisksReader{WeightsDir: weightsDir},
+		Problems: overview.ProblemsReader{Run: run, Root: asRoot},
+		Faults:   overview.FaultsReader{Run: run, Clock: clock.Real(), AsRoot: asRoot},
+	}
+}
+
+// overviewModel is the full-screen view: one frame at a time, read in the
+// background every few seconds, scrolled by the arrows.
+type overviewModel struct {
+	read   func(context.Context) overview.Frame
+	styles overview.Styles
+	every  time.Duration
+	keys   string
+
+	frame         *overview.Frame
+	busy          bool
+	width, height int
+	offset        int
+}
+
+type overviewFrameMsg overview.Frame
+
+type overviewTickMsg struct{}
+
+func (m overviewModel) readCmd() tea.Cmd {
+	return func() tea.Msg { return overviewFrameMsg(m.read(context.Background())) }
+}
+
+func (m overviewModel) tick() tea.Cmd {
+	return tea.Tick(m.every, func(time.Time) tea.Msg { return overviewTickMsg{} })
+}
+
+func (m overviewModel) Init() tea.Cmd { return tea.Batch(m.readCmd(), m.tick()) }
+
+func (m overviewModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case tea.KeyMsg:
+		switch msg.String() {
+		case "q", "Q", "ctrl+c", "esc":
+			return m, tea.Quit
+		case "up", "k":
+			m.offset--
+		case "down", "j":
+			m.offset++
+		case "pgup":
+			m.offset -= max(1, m.height-2)
+		case "pgdown", " ":
+			m.offset += max(1, m.height-2)
+		case "home", "g":
+			m.offset = 0
+		}
+		m.offset = m.clamp(m.offset)
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+		m.offset = m.clamp(m.offset)
+	case overviewFrameMsg:
+		f := overview.Frame(msg)
+		m.frame, m.busy = &f, false
+		m.offset = m.clamp(m.offset)
+	case overviewTickMsg:
+		// One read at a time: a slow machine is read as fast as it
+		// answers, never by a pile of reads.
+		if m.busy || m.frame == nil {
+			return m, m.tick()
+		}
+		m.busy = true
+		return m, tea.Batch(m.readCmd(), m.tick())
+	}
+	return m, nil
+}
+
+// lines is the frame drawn for the window's width.
+func (m overviewModel) lines() []string {
+	if m.frame == nil {
+		return []string{"llmgw overview: reading this machine…"}
+	}
+	return strings.Split(strings.TrimSuffix(overview.Render(*m.frame, m.width, m.styles), "\n"), "\n")
+}
+
+// clamp keeps the scroll within the frame; the last line of the screen is
+// the keys.
+func (m overviewModel) clamp(off int) int {
+	room := max(1, m.height-1)
+	return max(0, min(off, len(m.lines())-room))
+}
+
+func (m overviewModel) View() string {
+	lines := m.lines()
+	room := len(lines)
+	if m.height > 1 {
+		room = m.height - 1
+	}
+	end := min(len(lines), m.offset+room)
+	shown := lines[min(m.offset, end):end]
+	for len(shown) < room {
+		shown = append(shown, "")
+	}
+	return strings.Join(shown, "\n") + "\n" + m.styles.Dim.Render(overview.Cut(m.keys, m.width))
+}
