@@ -35,12 +35,12 @@ func nodeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "node",
 		Usage: "run this machine as a cluster node",
-		Commands: []*cli.Command{{
+		Commands: append([]*cli.Command{{
 			Name:   "up",
 			Usage:  "join (or start) the cluster and serve this node's GPUs",
 			Flags:  nodeFlags(),
 			Action: nodeUp,
-		}},
+		}}, nodeServiceCommands(defaultServiceSetup())...),
 	}
 }
 
