@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
-	"github.com/charmbracelet/x/term"
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/internal/clock"
@@ -74,19 +70,17 @@ func runOverview(ctx context.Context, w io.Writer, dataDir, weightsDir, api stri
 	defer probe.Close()
 	o := machineOverview(dataDir, weightsDir, api, probe)
 	if once || !isTerminal(w) {
-		width := 0
-		if f, ok := w.(*os.File); ok && isTerminal(w) {
-			width, _, _ = term.GetSize(f.Fd())
-		}
-		_, err := io.WriteString(w, overview.Render(o.Read(ctx), width, overview.Plain()))
+		_, err := io.WriteString(w, overview.Render(o.Read(ctx), terminalWidth(w), overview.Plain()))
 		return err
 	}
-	m := overviewModel{read: o.Read, styles: overview.Colored(w), every: overviewEvery, keys: "q quit · ↑↓ PgUp PgDn scroll · refreshed every " + overviewEvery.String()}
-	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx), tea.WithOutput(w))
-	if _, err := p.Run(); err != nil && !errors.Is(err, tea.ErrProgramKilled) && ctx.Err() == nil {
-		return err
-	}
-	return nil
+	st := overview.Colored(w)
+	return runScreen(ctx, w, screenModel{
+		read:  func(ctx context.Context) any { return o.Read(ctx) },
+		draw:  func(v any, width int) string { return overview.Render(v.(overview.Frame), width, st) },
+		dim:   st.Dim,
+		every: overviewEvery, what: "llmgw overview: reading this machine…",
+		keys: "q quit · ↑↓ PgUp PgDn scroll · refreshed every " + overviewEvery.String(),
+	})
 }
 
 // machineOverview reads this machine: fixed commands through
@@ -108,98 +102,4 @@ func machineOverview(dataDir, weightsDir, api string, probe gpu.Discoverer) over
 		Problems: overview.ProblemsReader{Run: run, Root: asRoot},
 		Faults:   overview.FaultsReader{Run: run, Clock: clock.Real(), AsRoot: asRoot},
 	}
-}
-
-// overviewModel is the full-screen view: one frame at a time, read in the
-// background every few seconds, scrolled by the arrows.
-type overviewModel struct {
-	read   func(context.Context) overview.Frame
-	styles overview.Styles
-	every  time.Duration
-	keys   string
-
-	frame         *overview.Frame
-	busy          bool
-	width, height int
-	offset        int
-}
-
-type overviewFrameMsg overview.Frame
-
-type overviewTickMsg struct{}
-
-func (m overviewModel) readCmd() tea.Cmd {
-	return func() tea.Msg { return overviewFrameMsg(m.read(context.Background())) }
-}
-
-func (m overviewModel) tick() tea.Cmd {
-	return tea.Tick(m.every, func(time.Time) tea.Msg { return overviewTickMsg{} })
-}
-
-func (m overviewModel) Init() tea.Cmd { return tea.Batch(m.readCmd(), m.tick()) }
-
-func (m overviewModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
-	switch msg := msg.(type) {
-	case tea.KeyMsg:
-		switch msg.String() {
-		case "q", "Q", "ctrl+c", "esc":
-			return m, tea.Quit
-		case "up", "k":
-			m.offset--
-		case "down", "j":
-			m.offset++
-		case "pgup":
-			m.offset -= max(1, m.height-2)
-		case "pgdown", " ":
-			m.offset += max(1, m.height-2)
-		case "home", "g":
-			m.offset = 0
-		}
-		m.offset = m.clamp(m.offset)
-	case tea.WindowSizeMsg:
-		m.width, m.height = msg.Width, msg.Height
-		m.offset = m.clamp(m.offset)
-	case overviewFrameMsg:
-		f := overview.Frame(msg)
-		m.frame, m.busy = &f, false
-		m.offset = m.clamp(m.offset)
-	case overviewTickMsg:
-		// One read at a time: a slow machine is read as fast as it
-		// answers, never by a pile of reads.
-		if m.busy || m.frame == nil {
-			return m, m.tick()
-		}
-		m.busy = true
-		return m, tea.Batch(m.readCmd(), m.tick())
-	}
-	return m, nil
-}
-
-// lines is the frame drawn for the window's width.
-func (m overviewModel) lines() []string {
-	if m.frame == nil {
-		return []string{"llmgw overview: reading this machine…"}
-	}
-	return strings.Split(strings.TrimSuffix(overview.Render(*m.frame, m.width, m.styles), "\n"), "\n")
-}
-
-// clamp keeps the scroll within the frame; the last line of the screen is
-// the keys.
-func (m overviewModel) clamp(off int) int {
-	room := max(1, m.height-1)
-	return max(0, min(off, len(m.lines())-room))
-}
-
-func (m overviewModel) View() string {
-	lines := m.lines()
-	room := len(lines)
-	if m.height > 1 {
-		room = m.height - 1
-	}
-	end := min(len(lines), m.offset+room)
-	shown := lines[min(m.offset, end):end]
-	for len(shown) < room {
-		shown = append(shown, "")
-	}
-	return strings.Join(shown, "\n") + "\n" + m.styles.Dim.Render(overview.Cut(m.keys, m.width))
 }

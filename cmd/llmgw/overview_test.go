@@ -22,13 +22,14 @@ func TestOverviewKeys(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("bad-%02d.json: corrupt", i))
 	}
 	frame := overview.Frame{At: time.Now(), Engines: overview.EnginesSection{Bad: lines}}
-	m := overviewModel{read: func(context.Context) overview.Frame { return frame }, styles: overview.Plain(), every: time.Hour, keys: "q quit"}
+	m := screenModel{read: func(context.Context) any { return frame }, draw: func(v any, w int) string { return overview.Render(v.(overview.Frame), w, overview.Plain()) },
+		every: time.Hour, what: "reading this machine", keys: "q quit"}
 	var tm tea.Model = m
 	tm, _ = tm.Update(tea.WindowSizeMsg{Width: 80, Height: 20})
 	if v := tm.View(); !strings.Contains(v, "reading this machine") {
 		t.Errorf("before the first frame: %q", v)
 	}
-	tm, _ = tm.Update(overviewFrameMsg(frame))
+	tm, _ = tm.Update(screenDataMsg{frame})
 	if v := tm.View(); !strings.HasPrefix(v, "llmgw overview") || strings.Count(v, "\n") != 19 {
 		t.Errorf("first screen (%d lines):\n%s", strings.Count(v, "\n")+1, v)
 	}
@@ -54,9 +55,9 @@ func TestOverviewKeys(t *testing.T) {
 		t.Error("q does not quit")
 	}
 	// A tick while a read is in flight starts no second read.
-	mm := tm.(overviewModel)
+	mm := tm.(screenModel)
 	mm.busy = true
-	if _, cmd := mm.Update(overviewTickMsg{}); cmd == nil {
+	if _, cmd := mm.Update(screenTickMsg{}); cmd == nil {
 		t.Error("the tick stopped")
 	}
 }

@@ -7,13 +7,16 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/charmbracelet/x/term"
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/overview"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -35,7 +38,7 @@ func topCommand() *cli.Command {
 				return err
 			}
 			w := c.Root().Writer
-			draw := func(snap topSnapshot) error {
+			draw := func(snap topSnapshot, width int, st overview.Styles) error {
 				if c.Bool("json") {
 					// One object per frame (JSON lines when refreshed).
 					frame := map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards, "gateway": snap.gateway}
@@ -44,7 +47,7 @@ func topCommand() *cli.Command {
 					}
 					return printJSON(w, frame)
 				}
-				renderTop(w, cl.base, snap, time.Now())
+				renderTop(w, cl.base, snap, time.Now(), width, st)
 				return nil
 			}
 			if c.Bool("once") {
@@ -52,11 +55,32 @@ func topCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return draw(snap)
+				return draw(snap, terminalWidth(w), overview.Plain())
 			}
-			// On a terminal each frame replaces the last; into a pipe or
-			// a file, frames follow one another.
-			clear := isTerminal(w) && !c.Bool("json")
+			// On a terminal, a full screen redrawn in place (q quits);
+			// into a pipe or a file, frames follow one another.
+			if isTerminal(w) && !c.Bool("json") {
+				st := overview.Colored(w)
+				return runScreen(ctx, w, screenModel{
+					read: func(ctx context.Context) any {
+						snap, err := fetchTop(ctx, cl)
+						return topRead{snap, err}
+					},
+					draw: func(v any, width int) string {
+						r := v.(topRead)
+						var b strings.Builder
+						if r.err != nil {
+							// The node may be restarting: say so and keep asking.
+							fmt.Fprintf(&b, "llmgw top: %v (retrying every %s)\n", r.err, interval)
+						} else {
+							renderTop(&b, cl.base, r.snap, time.Now(), width, st)
+						}
+						return b.String()
+					},
+					dim: st.Dim, every: interval, what: "llmgw top: asking " + cl.base + "…",
+					keys: "q quit · ↑↓ PgUp PgDn scroll · every " + interval.String(),
+				})
+			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
@@ -64,15 +88,12 @@ func topCommand() *cli.Command {
 				if ctx.Err() != nil {
 					return nil
 				}
-				if clear {
-					fmt.Fprint(w, "\x1b[H\x1b[2J")
-				} else if !c.Bool("json") {
+				if !c.Bool("json") {
 					fmt.Fprintln(w)
 				}
 				if err != nil {
-					// The node may be restarting: say so and keep asking.
 					fmt.Fprintf(c.Root().ErrWriter, "llmgw top: %v (retrying every %s)\n", err, interval)
-				} else if err := draw(snap); err != nil {
+				} else if err := draw(snap, 0, overview.Plain()); err != nil {
 					return err
 				}
 				select {
@@ -83,6 +104,12 @@ func topCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// topRead is one read of the cluster for the full screen.
+type topRead struct {
+	snap topSnapshot
+	err  error
 }
 
 // topSnapshot is what one frame shows: the cluster as the asked node sees
@@ -118,42 +145,48 @@ func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
 	return s, nil
 }
 
-// renderTop writes one frame. Load figures come from each engine's own
-// /metrics as its node last scraped them, carried in the node records; a
-// dash means no valid reading yet (or a rate right after an engine
-// restart, whose counters started over). REQ/S and TTFB are the asked
-// node's gateway's own: requests that came in through other nodes'
-// gateways are not in them.
-func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
+// renderTop writes one frame, every line cut to width columns (0: no
+// limit), long reasons with an ellipsis. Load figures come from each
+// engine's own /metrics as its node last scraped them, carried in the node
+// records (LOAD AGE says how old); a dash means no valid reading yet (or a
+// rate right after an engine restart, whose counters started over). REQ/S
+// and TTFB are the asked node's gateway's own: requests that came in
+// through other nodes' gateways are not in them.
+func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int, st overview.Styles) {
 	alive, ready := 0, 0
 	for _, m := range s.cluster.Members {
 		if m.State == gossip.StateAlive {
 			alive++
 		}
 	}
-	for _, sh := range s.shards {
+	shards := oneRowPerShard(s.shards)
+	for _, sh := range shards {
 		if sh.Status == gossip.ShardReady {
 			ready++
 		}
 	}
-	fmt.Fprintf(w, "llmgw top  %s  via %s (%s)  nodes %d/%d alive  models %d  shards %d/%d ready\n\n",
-		now.Format("15:04:05"), s.cluster.Self, addr, alive, len(s.cluster.Members), len(s.models), ready, len(s.shards))
+	line := func(text string) { fmt.Fprintln(w, overview.Cut(text, width)) }
+	// The counts first: a narrow screen cuts the end of the line.
+	line(fmt.Sprintf("%s  %s  nodes %d/%d alive  models %d  shards %d/%d ready  via %s (%s)",
+		st.Title.Render("llmgw top"), now.Format("15:04:05"), alive, len(s.cluster.Members), len(s.models), ready, len(shards), s.cluster.Self, addr))
+	line("")
 
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tGPU MEMORY\tSHARDS\tXID (1h)\tRUNTIME\tAGE")
+	// The window the nodes count Xids in (the agents' default).
+	nodes := overview.Table{Head: []string{"NODE", "STATE", "GPUS", "GPU MEMORY", "SHARDS", "XID (" + overview.Ago(host.DefaultFaultWindow) + ")", "RUNTIME", "AGE"}, Flex: 2}
 	for _, m := range s.cluster.Members {
 		age := "-"
 		if !m.StartedAt.IsZero() {
 			age = shortDuration(now.Sub(m.StartedAt))
 		}
-		faults := "-"
+		faults := overview.C("-")
 		if m.Probes.DriverFaultsRecent > 0 {
-			faults = fmt.Sprint(m.Probes.DriverFaultsRecent)
+			faults = overview.S(fmt.Sprint(m.Probes.DriverFaultsRecent), st.Bad)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.Name, m.State, gpuSummary(m.GPUs), gpuMemory(m.GPUs), len(m.Shards), faults, dash(m.Runtime), age)
+		nodes.Rows = append(nodes.Rows, []overview.Cell{overview.C(m.Name), stateCell(string(m.State), st), overview.C(gpuSummary(m.GPUs)), overview.C(gpuMemory(m.GPUs)),
+			overview.C(fmt.Sprint(len(m.Shards))), faults, overview.C(dash(m.Runtime)), overview.C(age)})
 	}
-	tw.Flush()
-	fmt.Fprintln(w)
+	fmt.Fprint(w, nodes.Render(width, "", st))
+	line("")
 
 	// Per model: the sum over its shards with a load reading (engines
 	// are scraped only while ready); KV cache is their mean.
@@ -163,7 +196,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		rates                             bool
 	}
 	per := map[string]*sum{}
-	for _, sh := range s.shards {
+	for _, sh := range shards {
 		m := per[sh.Deployment]
 		if m == nil {
 			m = &sum{}
@@ -188,15 +221,15 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		for _, ms := range s.gateway.Models {
 			traffic[ms.Model] = ms
 		}
-		fmt.Fprintf(w, "REQ/S and P50/P99 TTFB (time to first byte): last %s, as seen by %s's gateway", windowText(s.gateway.Window), s.gateway.Node)
+		text := fmt.Sprintf("REQ/S, P50 and P99 time to first byte: last %s, as seen by %s's gateway", windowText(s.gateway.Window), s.gateway.Node)
 		if s.gateway.URL != "" {
-			fmt.Fprintf(w, " (%s)", s.gateway.URL)
+			text += fmt.Sprintf(" (%s)", s.gateway.URL)
 		}
-		fmt.Fprintln(w)
+		line(text)
 	} else {
-		fmt.Fprintf(w, "REQ/S and TTFB blank: %v\n", s.gatewayErr)
+		line(fmt.Sprintf("REQ/S and TTFB blank: %v", s.gatewayErr))
 	}
-	fmt.Fprintln(tw, "MODEL\tREADY\tREQ/S\tP50 TTFB\tP99 TTFB\tRUNNING\tWAITING\tKV CACHE\tPROMPT TOK/S\tGEN TOK/S\tWHY")
+	models := overview.Table{Head: []string{"MODEL", "READY", "REQ/S", "P50", "P99", "RUN", "WAIT", "KV", "PROMPT/S", "GEN/S", "WHY"}, Flex: -1, MinFlex: 12}
 	for _, d := range s.models {
 		m := per[d.Name]
 		if m == nil {
@@ -218,30 +251,103 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
 		if m.kvN > 0 {
 			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, rate, p50, p99, run, wait, kv, prompt, gen, dash(strings.Join(d.Why, "; ")))
+		readyCell := overview.S(fmt.Sprintf("%d/%d", d.Ready, d.Replicas), st.OK)
+		switch {
+		case d.Ready == 0 && d.Replicas > 0:
+			readyCell.Style = &st.Bad
+		case d.Ready < d.Replicas:
+			readyCell.Style = &st.Warn
+		}
+		models.Rows = append(models.Rows, []overview.Cell{overview.C(d.Name), readyCell, overview.C(rate), overview.C(p50), overview.C(p99), overview.C(run), overview.C(wait),
+			overview.C(kv), overview.C(prompt), overview.C(gen), overview.C(dash(strings.Join(d.Why, "; ")))})
 	}
-	tw.Flush()
-	fmt.Fprintln(w)
+	fmt.Fprint(w, models.Render(width, "", st))
+	line("")
 
-	shards := append([]status.ShardInfo(nil), s.shards...)
-	sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
-	fmt.Fprintln(tw, "SHARD\tNODE\tGPUS\tSTATUS\tLEASE\tRUNNING\tWAITING\tKV CACHE\tGEN TOK/S\tRESTARTS")
+	table := overview.Table{Head: []string{"SHARD", "NODE", "GPUS", "STATUS", "LEASE", "RUN", "WAIT", "KV", "GEN/S", "LOAD AGE", "RESTARTS"}, Flex: 1, MinFlex: 8}
 	for _, sh := range shards {
 		l := sh.Load
-		run, wait, kv, gen := "-", "-", "-", "-"
+		run, wait, kv, gen, age := "-", "-", "-", "-", "-"
 		if !l.ScrapedAt.IsZero() && l.Error == "" {
 			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
 			if l.RatesValid {
 				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
 			}
+			age = overview.Ago(now.Sub(l.ScrapedAt))
 		}
-		status := string(sh.Status)
+		status := stateCell(string(sh.Status), st)
 		if sh.Draining {
-			status += " (draining)"
+			status.Text += " (draining)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", sh.ShardID, dash(sh.Node), ints(sh.GPUs), dash(status), sh.Lease, run, wait, kv, gen, sh.Restarts)
+		table.Rows = append(table.Rows, []overview.Cell{overview.C(sh.ShardID), overview.C(dash(sh.Node)), overview.C(ints(sh.GPUs)), status, stateCell(string(sh.Lease), st),
+			overview.C(run), overview.C(wait), overview.C(kv), overview.C(gen), overview.C(age), overview.C(fmt.Sprint(sh.Restarts))})
 	}
-	tw.Flush()
+	fmt.Fprint(w, table.Render(width, "", st))
+}
+
+// oneRowPerShard keeps, of the copies of one engine (a shard at one spec
+// version), the one that matters: a shard that moved is still listed by
+// its old holder until that node stops it, and two rows for it read as
+// two replicas. The copy that serves wins (valid, then starting), then the
+// one the plan counts on. Copies at other spec versions (a rolling update)
+// are other engines and keep their rows.
+func oneRowPerShard(in []status.ShardInfo) []status.ShardInfo {
+	rank := func(s status.ShardInfo) int {
+		r := 0
+		switch s.Lease {
+		case placement.LeaseValid:
+			r = 4
+		case placement.LeaseStarting:
+			r = 2
+		}
+		if s.Reason == "" {
+			r++
+		}
+		return r
+	}
+	best := map[string]int{}
+	var out []status.ShardInfo
+	for _, s := range in {
+		k := s.ShardID + "\x00" + s.SpecVersion
+		if i, ok := best[k]; ok {
+			if rank(s) > rank(out[i]) {
+				out[i] = s
+			}
+			continue
+		}
+		best[k] = len(out)
+		out = append(out, s)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ShardID < out[j].ShardID })
+	return out
+}
+
+// stateCell colours a node, shard or lease state by what it means.
+func stateCell(state string, st overview.Styles) overview.Cell {
+	switch state {
+	case "alive", "ready", "valid":
+		return overview.S(state, st.OK)
+	case "suspect", "starting", "pending", "stopping", "backoff":
+		return overview.S(state, st.Warn)
+	case "dead", "left", "crashed", "lapsed", "unplaced":
+		return overview.S(state, st.Bad)
+	case "":
+		return overview.C("-")
+	}
+	return overview.C(state)
+}
+
+// terminalWidth is w's width when it is a terminal, else 0 (no limit).
+func terminalWidth(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok || !isTerminal(w) {
+		return 0
+	}
+	width, _, err := term.GetSize(f.Fd())
+	if err != nil {
+		return 0
+	}
+	return width
 }
 
 // ttfbText writes a time to first byte as "0.4ms", "35ms" or "1.25s"; a

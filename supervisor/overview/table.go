@@ -26,8 +26,10 @@ func Plain() Styles {
 }
 
 // Colored draws for the terminal w, in the colours it supports.
-func Colored(w io.Writer) Styles {
-	r := lipgloss.NewRenderer(w)
+func Colored(w io.Writer) Styles { return StylesFor(lipgloss.NewRenderer(w)) }
+
+// StylesFor draws with r's colour profile.
+func StylesFor(r *lipgloss.Renderer) Styles {
 	return Styles{
 		Title: r.NewStyle().Bold(true),
 		Head:  r.NewStyle().Bold(true).Foreground(lipgloss.AdaptiveColor{Light: "238", Dark: "252"}),
