@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -78,9 +77,8 @@ func (s tmuxSession) waitGone(within time.Duration) {
 // buildLlmgw builds this command into dir: tmux runs it as a program.
 func buildLlmgw(t *testing.T, dir string) string {
 	t.Helper()
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	bin := filepath.Join(dir, "llmgw")
-	cmd := exec.Command(goTool, "build", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
