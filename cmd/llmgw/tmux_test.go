@@ -87,7 +87,7 @@ func buildLlmgw(t *testing.T, dir string) string {
 }
 
 // A real node (a child process, simulated GPUs, the fake engine) seen
-// through tmux: the overview shows its engine and GPUs; with the agent
+// through tmux: the overview (a bare llmgw on the terminal) shows its engine and GPUs; with the agent
 // killed, its engine still runs and the overview says so; q leaves. And
 // `llmgw top` at 80 columns draws its header on one row.
 func TestOverviewAndTopInTmux(t *testing.T) {
@@ -156,7 +156,8 @@ func TestOverviewAndTopInTmux(t *testing.T) {
 	top.waitGone(10 * time.Second)
 
 	// The overview of the node: its engine and its GPUs.
-	ov := newTmux(t, socket, "overview", 120, 60, bin+" overview --data-dir "+dataDir)
+	// A bare llmgw on a terminal, with the node's data dir.
+	ov := newTmux(t, socket, "overview", 120, 60, "LLMGW_DATA_DIR="+dataDir+" "+bin)
 	ov.waitScreen(20*time.Second, "the overview shows the engine and the GPUs",
 		"Engines", "chat-0", "alive", "valid", "H100 80GB", "simulated", "answers")
 

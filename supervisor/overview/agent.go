@@ -109,7 +109,11 @@ type stampView struct {
 // Read reads the agent section.
 func (r AgentReader) Read(ctx context.Context, st stamp, now time.Time) AgentSection {
 	s := AgentSection{Version: r.Version, DataDir: r.DataDir}
-	s.ActiveState, s.SubState, s.ActiveSince, s.ServiceNote = r.service(ctx)
+	// A share of the bound each for systemd and the API, so that one
+	// hanging still leaves the other's answer on the screen.
+	sctx, cancel := part(ctx, 0.45)
+	s.ActiveState, s.SubState, s.ActiveSince, s.ServiceNote = r.service(sctx)
+	cancel()
 
 	switch {
 	case st.found:
@@ -163,6 +167,9 @@ func (r AgentReader) service(ctx context.Context) (active, sub string, since tim
 		return "", "", time.Time{}, "no systemd on this machine (systemctl not found)"
 	}
 	out, err := r.Run.Run(ctx, "systemctl", "show", ServiceName, "-p", "LoadState,ActiveState,SubState,ActiveEnterTimestamp")
+	if ctx.Err() != nil {
+		return "", "", time.Time{}, "systemd does not answer (systemctl show ran past its bound)"
+	}
 	if err != nil && len(out) == 0 {
 		return "", "", time.Time{}, "systemd does not answer: " + shortErr(err)
 	}

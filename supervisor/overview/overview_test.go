@@ -76,7 +76,8 @@ func TestReadWholeMachine(t *testing.T) {
 func TestReadWithHungSources(t *testing.T) {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	o, _ := machine(t, &fakeAPI{hang: true}, snapGPUs{hang: release})
+	o, run := machine(t, &fakeAPI{hang: true}, snapGPUs{hang: release})
+	run.hang = map[string]bool{systemctlShow: true}
 	done := make(chan Frame, 1)
 	go func() { done <- o.Read(context.Background()) }()
 	var f Frame
@@ -88,8 +89,8 @@ func TestReadWithHungSources(t *testing.T) {
 	if f.GPUs.Note != "NVML does not answer" {
 		t.Errorf("GPUs = %+v", f.GPUs)
 	}
-	if f.Agent.APIErr == "" || f.Agent.ActiveState != "active" {
-		t.Errorf("agent = %+v", f.Agent)
+	if f.Agent.APIErr == "" || f.Agent.Note != "" || !strings.Contains(f.Agent.ServiceNote, "systemd does not answer") || f.Agent.Stamp == nil {
+		t.Errorf("agent = %+v, want systemd and the API each said not to answer, and the stamp shown", f.Agent)
 	}
 	if len(f.Engines.Engines) != 2 || !f.Engines.Engines[0].PIDAlive {
 		t.Errorf("engines = %+v", f.Engines)

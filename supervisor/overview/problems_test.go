@@ -42,7 +42,8 @@ func TestProblemsJournalUnreadable(t *testing.T) {
 		t.Errorf("section = %+v", s)
 	}
 	out := Render(Frame{At: t0, Problems: s}, 0, Plain())
-	if !strings.Contains(out, "Run with sudo to read the agent's journal") {
+	if !strings.Contains(out, "Run with sudo to read the agent's journal") || !strings.Contains(out, "run with sudo to read the agent's warnings") ||
+		strings.Contains(out, "no warnings or errors") {
 		t.Errorf("frame:\n%s", out)
 	}
 	// journalctl failing for another reason says so.
@@ -123,5 +124,8 @@ func TestFaultsDmesgRestricted(t *testing.T) {
 	p.addFaults(f, t0)
 	if len(p.NeedsRoot) != 1 || p.NeedsRoot[0] != "the kernel log" {
 		t.Errorf("section = %+v", p)
+	}
+	if out := Render(Frame{At: t0, Problems: p}, 0, Plain()); !strings.Contains(out, "run with sudo to read the kernel log") || strings.Contains(out, "dmesg -T: none") {
+		t.Errorf("frame:\n%s", out)
 	}
 }

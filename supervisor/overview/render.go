@@ -214,7 +214,10 @@ func (r renderer) engines(e EnginesSection) {
 	if e.Note != "" {
 		r.warn(e.Note)
 	}
-	if len(e.Engines) == 0 && e.Note == "" {
+	switch {
+	case len(e.Engines) == 0 && e.NeedsRoot:
+		r.warn("run with sudo to read the shard state files")
+	case len(e.Engines) == 0 && e.Note == "":
 		r.note("none on this machine")
 	}
 	if len(e.Engines) > 0 {
@@ -284,6 +287,8 @@ func (r renderer) problems(p ProblemsSection) {
 	switch {
 	case p.Note != "":
 		r.note(p.Note)
+	case len(p.Lines) == 0 && agentRoot(p.NeedsRoot):
+		r.warn("run with sudo to read the agent's warnings")
 	case len(p.Lines) == 0:
 		r.line("  " + r.st.OK.Render("no warnings or errors from the agent"))
 	}
@@ -302,6 +307,8 @@ func (r renderer) problems(p ProblemsSection) {
 		what += ", " + p.FaultSource
 	}
 	switch {
+	case slices.Contains(p.NeedsRoot, "the kernel log"):
+		r.line("  " + what + ": " + r.st.Warn.Render("run with sudo to read the kernel log"))
 	case p.FaultNote != "":
 		r.line("  " + what + ": " + r.st.Dim.Render(p.FaultNote))
 	case len(p.Faults) == 0:
@@ -312,6 +319,16 @@ func (r renderer) problems(p ProblemsSection) {
 			r.line("    " + r.st.Bad.Render(l))
 		}
 	}
+}
+
+// agentRoot reports whether the agent's own log is among what needs root.
+func agentRoot(what []string) bool {
+	for _, w := range what {
+		if strings.HasPrefix(w, "the agent's") {
+			return true
+		}
+	}
+	return false
 }
 
 // Ago is a duration as people say it: 3d4h, 2h15m, 4m10s, 15m, 40s.

@@ -77,6 +77,20 @@ func TestEnginesNeedRoot(t *testing.T) {
 	}
 }
 
+// What a user without root sees in place of a section it cannot read.
+func TestSectionsThatNeedRootSaySo(t *testing.T) {
+	f := Frame{At: t0, Engines: EnginesSection{NeedsRoot: true}, Peers: PeersSection{NeedsRoot: true, Note: "node.json is root's"}}
+	out := Render(f, 0, Plain())
+	for _, want := range []string{"run with sudo to read the shard state files", "Run with sudo to read node.json (the remembered peers), the shard state files."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("frame lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "none on this machine") {
+		t.Errorf("unreadable engines shown as none:\n%s", out)
+	}
+}
+
 // h200Snapshot is what probes/gpu reads from the H200 of the fixtures,
 // and h200Telemetry what NVML said of its work then.
 func h200Fixture(t *testing.T) (gpu.Snapshot, GPUReading) {
