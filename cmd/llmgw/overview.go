@@ -96,9 +96,9 @@ func machineOverview(dataDir, weightsDir, api string, probe gpu.Discoverer) over
 		Peers: overview.PeersReader{API: client, Addr: api},
 		// Telemetry (utilisation, temperature, power) is left for the
 		// reader probes/gpu is growing; the columns show a dash until then.
-		GPUs:     overview.GPUsReader{GPUs: probe},
+		GPUs:     overview.GPUsReader{GPUs: overview.OneAtATime(probe)},
 		Engines:  overview.EnginesReader{API: client, Addr: api},
-		Disks:    overview.DisksReader{WeightsDir: weightsDir},
+		Disks:    overview.DisksReader{WeightsDir: weightsDir, Statfs: overview.OneStatfsAtATime(overview.Statfs)},
 		Problems: overview.ProblemsReader{Run: run, Root: asRoot},
 		Faults:   overview.FaultsReader{Run: run, Clock: clock.Real(), AsRoot: asRoot},
 	}
