@@ -91,3 +91,37 @@ func TestLocalAddr(t *testing.T) {
 		}
 	}
 }
+
+// Under systemd (stderr is the stream JOURNAL_STREAM names) node up's
+// logger marks each line's priority; elsewhere it writes plain lines.
+func TestNodeLoggerMarksPrioritiesOnlyForTheJournal(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("JOURNAL_STREAM", fmt.Sprintf("%d:%d", st.Dev, st.Ino))
+	log, path, closeLog, err := nodeLogger(f, "", slog.LevelInfo)
+	if err != nil || path != "" {
+		t.Fatal(err, path)
+	}
+	log.Warn("disk low")
+	closeLog()
+	b, _ := os.ReadFile(f.Name())
+	if !strings.HasPrefix(string(b), "<4>time=") {
+		t.Errorf("journal line = %q", b)
+	}
+	var plain bytes.Buffer
+	log, _, _, _ = nodeLogger(&plain, "", slog.LevelInfo)
+	log.Warn("disk low")
+	if !strings.HasPrefix(plain.String(), "time=") {
+		t.Errorf("plain line = %q", plain.String())
+	}
+	if _, _, _, err := nodeLogger(&plain, filepath.Join(t.TempDir(), "no", "such", "dir", "x.log"), slog.LevelInfo); err == nil || !strings.Contains(err.Error(), "--log-file") {
+		t.Errorf("bad --log-file: %v", err)
+	}
+}
