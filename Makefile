@@ -39,10 +39,12 @@ sdk:
 race:
 	$(GO) test -race -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
 
-# Benchmarks: placement at scale, gossip propagation, runtime start-up and
-# the API under load. Benchmarks here are noisy: -count gives medians.
+# Benchmarks: placement at scale, gossip propagation, runtime start-up, the
+# API under load, the gateway's cost; then the routing policies compared,
+# once (each takes two minutes of fake engines). Benchmarks here are noisy: -count gives medians.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
+	$(GO) test -run '^$$' -bench . -skip Policies -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
+	$(GO) test -run '^$$' -bench Policies -benchtime 1x -timeout 30m ./supervisor/gateway/
 
 run: build
 	$(BIN) demo up --dir $(DEMO)

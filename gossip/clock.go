@@ -203,5 +203,6 @@ func (p *pingDelegate) NotifyPingComplete(other *memberlist.Node, rtt time.Durat
 	if !p.c.ready.Load() || other == nil || other.Name == p.c.cfg.Name {
 		return
 	}
+	p.c.heard()
 	p.c.sampleClock(other.Name, rtt, payload)
 }

@@ -173,6 +173,8 @@ type Cluster struct {
 	ready atomic.Bool
 	// bigThreshold: messages above it go by SendReliable.
 	bigThreshold int
+	// lastHeard is when a peer was last heard, Unix ns (contact.go).
+	lastHeard atomic.Int64
 }
 
 type memberInfo struct {
@@ -282,7 +284,7 @@ func (c *Cluster) Address() string { return c.ml.LocalNode().Address() }
 func (c *Cluster) Join(addrs []string) (int, error) {
 	n, err := c.ml.Join(addrs)
 	if err != nil && n == 0 {
-		return 0, fmt.Errorf("join %v: %w", addrs, err)
+		return 0, joinError(addrs, err)
 	}
 	return n, nil
 }
@@ -969,6 +971,7 @@ func (d *delegate) NotifyMsg(b []byte) {
 	if !d.c.ready.Load() {
 		return
 	}
+	d.c.heard()
 	// memberlist reuses b after we return: copy before keeping anything.
 	d.c.receive(append([]byte(nil), b...), true)
 }
@@ -995,6 +998,7 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	if !d.c.ready.Load() {
 		return
 	}
+	d.c.heard()
 	d.c.receive(append([]byte(nil), buf...), false)
 }
 

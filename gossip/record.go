@@ -24,14 +24,19 @@ func (v Version) Newer(o Version) bool {
 
 // ShardLoad is an engine's load as last scraped by its node.
 type ShardLoad struct {
-	Running       float64   `json:"running"`
-	Waiting       float64   `json:"waiting"`
-	KVCacheUsage  float64   `json:"kv_cache_usage"`
-	PromptTPS     float64   `json:"prompt_tokens_per_s"`
-	GenerationTPS float64   `json:"generation_tokens_per_s"`
-	RatesValid    bool      `json:"rates_valid"`
-	ScrapedAt     time.Time `json:"scraped_at,omitzero"`
-	Error         string    `json:"error,omitempty"`
+	Running       float64 `json:"running"`
+	Waiting       float64 `json:"waiting"`
+	KVCacheUsage  float64 `json:"kv_cache_usage"`
+	PromptTPS     float64 `json:"prompt_tokens_per_s"`
+	GenerationTPS float64 `json:"generation_tokens_per_s"`
+	RatesValid    bool    `json:"rates_valid"`
+	// PrefixHitRate (0-1) is the share of prompt tokens the engine's prefix
+	// cache held since the previous scrape, out of PrefixQueriesPS looked
+	// up per second.
+	PrefixHitRate   float64   `json:"prefix_cache_hit_rate,omitempty"`
+	PrefixQueriesPS float64   `json:"prefix_cache_queries_per_s,omitempty"`
+	ScrapedAt       time.Time `json:"scraped_at,omitzero"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // ShardStatus is what a shard's engine is doing on its holder.
@@ -85,11 +90,55 @@ type ShardRecord struct {
 
 // ProbeSummary is what the node's probes found worth telling the cluster.
 type ProbeSummary struct {
-	DriverFaultsRecent int    `json:"driver_faults_recent,omitempty"`
-	DriverFaultsBoot   int    `json:"driver_faults_boot,omitempty"`
-	LastDriverFault    string `json:"last_driver_fault,omitempty"`
-	GPUDriver          string `json:"gpu_driver,omitempty"`
-	GPUsSimulated      bool   `json:"gpus_simulated,omitempty"`
+	// DriverFaultsRecent and DriverFaultsBoot count driver faults (Xid
+	// lines and NVRM errors such as NV_ERR_*, not the driver's notices)
+	// in the node's fault window and since boot; XidRecent the Xids among
+	// the recent ones. LastDriverFault is the newest fault line (at most
+	// MaxFaultLine bytes) and LastDriverFaultAt when the kernel logged it.
+	DriverFaultsRecent int       `json:"driver_faults_recent,omitempty"`
+	DriverFaultsBoot   int       `json:"driver_faults_boot,omitempty"`
+	XidRecent          int       `json:"xid_recent,omitempty"`
+	LastDriverFault    string    `json:"last_driver_fault,omitempty"`
+	LastDriverFaultAt  time.Time `json:"last_driver_fault_at,omitzero"`
+	GPUDriver          string    `json:"gpu_driver,omitempty"`
+	GPUsSimulated      bool      `json:"gpus_simulated,omitempty"`
+}
+
+// MaxFaultLine bounds ProbeSummary.LastDriverFault.
+const MaxFaultLine = 300
+
+// Telemetry is what a node reads that changes at every sample: GPU
+// activity and interconnect rates. It is for people, never for placement
+// (BuildView does not read it), and a node publishes it rounded and at
+// most as often as engine load, so records do not churn with it.
+type Telemetry struct {
+	GPUs  []GPUTelemetry `json:"gpus,omitempty"`
+	Links []LinkRate     `json:"links,omitempty"`
+	// ReadAt is when the node read it, by its own clock.
+	ReadAt time.Time `json:"read_at,omitzero"`
+}
+
+// GPUTelemetry is one GPU's activity, rounded: utilisation to 5 %,
+// temperature to 1 °C, power to 10 W. The No* flags mark readings the
+// driver did not give (a board without a power sensor is not at 0 W).
+type GPUTelemetry struct {
+	Index   int  `json:"index"`
+	UtilPct int  `json:"util_pct"`
+	TempC   int  `json:"temp_c"`
+	PowerW  int  `json:"power_w"`
+	NoUtil  bool `json:"no_util,omitempty"`
+	NoTemp  bool `json:"no_temp,omitempty"`
+	NoPower bool `json:"no_power,omitempty"`
+}
+
+// LinkRate is one RDMA port's traffic in MB/s (10^6 bytes), rounded to
+// 0.1 MB/s; Up is false for a port without a link.
+type LinkRate struct {
+	Device string  `json:"device"`
+	Port   int     `json:"port"`
+	Up     bool    `json:"up"`
+	TxMBps float64 `json:"tx_mb_s"`
+	RxMBps float64 `json:"rx_mb_s"`
 }
 
 // NodeRecord is everything a node tells the cluster about itself. It has a
@@ -113,6 +162,7 @@ type NodeRecord struct {
 	Shards       []ShardRecord     `json:"shards,omitempty"`
 	CachedModels []string          `json:"cached_models,omitempty"`
 	Probes       ProbeSummary      `json:"probes,omitzero"`
+	Telemetry    Telemetry         `json:"telemetry,omitzero"`
 	AgentVersion string            `json:"agent_version"`
 	StartedAt    time.Time         `json:"started_at"`
 	Runtime      string            `json:"runtime,omitempty"`

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/llmgw/llmgw/placement"
 )
@@ -158,6 +159,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 			return bad("labels", "%q=%q, want keys and values of at most %d characters", k, v, maxLabelLen)
 		}
 	}
+	if reason, err := checkProbes(r.Probes, r.Telemetry, bad); err != nil {
+		return reason, err
+	}
 	if len(r.CachedModels) > maxNodeShards {
 		return bad("cached_models", "%d models, at most %d", len(r.CachedModels), maxNodeShards)
 	}
@@ -175,6 +179,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if len(s.GPUs) > maxShardGPUs {
 			return bad(field+".gpus", "%d GPUs, at most %d", len(s.GPUs), maxShardGPUs)
 		}
+		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
+			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
+		}
 		if s.URL != "" {
 			if err := checkEngineURL(s.URL, hosts); err != nil {
 				return bad(field+".url", "%v", err)
@@ -183,6 +190,56 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	}
 	return "", nil
 }
+
+// checkProbes checks what the node's probes say: every count and reading
+// within what hardware can show, and text that is printable (a fault line
+// is drawn on the page and in terminals).
+func checkProbes(p ProbeSummary, t Telemetry, bad func(field, format string, args ...any) (DropReason, error)) (DropReason, error) {
+	if p.DriverFaultsRecent < 0 || p.DriverFaultsBoot < 0 || p.XidRecent < 0 {
+		return bad("probes", "negative driver fault count")
+	}
+	if len(p.LastDriverFault) > MaxFaultLine || !printable(p.LastDriverFault) {
+		return bad("probes.last_driver_fault", "want at most %d printable bytes", MaxFaultLine)
+	}
+	if len(p.GPUDriver) > maxLabelLen || !printable(p.GPUDriver) {
+		return bad("probes.gpu_driver", "want at most %d printable bytes", maxLabelLen)
+	}
+	if len(t.GPUs) > maxNodeGPUs {
+		return bad("telemetry.gpus", "%d GPUs, at most %d", len(t.GPUs), maxNodeGPUs)
+	}
+	seen := map[int]bool{}
+	for _, g := range t.GPUs {
+		if g.Index < 0 || seen[g.Index] {
+			return bad("telemetry.gpus", "index %d is negative or listed twice", g.Index)
+		}
+		seen[g.Index] = true
+		if g.UtilPct < 0 || g.UtilPct > 100 || g.TempC < -100 || g.TempC > 300 || g.PowerW < 0 || g.PowerW > maxGPUWatts {
+			return bad("telemetry.gpus", "GPU %d: utilisation %d%%, %d °C, %d W; want 0-100 %%, -100-300 °C, 0-%d W", g.Index, g.UtilPct, g.TempC, g.PowerW, maxGPUWatts)
+		}
+	}
+	if len(t.Links) > maxNodeLinks {
+		return bad("telemetry.links", "%d links, at most %d", len(t.Links), maxNodeLinks)
+	}
+	for _, l := range t.Links {
+		if l.Device == "" || len(l.Device) > 64 || strings.IndexFunc(l.Device, func(r rune) bool {
+			return !(r == '_' || r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+		}) >= 0 {
+			return bad("telemetry.links", "device %q, want 1-64 letters, digits, '_', '-' or '.'", l.Device)
+		}
+		if l.Port < 0 || l.Port > 1024 || !rate(l.TxMBps) || !rate(l.RxMBps) {
+			return bad("telemetry.links", "%s port %d: %v / %v MB/s, want a port of 0-1024 and rates of 0-%g MB/s", l.Device, l.Port, l.TxMBps, l.RxMBps, maxLinkMBps)
+		}
+	}
+	return "", nil
+}
+
+func printable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
+}
+
+// rate is a finite rate within what any link carries (NaN fails both
+// comparisons).
+func rate(v float64) bool { return v >= 0 && v <= maxLinkMBps }
 
 // checkEngineURL wants http(s)://host:port at one of the holder's hosts.
 func checkEngineURL(raw string, hosts map[string]bool) error {
@@ -222,6 +279,11 @@ const (
 	maxNodeLabels = 64
 	maxLabelLen   = 256
 	maxShardID    = 256
+	maxNodeLinks  = 64
+	// maxGPUWatts and maxLinkMBps are far above any board (about 1 kW)
+	// and any port (800 Gb/s is 100,000 MB/s).
+	maxGPUWatts = 100_000
+	maxLinkMBps = 10_000_000
 )
 
 // maxNodeName bounds a node name; memberlist carries it in every packet.

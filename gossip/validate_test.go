@@ -3,6 +3,7 @@ package gossip
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -233,6 +234,11 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"engine at the gossip host", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://10.0.1.5:8100" })},
 		{"no engine URL yet", rec(func(r *NodeRecord) { r.Shards[0].URL = "" })},
 		{"a gateway over HTTPS", rec(func(r *NodeRecord) { r.Gateway, r.GatewayTLS = "10.0.0.5:8000", true })},
+		{"telemetry and a fault", rec(func(r *NodeRecord) {
+			r.Probes = ProbeSummary{DriverFaultsRecent: 3, DriverFaultsBoot: 9, LastDriverFault: "NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY]"}
+			r.Telemetry = Telemetry{GPUs: []GPUTelemetry{{Index: 0, UtilPct: 100, TempC: 58, PowerW: 690}, {Index: 1, NoPower: true}},
+				Links: []LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 12.5, RxMBps: 0.1}, {Device: "mlx5_1", Port: 1}}}
+		})},
 	}
 	bad := []struct {
 		why, field string
@@ -251,6 +257,18 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a bad API address", "api", rec(func(r *NodeRecord) { r.API = "nowhere" })},
 		{"a bad gateway address", "gateway", rec(func(r *NodeRecord) { r.Gateway = "nowhere" })},
 		{"TLS on no gateway", "gateway_tls", rec(func(r *NodeRecord) { r.GatewayTLS = true })},
+		{"a negative fault count", "probes", rec(func(r *NodeRecord) { r.Probes.DriverFaultsRecent = -1 })},
+		{"a fault line with an escape", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = "NVRM: \x1b[2J" })},
+		{"a fault line too long", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = strings.Repeat("x", MaxFaultLine+1) })},
+		{"utilisation over 100%", "telemetry.gpus", rec(func(r *NodeRecord) { r.Telemetry.GPUs = []GPUTelemetry{{UtilPct: 101}} })},
+		{"telemetry for a GPU twice", "telemetry.gpus", rec(func(r *NodeRecord) { r.Telemetry.GPUs = make([]GPUTelemetry, 2) })},
+		{"a link named with a slash", "telemetry.links", rec(func(r *NodeRecord) { r.Telemetry.Links = []LinkRate{{Device: "../mlx5_0"}} })},
+		{"a NaN rate", "telemetry.links", rec(func(r *NodeRecord) { r.Telemetry.Links = []LinkRate{{Device: "mlx5_0", TxMBps: math.NaN()}} })},
+		{"too many links", "telemetry.links", rec(func(r *NodeRecord) {
+			for i := range maxNodeLinks + 1 {
+				r.Telemetry.Links = append(r.Telemetry.Links, LinkRate{Device: fmt.Sprint("mlx5_", i)})
+			}
+		})},
 		{"too many labels", "labels", rec(func(r *NodeRecord) {
 			r.Labels = map[string]string{}
 			for i := range maxNodeLabels + 1 {

@@ -28,6 +28,11 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		out, err := r.loopVerdict(d, name)
 		return out, time.Time{}, err
 	}
+	if what == "log" {
+		// The node's log file: it need not answer.
+		out, err := r.expectLog(d)
+		return out, time.Time{}, err
+	}
 	only, err := r.onNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
@@ -95,7 +100,7 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		}
 		return strings.Join(lines, "\n"), time.Time{}, nil
 	}
-	return "", time.Time{}, usagef("expect: unknown %q (have models, shards, members, plan-agrees, single-holder, no-orphans, pids-unchanged, plan-diff, request-loop)", what)
+	return "", time.Time{}, usagef("expect: unknown %q (have models, shards, members, plan-agrees, single-holder, no-orphans, pids-unchanged, plan-diff, request-loop, log)", what)
 }
 
 // perNode renders f for every node; when all agree it prints the output

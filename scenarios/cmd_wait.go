@@ -212,13 +212,15 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 		}, nil
 	case "shards-agree":
 		return r.condShardsAgree, wantArgs(0, "no positional arguments")
+	case "isolated":
+		return r.isolatedCondition(args)
 	case "no-orphans":
 		return func([]*node) (bool, string) {
 			ok, detail, _ := r.noOrphans()
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, shards-agree, engines, no-orphans)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, shards-agree, engines, no-orphans, isolated)", name)
 }
 
 // poll evaluates cond until it holds or within passes. The time returned is

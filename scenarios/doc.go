@@ -159,6 +159,15 @@
 // Its counters go to the summary: answered, errors, the share answered
 // when some failed, and how many requests each node served.
 //
+// Whether gateways agree without talking to each other (cmd_affinity.go):
+//
+//	affinity deployment=D via=(NODES) [tenants=8] [rounds=2]
+//	    For each tenant (a long system prompt of its own and a question of
+//	    every request's own), rounds requests through each listed node's
+//	    gateway in turn, one at a time. Prints for how many tenants every
+//	    answer came from one replica (the Llmgw-Replica header); the counts,
+//	    with how many replicas were used, go to the summary.
+//
 // A watch on the engines themselves (cmd_health_loop.go):
 //
 //	health-loop NAME start deployment=D | stop | expect-no-gap
@@ -211,6 +220,9 @@
 //	                            nodes, leases, statuses and draining flags
 //	engines running=N           N engine processes of this run exist (any node, orphans too)
 //	no-orphans                  every engine process runs a shard some node holds
+//	isolated yes|no             /status.json says the node is (or is not) isolated:
+//	                            it has heard no peer for several probe intervals
+//	                            although it expects some
 //
 // serving, restarts and shard read the first observer's /v1/shards;
 // single-holder, engines and no-orphans look at every running node and at
@@ -229,6 +241,8 @@
 //	expect no-orphans
 //	expect request-loop NAME [min-routable=N] [min-success=P%] [before=EVENT]
 //	                                             same as request-loop NAME expect-no-errors
+//	expect log NODE match=TEXT                   how many lines of the node's log (all its
+//	                                             runs) contain TEXT
 //
 // models, shards and members ask every observer (or those in on=); when
 // all answer alike the answer is printed once, else each under "as seen by

@@ -121,12 +121,13 @@ func commandTable() map[string]cmdSpec {
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
 		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by", (*runner).cmdWaitUntil},
-		"expect":       {"on columns since min-routable min-success before", (*runner).cmdExpect},
+		"expect":       {"on columns since min-routable min-success before match", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
 		"request-loop": {"deployment via stream on workers min-routable min-success before after", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
+		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}
 }
 

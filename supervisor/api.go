@@ -141,18 +141,30 @@ func (n *Node) handleCluster(w http.ResponseWriter, r *http.Request) {
 func (n *Node) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec := n.cluster.Local()
 	plan := n.Plan()
-	writeJSON(w, http.StatusOK, map[string]any{
+	body := map[string]any{
 		"name":          n.cfg.Name,
 		"api":           n.APIAddr(),
 		"gossip":        n.cluster.Address(),
 		"profile":       n.cfg.Profile.Name,
 		"version":       n.cfg.Version,
 		"started_at":    n.started,
+		"uptime_s":      n.clock.Now().Sub(n.started).Round(100 * time.Millisecond).Seconds(),
+		"tools":         n.mcpTools(),
 		"record":        rec,
 		"gossip_stats":  n.cluster.Stats(),
 		"assigned_here": plan.ForNode(n.cfg.Name),
 		"lease_ttl":     n.cfg.LeaseTTL.String(),
-	})
+		"isolated":      false,
+	}
+	// Isolated: this node hears no peer although it expects some (see
+	// isolation.go); last_heard is when it last heard one.
+	if since := n.Isolated(); !since.IsZero() {
+		body["isolated"], body["isolated_since"] = true, since
+	}
+	if heard := n.cluster.LastHeard(); !heard.IsZero() {
+		body["last_heard"] = heard
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (n *Node) handleDeployments(w http.ResponseWriter, r *http.Request) {

@@ -25,7 +25,7 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 	defer n.wg.Done()
 	peers = dedupe(peers, n.cluster.Address())
 	backoff := 250 * time.Millisecond
-	warned := false
+	warned, keySaid := false, false
 	if len(peers) == 0 {
 		n.settle("no peers to join: this node starts the cluster")
 	}
@@ -37,10 +37,15 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 			n.settle("joined")
 			break
 		}
+		refused := n.keyMismatch(err, &keySaid)
 		if n.clock.Now().After(giveUp) {
-			n.settle("no peer answered within " + settleTimeout.String() + "; acting on what this node knows")
+			why := "no peer answered within " + settleTimeout.String()
+			if refused {
+				why = "no peer accepted this node's gossip key within " + settleTimeout.String()
+			}
+			n.settle(why + "; acting on what this node knows")
 		}
-		if !warned {
+		if !warned && !refused {
 			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
 			warned = true
 		}

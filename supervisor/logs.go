@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -104,7 +105,7 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	if lp, ok := n.runner.(logPather); ok {
 		if path, ok := lp.LogPath(shard); ok {
-			n.streamLog(w, r, path, tail, follow, caller)
+			n.streamLog(w, r, shard, path, tail, follow, caller)
 			return
 		}
 	}
@@ -114,7 +115,7 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	holder, api := n.holderOf(shard)
 	if holder == "" {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no live node holds shard %q (see llmgw shards)", shard))
+		writeError(w, http.StatusNotFound, n.noLogWhy(shard))
 		return
 	}
 	target, err := url.Parse("http://" + api)
@@ -173,7 +174,7 @@ func (n *Node) holderOf(shard string) (node, api string) {
 	return "", ""
 }
 
-func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, tail int, follow bool, caller string) {
+func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, shard, path string, tail int, follow bool, caller string) {
 	if follow {
 		release, err := n.follows.take(caller)
 		if err != nil {
@@ -183,6 +184,10 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, path string, ta
 		defer release()
 	}
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		writeError(w, http.StatusNotFound, n.noFileWhy(shard))
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusNotFound, "engine log: "+err.Error())
 		return

@@ -96,6 +96,7 @@ func (n *Node) reconcile(ctx context.Context) {
 	now := n.clock.Now()
 	writes := n.writes.Load() // before the read: what it is sure to see
 	members := n.cluster.Members()
+	isolated := n.checkIsolation(now, members)
 	deps := n.cluster.Deployments()
 	view := BuildView(members, deps, now, n.cfg.LeaseTTL)
 	plan := placement.Compute(view)
@@ -117,7 +118,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		members = n.cluster.Members()
 	}
 	n.publish(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
-		Members: members, Deployments: deps, ReconcileTook: time.Since(start)}), writes)
+		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated}), writes)
 }
 
 // publish makes snap what readers see; it saw the first writes deployment
@@ -207,18 +208,25 @@ func (n *Node) gpuLoop(ctx context.Context) {
 		n.mu.Lock()
 		n.gpuSnap = snap
 		n.mu.Unlock()
-		if gpuChanged(n.cluster.Local().GPUs, gpus) || probes != n.cluster.Local().Probes {
-			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GPUs, r.Probes = gpus, probes })
+		tel, telChanged := n.telemetryDue(ctx, local.Telemetry)
+		if gpuChanged(local.GPUs, gpus) || !sameProbes(probes, local.Probes) || telChanged {
+			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) {
+				r.GPUs, r.Probes = gpus, probes
+				if telChanged {
+					r.Telemetry = tel
+				}
+			})
 		}
 	}
 }
 
-// withFaults marks the GPUs with recent driver faults and updates the
+// withFaults marks the GPUs with recent driver faults (all of them for a
+// fault that names no GPU) and updates the
 // fault counts in probes. When the kernel log cannot be read this time, the
 // marks of the last reading (prev) stay: a read error must not make a
 // faulting GPU placeable again.
 func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probes gossip.ProbeSummary) ([]placement.GPU, gossip.ProbeSummary) {
-	if n.cfg.DriverFaults == nil || n.cfg.GPUsSimulated {
+	if n.cfg.DriverFaults == nil {
 		return gpus, probes
 	}
 	f, err := n.cfg.DriverFaults(ctx)
@@ -234,10 +242,10 @@ func (n *Node) withFaults(ctx context.Context, gpus, prev []placement.GPU, probe
 		return gpus, probes
 	}
 	gpus = host.MarkFaulted(gpus, f, n.clock.Now())
-	probes.DriverFaultsRecent, probes.DriverFaultsBoot = f.XidRecent, f.XidTotal
-	probes.LastDriverFault = ""
-	if f.NewestXid != nil {
-		probes.LastDriverFault = f.NewestXid.Message
+	probes.DriverFaultsRecent, probes.DriverFaultsBoot, probes.XidRecent = f.FaultRecent, f.FaultTotal, f.XidRecent
+	probes.LastDriverFault, probes.LastDriverFaultAt = "", time.Time{}
+	if f.NewestFault != nil {
+		probes.LastDriverFault, probes.LastDriverFaultAt = faultLine(f.NewestFault.Message), f.NewestFault.Time
 	}
 	return gpus, probes
 }
@@ -272,4 +280,12 @@ func gpuChanged(old, cur []placement.GPU) bool {
 		}
 	}
 	return false
+}
+
+// sameProbes compares probe summaries, the fault's time by the instant it
+// names (== would also compare its location).
+func sameProbes(a, b gossip.ProbeSummary) bool {
+	ta, tb := a.LastDriverFaultAt, b.LastDriverFaultAt
+	a.LastDriverFaultAt, b.LastDriverFaultAt = time.Time{}, time.Time{}
+	return a == b && ta.Equal(tb)
 }

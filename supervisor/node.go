@@ -70,6 +70,10 @@ type Config struct {
 	// puts nothing new there, vllm#36960: /health can say 200 while the GPU
 	// faults), and the counts travel in the node's record.
 	DriverFaults func(ctx context.Context) (host.DriverFaults, error)
+	// Interconnect, when set, reads the RDMA ports' rates; they travel in
+	// the record's telemetry beside the GPUs' activity (read from GPUs
+	// when it is a gpu.TelemetryReader).
+	Interconnect func(ctx context.Context) (host.Interconnect, error)
 	LeaseTTL     time.Duration
 	// Runner runs shards; nil claims shards without running anything.
 	Runner Runner
@@ -119,11 +123,18 @@ type Node struct {
 	dir     datadir.Dir
 	id      datadir.Identity
 	settled atomic.Bool
+	// toldPeers: --join or node.json named peers at start; isolatedSince
+	// is since when the node has heard none (zero: it is not isolated;
+	// under mu, see isolation.go).
+	toldPeers     bool
+	isolatedSince time.Time
 	// renewalWarned: a failed note of the renewal on disk was logged (the
 	// control loop owns it).
 	renewalWarned bool
-	// loadPublished is when shard load last went out in the record.
+	// loadPublished is when shard load last went out in the record, and
+	// telemetryRead when telemetry was last read (the GPU loop owns it).
 	loadPublished time.Time
+	telemetryRead time.Time
 	// wake makes the control loop reconcile now (the node settled).
 	wake chan struct{}
 
@@ -135,6 +146,22 @@ type Node struct {
 	once    sync.Once
 	// follows counts the open follow=1 log streams, per caller.
 	follows followSlots
+	// tools are the MCP tools this node serves (SetMCPTools), under mu.
+	tools []string
+}
+
+// SetMCPTools records the MCP tools this node serves, for /status.json.
+func (n *Node) SetMCPTools(names []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.tools = slices.Clone(names)
+}
+
+// mcpTools is what SetMCPTools recorded, never nil.
+func (n *Node) mcpTools() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string{}, n.tools...)
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -263,6 +290,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		}
 	}()
 	n.id = id
+	n.toldPeers = len(dedupe(append(slices.Clone(cfg.Join), id.Peers...), n.cluster.Address())) > 0
 	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
 	go n.loop(lctx)
 	go n.gpuLoop(lctx)

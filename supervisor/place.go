@@ -23,6 +23,7 @@ func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
 	if err := spec.WithDefaults().Validate(); err != nil {
 		return status.DeploymentInfo{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
 	}
+	change := n.changeOf(spec)
 	rec, err := n.cluster.PutDeployment(spec)
 	if err != nil {
 		return status.DeploymentInfo{}, fmt.Errorf("store deployment %s: %w", spec.Name, err)
@@ -30,13 +31,30 @@ func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
 	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
 	// What this node shows from now on has seen the write.
 	n.awaitWrite(n.writes.Add(1))
-	info := status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}
+	info := status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}, Change: change}
 	for _, d := range n.Status().Deployments(n.clock.Now()) {
 		if d.Name == spec.Name && d.SpecVersion == info.SpecVersion {
-			info.Placed, info.Ready, info.Nodes = min(d.Placed, spec.Replicas), min(d.Ready, spec.Replicas), d.Nodes
+			// The plan computed with this write: how much of it can be
+			// placed now, and placement's reasons for the rest.
+			info.Placed, info.Ready, info.Nodes, info.Why = min(d.Placed, spec.Replicas), min(d.Ready, spec.Replicas), d.Nodes, d.Why
 		}
 	}
 	return info, nil
+}
+
+// changeOf says what placing spec does to the live deployment of its
+// name, as this node knows it.
+func (n *Node) changeOf(spec placement.Deployment) string {
+	old, ok := n.cluster.Deployment(spec.Name)
+	switch {
+	case !ok || old.Deleted || old.Spec == nil:
+		return status.ChangeNew
+	case old.Spec.WithDefaults().SpecVersion() != spec.WithDefaults().SpecVersion():
+		return status.ChangeChanged
+	case old.Spec.WithDefaults().Replicas != spec.WithDefaults().Replicas:
+		return status.ChangeScaled
+	}
+	return status.ChangeUnchanged
 }
 
 // Unplace replaces the deployment name with a tombstone, everywhere. A

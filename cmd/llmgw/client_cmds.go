@@ -36,6 +36,12 @@ func nodesCommand() *cli.Command {
 			if c.Bool("json") {
 				return printJSON(c.Root().Writer, info.Members)
 			}
+			for _, m := range info.Members {
+				if m.Isolated {
+					fmt.Fprintf(c.Root().Writer, "%s is ISOLATED: it has heard no peer for %s, so this list is its last view; its shards' leases lapse elsewhere within the lease TTL\n",
+						m.Name, shortDuration(time.Since(m.IsolatedSince)))
+				}
+			}
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE")
 			for _, m := range info.Members {
@@ -46,6 +52,9 @@ func nodesCommand() *cli.Command {
 				state := string(m.State)
 				if m.TokenMismatch {
 					state += " (other token)"
+				}
+				if m.Isolated {
+					state += ", isolated"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
 			}
@@ -128,31 +137,14 @@ func placeCommand() *cli.Command {
 		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
 		&cli.StringSliceFlag{Name: "arg", Usage: "extra engine argument (repeatable)"},
 		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
+		waitFlag(),
 	)
 	return &cli.Command{
 		Name:      "place",
 		Usage:     "ask the cluster to serve a model (any node accepts it; every node learns it)",
 		ArgsUsage: "NAME",
 		Flags:     flags,
-		Action: func(ctx context.Context, c *cli.Command) error {
-			cl, err := newClient(c)
-			if err != nil {
-				return err
-			}
-			body, ctype, err := placeBody(c)
-			if err != nil {
-				return usageError(err.Error())
-			}
-			var out status.DeploymentInfo
-			if err := cl.do(ctx, "POST", "/v1/deployments", body, ctype, &out); err != nil {
-				return err
-			}
-			if c.Bool("json") {
-				return printJSON(c.Root().Writer, out)
-			}
-			fmt.Fprintf(c.Root().Writer, "placed %s (%s, %d replica(s), spec %s); watch it with: llmgw models\n", out.Name, out.Model, out.Replicas, out.SpecVersion)
-			return nil
-		},
+		Action:    placeAction,
 	}
 }
 

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -45,9 +43,23 @@ func demoCommand() *cli.Command {
 			},
 			{
 				Name:   "down",
-				Usage:  "stop the demo cluster",
+				Usage:  "unplace everything (saying what), then stop the demo cluster",
 				Flags:  []cli.Flag{dirFlag},
 				Action: demoDown,
+			},
+			{
+				Name:      "stop-node",
+				Usage:     "rehearse a failure: stop one demo node (SIGTERM, or --kill for a crash)",
+				ArgsUsage: "NAME",
+				Flags:     []cli.Flag{dirFlag, &cli.BoolFlag{Name: "kill", Usage: "SIGKILL the agent, as a crash would (its engines keep running)"}},
+				Action:    demoStopNode,
+			},
+			{
+				Name:      "start-node",
+				Usage:     "start a stopped demo node again, with the flags the demo first gave it",
+				ArgsUsage: "NAME",
+				Flags:     []cli.Flag{dirFlag},
+				Action:    demoStartNode,
 			},
 		},
 	}
@@ -121,20 +133,14 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 		if i > 0 {
 			args = append(args, "--join", first)
 		}
-		logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
+		// Remembered first, so start-node can start it again the same way.
+		node := demoNode{Name: name, Exe: self, Args: args, API: fmt.Sprintf("127.0.0.1:%d", apiPort+i)}
+		if err := node.save(dir); err != nil {
 			return err
 		}
-		cmd := exec.Command(self, args...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		// Its own session: the node outlives `make run` and its terminal.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
+		if err := node.start(dir); err != nil {
+			return err
 		}
-		logf.Close()
-		_ = os.WriteFile(filepath.Join(dir, name+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
-		_ = cmd.Process.Release()
 	}
 	addr := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
 	// demo down drains through the same node.
@@ -166,6 +172,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  bin/llmgw overview --data-dir %s   (node-1's own screen, as sudo llmgw on a node)\n  open %s/ in a browser\n\n", filepath.Join(dir, "node-1"), addr)
 	fmt.Fprintf(w, "Ask it through any node's gateway (ports %d-%d, OpenAI's API):\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n  bin/llmgw chat --gateway-addr %s chat \"hello\"\n\n", gatewayPort, gatewayPort+n-1, gw, gw)
 	fmt.Fprintf(w, "Change it and read engine logs (both need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
+	fmt.Fprintf(w, "Rehearse a failure: bin/llmgw demo stop-node node-%d (--kill for a crash), watch bin/llmgw shards, then bin/llmgw demo start-node node-%d\n\n", n, n)
 	fmt.Fprintf(w, "Logs: %s/node-*.log   Stop: make stop\n", dir)
 	return nil
 }
@@ -274,7 +281,7 @@ func demoPIDs(dir string) map[string]int {
 			continue
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || syscall.Kill(pid, 0) != nil {
+		if err != nil || !processAlive(pid) {
 			_ = os.Remove(f)
 			continue
 		}
@@ -289,62 +296,42 @@ func demoDown(ctx context.Context, c *cli.Command) error {
 		return err
 	}
 	pids := demoPIDs(dir)
-	if len(pids) == 0 {
+	nodes, err := demoNodes(dir)
+	if err != nil {
+		return err
+	}
+	if len(pids) == 0 && len(nodes) == 0 {
 		fmt.Fprintln(c.Root().Writer, "no demo cluster is running")
 		return nil
 	}
-	// Engines outlive their agents by design; the demo's should not outlive
-	// the demo. Unplace everything and let the agents stop them first.
-	drainDemo(ctx, dir, c)
+	// A node stopped with stop-node left its engines running, and only it
+	// stops them: start it first, so that the unplace reaches them too.
+	for _, n := range nodes {
+		if n.pid(dir) == 0 {
+			fmt.Fprintf(c.Root().Writer, "starting %s again so that it stops the engines it left running\n", n.Name)
+			if err := n.start(dir); err != nil {
+				fmt.Fprintf(c.Root().ErrWriter, "%v\n", err)
+			}
+		}
+	}
+	if len(nodes) > 0 {
+		_ = waitAlive(ctx, "http://"+nodes[0].API, demoRunning(dir), 30*time.Second)
+	}
+	demoUnplaceAll(ctx, c, dir, nodes)
+	pids = demoPIDs(dir)
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-	deadline := time.Now().Add(15 * time.Second)
 	for f, pid := range pids {
-		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err := syscall.Kill(pid, 0); err == nil {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		} else if !errors.Is(err, syscall.ESRCH) {
+		if err := waitExit(pid, 15*time.Second); err != nil {
 			return err
 		}
 		_ = os.Remove(f)
 	}
+	// The demo is over: nothing is left for start-node to start.
+	for _, n := range nodes {
+		_ = os.Remove(demoNodeFile(dir, n.Name))
+	}
 	fmt.Fprintf(c.Root().Writer, "stopped %d demo nodes\n", len(pids))
 	return nil
-}
-
-func drainDemo(ctx context.Context, dir string, c *cli.Command) {
-	tok, err := os.ReadFile(filepath.Join(dir, "token"))
-	if err != nil {
-		return
-	}
-	addr := "http://127.0.0.1:7070"
-	if b, err := os.ReadFile(filepath.Join(dir, "addr")); err == nil {
-		addr = strings.TrimSpace(string(b))
-	}
-	cl := &client{base: addr, token: strings.TrimSpace(string(tok)), http: &http.Client{Timeout: 2 * time.Second}}
-	var deps []status.DeploymentInfo
-	if cl.do(ctx, "GET", "/v1/deployments", nil, "", &deps) != nil {
-		return
-	}
-	for _, d := range deps {
-		_ = cl.do(ctx, "DELETE", "/v1/deployments/"+d.Name, nil, "", nil)
-	}
-	err = poll(ctx, 20*time.Second, func() (bool, string) {
-		var info status.ClusterInfo
-		if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
-			return true, "" // the nodes are gone already
-		}
-		held := 0
-		for _, m := range info.Members {
-			held += len(m.Shards)
-		}
-		return held == 0, fmt.Sprintf("%d shards still held", held)
-	})
-	if err == nil {
-		return
-	}
-	fmt.Fprintln(c.Root().ErrWriter, "some engines did not stop in time; see the node logs")
 }

@@ -29,7 +29,15 @@ func engineCommand() *cli.Command {
 				&cli.IntFlag{Name: "exit-code", Value: 1, Usage: "exit code of --crash-after"},
 				&cli.BoolFlag{Name: "fail-health", Usage: "always answer 503 on /health"},
 				&cli.BoolFlag{Name: "legacy-kv-metric", Usage: "export vllm:gpu_cache_usage_perc (vLLM before 0.10)"},
-				&cli.DurationFlag{Name: "token-delay", Usage: "pause between streamed tokens"},
+				// The engine model (see package fakeengine); vLLM's names
+				// where vLLM has the knob.
+				&cli.DurationFlag{Name: "token-delay", Usage: "time per generated token after the first"},
+				&cli.DurationFlag{Name: "prefill-base", Usage: "fixed part of the time to first token"},
+				&cli.DurationFlag{Name: "prefill-per-1k-tokens", Usage: "time to first token per 1000 prompt tokens not in the prefix cache"},
+				&cli.IntFlag{Name: "max-num-seqs", Value: 256, Usage: "sequences run at once; the rest queue"},
+				&cli.IntFlag{Name: "block-size", Value: 16, Usage: "tokens per KV-cache block"},
+				&cli.IntFlag{Name: "num-gpu-blocks-override", Value: 8192, Usage: "KV-cache size in blocks (bounds the tokens in flight and the prefix cache)"},
+				&cli.BoolFlag{Name: "no-enable-prefix-caching", Usage: "compute every prompt whole"},
 				// The engine runner passes the engine's key here, as it
 				// passes vLLM's --api-key. No environment variable: the
 				// runtimes strip LLMGW_* from engines.
@@ -41,6 +49,9 @@ func engineCommand() *cli.Command {
 					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
 					ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
 					LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"), APIKey: c.String("api-key"),
+					PrefillBase: c.Duration("prefill-base"), PrefillPer1KTokens: c.Duration("prefill-per-1k-tokens"),
+					MaxRunning: int(c.Int("max-num-seqs")), BlockSize: int(c.Int("block-size")),
+					KVCacheBlocks: int(c.Int("num-gpu-blocks-override")), NoPrefixCaching: c.Bool("no-enable-prefix-caching"),
 					Log: os.Stderr, Now: time.Now,
 				})
 				if code := fakeengine.ExitCode(err); code != 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/page"
 )
 
 func gatewayFlags() []cli.Flag {
@@ -30,6 +31,9 @@ func gatewayFlags() []cli.Flag {
 		&cli.StringFlag{Name: "gateway-tls-key", Usage: "PEM private key of --gateway-tls-cert", Sources: cli.EnvVars("LLMGW_GATEWAY_TLS_KEY")},
 		&cli.StringFlag{Name: "gateway-keys-file", Usage: "API keys clients must present, one per line with an optional name after it; reloaded on SIGHUP (default: the gateway is open)", Sources: cli.EnvVars("LLMGW_GATEWAY_KEYS_FILE")},
 		&cli.IntFlag{Name: "gateway-max-inflight", Value: 4096, Usage: "requests the gateway proxies at once; more get 429", Sources: cli.EnvVars("LLMGW_GATEWAY_MAX_INFLIGHT")},
+		&cli.StringFlag{Name: "gateway-policy", Value: "prefix", Usage: "how the gateway picks a replica: prefix (the same replica for the same prompt prefix on every node, within a load bound), least-load or round-robin", Sources: cli.EnvVars("LLMGW_GATEWAY_POLICY")},
+		&cli.IntFlag{Name: "gateway-prefix-bytes", Value: gateway.DefaultPrefixBytes, Usage: "how much of a prompt the prefix policy hashes, in bytes of its messages' roles and contents", Sources: cli.EnvVars("LLMGW_GATEWAY_PREFIX_BYTES")},
+		&cli.FloatFlag{Name: "gateway-balance", Value: gateway.DefaultBalance, Usage: "the prefix policy's load bound: a replica takes a prefix's requests while its load is within this many times the mean", Sources: cli.EnvVars("LLMGW_GATEWAY_BALANCE")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
 	}
 }
@@ -43,6 +47,7 @@ type gatewaySetup struct {
 	keys      *gateway.KeySet
 	inflight  int
 	accessLog bool
+	policy    gateway.Policy
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -58,6 +63,18 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 	if s.inflight < 1 {
 		return s, fmt.Errorf("--gateway-max-inflight %d: want at least 1", s.inflight)
 	}
+	prefixBytes, balance := int(c.Int("gateway-prefix-bytes")), c.Float("gateway-balance")
+	if prefixBytes < 1 {
+		return s, fmt.Errorf("--gateway-prefix-bytes %d: want at least 1 (default %d)", prefixBytes, gateway.DefaultPrefixBytes)
+	}
+	if balance < 1 {
+		return s, fmt.Errorf("--gateway-balance %g: want at least 1 (1.25 lets a replica take 25%% over the mean)", balance)
+	}
+	pol, err := gateway.NewPolicy(c.String("gateway-policy"), prefixBytes, balance)
+	if err != nil {
+		return s, fmt.Errorf("--gateway-policy: %w", err)
+	}
+	s.policy = pol
 	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
 	switch {
 	case (cert == "") != (key == ""):
@@ -107,7 +124,7 @@ func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gat
 	if s.accessLog {
 		access = os.Stderr
 	}
-	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access,
+	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) }})
@@ -225,4 +242,20 @@ func registerGatewayStats(n *supervisor.Node, mux *http.ServeMux, gw *gateway.Ga
 		}
 		_ = json.NewEncoder(w).Encode(out)
 	})
+}
+
+// pageOptions gives the cluster page this node's gateway traffic (nothing
+// when it runs none): the page may not import the gateway.
+func pageOptions(gw *gateway.Gateway) page.Options {
+	if gw == nil {
+		return page.Options{}
+	}
+	return page.Options{Traffic: func() []page.Traffic {
+		var out []page.Traffic
+		for _, m := range gw.Stats() {
+			out = append(out, page.Traffic{Deployment: m.Model, Requests: m.Requests, Errors: m.Errors, Rate: m.Rate,
+				Window: m.Window, TTFBP50: m.TTFBP50, TTFBP99: m.TTFBP99})
+		}
+		return out
+	}}
 }

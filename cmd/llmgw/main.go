@@ -66,6 +66,7 @@ func newApp() *cli.Command {
 			topCommand(),
 			logsCommand(),
 			chatCommand(),
+			benchCommand(),
 			versionCommand(),
 			demoCommand(),
 			engineCommand(),

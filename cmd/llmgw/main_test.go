@@ -243,12 +243,15 @@ func TestDemoUpRefusesBadSizes(t *testing.T) {
 func TestTopDrawsOneFrame(t *testing.T) {
 	now := time.Now()
 	load := func(run, kv, gen float64) gossip.ShardLoad {
-		return gossip.ShardLoad{Running: run, Waiting: 1, KVCacheUsage: kv, GenerationTPS: gen, PromptTPS: 10, RatesValid: true, ScrapedAt: now}
+		return gossip.ShardLoad{Running: run, Waiting: 1, KVCacheUsage: kv, GenerationTPS: gen, PromptTPS: 10, RatesValid: true, ScrapedAt: now,
+			PrefixHitRate: run / 5, PrefixQueriesPS: 100 * run}
 	}
 	answers := map[string]any{
 		"/v1/cluster": status.ClusterInfo{Self: "n1", Members: []status.MemberInfo{
-			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour)},
-			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3}},
+			{Name: "n1", State: gossip.StateAlive, GPUs: []placement.GPU{{Name: "NVIDIA H200", MemoryTotal: 140 << 30, MemoryUsed: 70 << 30}}, StartedAt: now.Add(-time.Hour),
+				Telemetry: gossip.Telemetry{Links: []gossip.LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 800.4, RxMBps: 12}, {Device: "mlx5_1", Port: 1, Up: true, TxMBps: 11.7}}}},
+			{Name: "n2", State: gossip.StateDead, Probes: gossip.ProbeSummary{DriverFaultsRecent: 3, XidRecent: 1},
+				Telemetry: gossip.Telemetry{Links: []gossip.LinkRate{{Device: "mlx5_0", Port: 1}}}},
 		}},
 		"/v1/deployments": []status.DeploymentInfo{
 			{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 2},
@@ -279,12 +282,13 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`nodes 1/2 alive\s+models 2\s+shards 2/3 ready`),
-		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-`),
-		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3\s`),
+		regexp.MustCompile(`(?m)^NODE\s+STATE\s+GPUS\s+GPU MEM\s+SHARDS\s+FAULTS/15m\s+LINK MB/S\s+RUNTIME\s+AGE$`),
+		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-\s+812/12\s`),
+		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3 \(1 Xid\)\s+no link\s`),
 		regexp.MustCompile(`time to first byte: last 1m, as seen by n1's gateway \(http://10\.0\.0\.1:8000\)`),
-		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50\s+P99\s+RUN\s+WAIT\s+KV\s+PROMPT/S\s+GEN/S\s+WHY$`),
-		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+20\s+100\s+-$`),
-		regexp.MustCompile(`(?m)^big\s+0/1\s+0\.00\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
+		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50\s+P99\s+RUN\s+WAIT\s+KV\s+HIT\s+PROMPT/S\s+GEN/S\s+WHY$`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+52%\s+20\s+100\s+-$`),
+		regexp.MustCompile(`(?m)^big\s+0/1\s+0\.00\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
 		regexp.MustCompile(`(?m)^chat-0\s+n1\s+0\s+ready\s+valid\s+2\s+1\s+25%\s+60\s+\d+s\s+0$`),
 	} {
 		if !want.MatchString(out) {

@@ -59,6 +59,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "label", Usage: "node label k=v (repeatable), matched by deployments' labels", Sources: cli.EnvVars("LLMGW_LABEL")},
 		&cli.StringFlag{Name: "profile", Value: "lan", Usage: "memberlist timings: lan (its LAN defaults) or local (fast, one machine or rack)", Sources: cli.EnvVars("LLMGW_PROFILE")},
 		&cli.StringFlag{Name: "simulate-gpus", Usage: "DEV/TEST ONLY: advertise simulated GPUs, e.g. 4xH100-80GB,2xL40S-48GB", Sources: cli.EnvVars("LLMGW_SIMULATE_GPUS")},
+		&cli.StringFlag{Name: "sim-kernel-log", Usage: "DEV/TEST ONLY, with --simulate-gpus: read driver faults from this file (dmesg -T lines) instead of the kernel log", Sources: cli.EnvVars("LLMGW_SIM_KERNEL_LOG")},
 		&cli.DurationFlag{Name: "lease-ttl", Value: 10 * time.Second, Usage: "a shard's lease lapses this long after its last renewal", Sources: cli.EnvVars("LLMGW_LEASE_TTL")},
 		&cli.StringFlag{Name: "runtime", Value: "auto", Usage: "how engines run: containerd, process (host processes and the built-in fake engine), none (claim shards, run nothing), or auto (containerd when its socket answers, else process)", Sources: cli.EnvVars("LLMGW_RUNTIME")},
 		&cli.StringFlag{Name: "containerd-socket", Value: "/run/containerd/containerd.sock", Usage: "containerd's socket", Sources: cli.EnvVars("LLMGW_CONTAINERD_SOCKET")},
@@ -152,6 +153,9 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	} else {
 		cfg.GPUs = gpu.System()
 	}
+	if err := driverFaultSource(&cfg, c.String("sim-kernel-log")); err != nil {
+		return cfg, err
+	}
 	switch c.String("runtime") {
 	case "none", "process", "containerd", "auto":
 	default:
@@ -208,9 +212,6 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if ln != nil {
 		cfg.GatewayAddr, cfg.GatewayTLS = ln.Addr().String(), gws.tls != nil
 	}
-	cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
-		return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
-	}
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		hc := host.Config{Host: cfg.Name, LogDir: datadir.New(cfg.DataDir).LogsDir()}
 		if runner != nil {
@@ -227,7 +228,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 			collectors = append(collectors, gw)
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
-		page.Register(n, mux)
+		page.Register(n, mux, pageOptions(gw))
 		registerGatewayStats(n, mux, gw)
 	}
 	node, err := supervisor.Start(ctx, cfg)
@@ -434,4 +435,36 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 			return s.GPUs
 		},
 	})
+}
+
+// driverFaultSource sets where the node reads driver faults and
+// interconnect rates: the host's kernel log and sysfs, or, with simulated
+// GPUs, only a kernel log file a test names (a simulated GPU has no driver
+// to log anything, and the host's real faults are not its).
+func driverFaultSource(cfg *supervisor.Config, simLog string) error {
+	cfg.Interconnect = func(ctx context.Context) (host.Interconnect, error) {
+		return host.ReadInterconnect(ctx, host.Config{Host: cfg.Name}, 0)
+	}
+	switch {
+	case simLog != "" && !cfg.GPUsSimulated:
+		return fmt.Errorf("--sim-kernel-log %s: only with --simulate-gpus (real GPUs read the kernel's own log)", simLog)
+	case simLog != "":
+		cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
+			b, err := os.ReadFile(simLog)
+			if errors.Is(err, os.ErrNotExist) {
+				return host.DriverFaults{Source: simLog}, nil // nothing logged yet
+			}
+			if err != nil {
+				return host.DriverFaults{}, fmt.Errorf("--sim-kernel-log: %w", err)
+			}
+			d := host.ParseDriverFaults(string(b), time.Now(), host.DefaultFaultWindow, time.Local, time.Time{})
+			d.Source = simLog
+			return d, nil
+		}
+	case !cfg.GPUsSimulated:
+		cfg.DriverFaults = func(ctx context.Context) (host.DriverFaults, error) {
+			return host.ReadDriverFaults(ctx, host.Config{Host: cfg.Name, Runner: host.ExecRunner{}})
+		}
+	}
+	return nil
 }

@@ -89,14 +89,17 @@ func machineOverview(dataDir, weightsDir, api string, probe gpu.Discoverer) over
 	run := host.ExecRunner{}
 	client := overview.HTTPAPI{Client: &http.Client{Timeout: overview.Timeout}}
 	asRoot := os.Geteuid() == 0
+	// Utilisation, temperature and power, where the build has NVML.
+	var telemetry overview.Telemetry
+	if tr, ok := probe.(gpu.TelemetryReader); ok {
+		telemetry = overview.FromNVML(tr)
+	}
 	return overview.Overview{
-		Dir:   datadir.New(dataDir),
-		Clock: clock.Real(),
-		Agent: overview.AgentReader{Run: run, API: client, Addr: api, Version: version, DataDir: dataDir},
-		Peers: overview.PeersReader{API: client, Addr: api},
-		// Telemetry (utilisation, temperature, power) is left for the
-		// reader probes/gpu is growing; the columns show a dash until then.
-		GPUs:     overview.GPUsReader{GPUs: overview.OneAtATime(probe)},
+		Dir:      datadir.New(dataDir),
+		Clock:    clock.Real(),
+		Agent:    overview.AgentReader{Run: run, API: client, Addr: api, Version: version, DataDir: dataDir},
+		Peers:    overview.PeersReader{API: client, Addr: api},
+		GPUs:     overview.GPUsReader{GPUs: overview.OneAtATime(probe), Telemetry: telemetry},
 		Engines:  overview.EnginesReader{API: client, Addr: api},
 		Disks:    overview.DisksReader{WeightsDir: weightsDir, Statfs: overview.OneStatfsAtATime(overview.Statfs)},
 		Problems: overview.ProblemsReader{Run: run, Root: asRoot},

@@ -43,11 +43,14 @@ func TestTopFitsTheTerminal(t *testing.T) {
 			t.Errorf("line wider than 80 columns (%d): %q", lipgloss.Width(l), l)
 		}
 	}
-	if !strings.Contains(out, "…") || !strings.Contains(out, "nodes 1/2 alive  models 1  shards 1/2 ready") || !strings.Contains(out, "XID (15m)") || !strings.Contains(out, "LOAD AGE") || !strings.Contains(out, "12s") {
+	if !strings.Contains(out, "…") || !strings.Contains(out, "nodes 1/2 alive  models 1  shards 1/2 ready") || !strings.Contains(out, "FAULTS/15m") || !strings.Contains(out, "LOAD AGE") || !strings.Contains(out, "12s") {
 		t.Errorf("frame:\n%s", out)
 	}
 	if n := strings.Count(out, "\nllama-0 "); n != 2 {
 		t.Errorf("%d rows for llama-0 (want one for v1, whichever node it moved to, and one for v2):\n%s", n, out)
+	}
+	if !strings.Contains(out, "RESTARTS") {
+		t.Errorf("the shard table lost its last column at 80 columns:\n%s", out)
 	}
 	if strings.Contains(out, "lapsed") {
 		t.Errorf("the old holder's row of the moved shard is shown:\n%s", out)

@@ -56,6 +56,40 @@ type Discoverer interface {
 	Discover(ctx context.Context) (Snapshot, error)
 }
 
+// Telemetry is one GPU's activity at one reading: what changes at every
+// sample, apart from the memory and identity in Snapshot (which placement
+// reads). Every consumer reads it through a TelemetryReader: the node's
+// record, the cluster page, MCP and the node's own screen.
+type Telemetry struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	// UtilPct is the share of the driver's last sample period (1/6 s to
+	// 1 s, by GPU) in which a kernel ran, 0-100; MemUtilPct the share in
+	// which device memory was read or written.
+	UtilPct    int `json:"util_pct"`
+	MemUtilPct int `json:"mem_util_pct"`
+	// TempC is the GPU core temperature in °C.
+	TempC int `json:"temp_c"`
+	// PowerW is the board's power draw and PowerLimitW the limit the
+	// driver enforces, in watts.
+	PowerW      float64 `json:"power_w"`
+	PowerLimitW float64 `json:"power_limit_w,omitempty"`
+	// HasUtil, HasTemp and HasPower say which readings the driver gave: a
+	// GPU that cannot report power (some boards in VMs) is not at 0 W.
+	HasUtil  bool `json:"has_util"`
+	HasTemp  bool `json:"has_temp"`
+	HasPower bool `json:"has_power"`
+	// Warnings name what could not be read.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// TelemetryReader reads every GPU's Telemetry, sorted by index. A host
+// without GPUs (or with simulated ones, which have no activity) reads none,
+// without an error.
+type TelemetryReader interface {
+	Telemetry(ctx context.Context) ([]Telemetry, error)
+}
+
 // Probe is a Discoverer that holds a resource (the NVML library) until
 // Close.
 type Probe interface {

@@ -74,26 +74,36 @@ func (n *NVML) Discover(ctx context.Context) (Snapshot, error) {
 	if err := ctx.Err(); err != nil {
 		return Snapshot{}, err
 	}
+	if ok, err := n.ready(); !ok || err != nil {
+		return Snapshot{}, err
+	}
+	return n.read(ctx)
+}
+
+// ready initialises NVML if it is not yet; n.mu must be held. It is false
+// (with no error) on a host without the library, and false with ErrClosed
+// after Close.
+func (n *NVML) ready() (bool, error) {
 	switch n.state {
 	case stateClosed:
-		return Snapshot{}, ErrClosed
+		return false, ErrClosed
 	case stateNoLibrary:
-		return Snapshot{}, nil
+		return false, nil
 	case stateNew:
 		ret := n.lib.Init()
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			n.state = stateNoLibrary
-			return Snapshot{}, nil
+			return false, nil
 		}
 		if ret != nvml.SUCCESS {
-			return Snapshot{}, fmt.Errorf("gpu: nvml init: %w", ret)
+			return false, fmt.Errorf("gpu: nvml init: %w", ret)
 		}
 		n.state = stateReady
 		ext := n.lib.Extensions()
 		n.hasV2 = ext.LookupSymbol(symMemoryInfoV2) == nil
 		n.hasRemoteType = ext.LookupSymbol(symRemoteDevType) == nil
 	}
-	return n.read(ctx)
+	return true, nil
 }
 
 // Close shuts NVML down if Discover initialised it. Later Discovers return

@@ -20,3 +20,5 @@ func (noNVML) Discover(ctx context.Context) (Snapshot, error) {
 }
 
 func (noNVML) Close() error { return nil }
+
+func (noNVML) Telemetry(ctx context.Context) ([]Telemetry, error) { return nil, ctx.Err() }

@@ -131,3 +131,7 @@ func (s *Simulated) Discover(ctx context.Context) (Snapshot, error) {
 
 // Close does nothing; it lets Simulated stand where a Probe is expected.
 func (s *Simulated) Close() error { return nil }
+
+// Telemetry reads nothing: simulated GPUs run no kernels and draw no
+// power, and a made-up reading would look like a real one on the page.
+func (s *Simulated) Telemetry(ctx context.Context) ([]Telemetry, error) { return nil, ctx.Err() }

@@ -25,8 +25,12 @@ type DriverFault struct {
 	// Xid is the Xid error number; 0 for NVRM lines that are not Xids.
 	Xid int `json:"xid,omitempty"`
 	// PCI is the GPU's PCI address as the kernel printed it: "0000:3b:00"
-	// in Xid lines (no function), "0000:3b:00.0" in others.
+	// in Xid lines (no function), "0000:3b:00.0" in others; empty when the
+	// line names no GPU.
 	PCI string `json:"pci,omitempty"`
+	// Fault: the line reports a fault (an Xid, or an NVRM error such as
+	// NV_ERR_*; see isFaultLine), not a notice.
+	Fault bool `json:"fault,omitempty"`
 }
 
 // DriverFaults summarises the NVIDIA driver's kernel messages.
@@ -36,9 +40,10 @@ type DriverFault struct {
 // the whole-boot count. Not every NVRM line is a fault (the module's load
 // banner is one), but it is the driver talking, and on 2026-08-27 a driver
 // logging NV_ERR_NO_MEMORY every few minutes was the only sign of a node
-// that answered requests normally until it had to be power-cycled. Xid lines
-// are counted apart: they are the driver's own error reports, and the ones
-// that should keep work off a GPU.
+// that answered requests normally until it had to be power-cycled. So the
+// lines are classified: faults (Xids and NVRM errors, see isFaultLine) are
+// counted apart, and they are what keeps work off a GPU; Xids are counted
+// apart again, as the driver's own numbered error reports.
 type DriverFaults struct {
 	// Source is the command the lines came from.
 	Source string `json:"source"`
@@ -48,38 +53,55 @@ type DriverFaults struct {
 	// Window. Lines without a time count only in Total.
 	Total  int `json:"total"`
 	Recent int `json:"recent"`
-	// XidTotal and XidRecent count the Xid lines among them.
+	// FaultTotal and FaultRecent count the faults among them (Xids and
+	// NVRM errors).
+	FaultTotal  int `json:"fault_total"`
+	FaultRecent int `json:"fault_recent"`
+	// XidTotal and XidRecent count the Xid lines among the faults.
 	XidTotal  int `json:"xid_total"`
 	XidRecent int `json:"xid_recent"`
-	// Newest is the latest dated line; NewestXid the latest dated Xid
-	// (the one to show beside an Xid count: Newest may be a banner).
-	Newest    *DriverFault `json:"newest,omitempty"`
-	NewestXid *DriverFault `json:"newest_xid,omitempty"`
+	// Newest is the latest dated line; NewestFault the latest dated fault
+	// and NewestXid the latest dated Xid (the ones to show beside their
+	// counts: Newest may be a banner).
+	Newest      *DriverFault `json:"newest,omitempty"`
+	NewestFault *DriverFault `json:"newest_fault,omitempty"`
+	NewestXid   *DriverFault `json:"newest_xid,omitempty"`
 	// Faults are all matching lines in log order.
 	Faults []DriverFault `json:"faults,omitempty"`
 }
 
-// RecentXidPCI returns the PCI addresses with an Xid inside the window,
-// sorted and without repeats. Compare them to a GPU's PCIBusID with
-// SamePCIDevice.
-func (d DriverFaults) RecentXidPCI(now time.Time) []string {
-	var out []string
+// RecentFaults returns the PCI addresses with a fault inside the window,
+// sorted and without repeats (compare them to a GPU's PCIBusID with
+// SamePCIDevice), and whether a recent fault named no GPU: such a fault
+// (NV_ERR_NO_MEMORY from the driver's core, for one) may be any GPU's, so
+// it counts for the whole node.
+func (d DriverFaults) RecentFaults(now time.Time) (pci []string, nodeWide bool) {
 	for _, f := range d.Faults {
-		if f.Xid != 0 && f.PCI != "" && recent(f.Time, now, d.Window) {
-			out = append(out, gpu.NormalizePCI(f.PCI))
+		if !f.Fault || !recent(f.Time, now, d.Window) {
+			continue
 		}
+		if f.PCI == "" {
+			nodeWide = true
+			continue
+		}
+		pci = append(pci, gpu.NormalizePCI(f.PCI))
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	slices.Sort(pci)
+	return slices.Compact(pci), nodeWide
 }
 
 // MarkFaulted returns a copy of gpus with Faulted set on every GPU that had
-// an Xid inside the window. GPUs without a PCI address (simulated ones)
-// are never marked.
+// a fault inside the window, and on every GPU when a recent fault named
+// none. A GPU without a PCI address (a simulated one) is marked only by
+// such a node-wide fault.
 func MarkFaulted(gpus []placement.GPU, d DriverFaults, now time.Time) []placement.GPU {
-	bad := d.RecentXidPCI(now)
+	bad, nodeWide := d.RecentFaults(now)
 	out := slices.Clone(gpus)
 	for i := range out {
+		if nodeWide {
+			out[i].Faulted = true
+			continue
+		}
 		for _, p := range bad {
 			if SamePCIDevice(p, out[i].PCIBusID) {
 				out[i].Faulted = true
@@ -124,8 +146,9 @@ var (
 	// with MIG "Xid (PCI:0000:3b:00 GPU-I:05): 94, ..." (or GPU-I and
 	// GPU-CI), and from older drivers "Xid (0000:03:00): 14, ...".
 	xidLine = regexp.MustCompile(`Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)[^)]*\): (\d+)`)
-	// "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
-	gpuAddr = regexp.MustCompile(`GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])`)
+	// "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", and
+	// "NVRM: GPU at PCI:0000:3b:00: GPU-...".
+	gpuAddr = regexp.MustCompile(`GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])|PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)`)
 	// What `grep -iE 'nvrm|xid'` would keep.
 	driverLine = regexp.MustCompile(`(?i)nvrm|xid`)
 )
@@ -149,6 +172,16 @@ func ParseDriverFaults(text string, now time.Time, window time.Duration, loc *ti
 		isRecent := recent(f.Time, now, window)
 		if isRecent {
 			d.Recent++
+		}
+		if f.Fault {
+			d.FaultTotal++
+			if isRecent {
+				d.FaultRecent++
+			}
+			if !f.Time.IsZero() && (d.NewestFault == nil || !f.Time.Before(d.NewestFault.Time)) {
+				n := f
+				d.NewestFault = &n
+			}
 		}
 		if f.Xid != 0 {
 			d.XidTotal++
@@ -193,8 +226,9 @@ func parseFaultLine(line string, loc *time.Location, boot time.Time) DriverFault
 		f.PCI = m[1]
 		f.Xid, _ = strconv.Atoi(m[2])
 	} else if m := gpuAddr.FindStringSubmatch(f.Message); m != nil {
-		f.PCI = m[1]
+		f.PCI = m[1] + m[2]
 	}
+	f.Fault = isFaultLine(f.Message, f.Xid)
 	return f
 }
 
@@ -250,8 +284,9 @@ func driverFaultsTool(c Config) Tool {
 	return Tool{
 		Name: "driver_faults",
 		Description: fmt.Sprintf("NVIDIA driver messages in the kernel log (NVRM and Xid lines from dmesg -T, "+
-			"or journalctl -k when dmesg is refused): how many in the last %s and since boot, Xid errors "+
-			"apart with their number and GPU PCI address, the newest line, then the lines themselves. The "+
+			"or journalctl -k when dmesg is refused): how many in the last %s and since boot, the faults among "+
+			"them (Xids and NVRM errors such as NV_ERR_*, not banners or notices), Xid errors apart with their "+
+			"number and GPU PCI address, the newest line and fault, then the lines themselves (faults marked FAULT). The "+
 			"kernel never clears these, so only the recent count says something is wrong now; a GPU can "+
 			"keep answering requests while its driver logs errors.", c.FaultWindow),
 		Run: func(ctx context.Context, _ Args) (string, error) {
@@ -265,10 +300,15 @@ func driverFaultsTool(c Config) Tool {
 			var b strings.Builder
 			b.WriteString(notes)
 			fmt.Fprintf(&b, "NVRM/Xid lines: %d since boot, %d in the last %s\n", d.Total, d.Recent, c.FaultWindow)
+			fmt.Fprintf(&b, "faults (Xid and NVRM errors): %d since boot, %d in the last %s\n", d.FaultTotal, d.FaultRecent, c.FaultWindow)
 			fmt.Fprintf(&b, "Xid errors: %d since boot, %d in the last %s\n", d.XidTotal, d.XidRecent, c.FaultWindow)
 			if d.Newest != nil {
 				fmt.Fprintf(&b, "newest: %s (%s ago) %s\n", d.Newest.Time.UTC().Format(time.RFC3339),
 					now.Sub(d.Newest.Time).Round(time.Second), d.Newest.Message)
+			}
+			if d.NewestFault != nil {
+				fmt.Fprintf(&b, "newest fault: %s (%s ago) %s\n", d.NewestFault.Time.UTC().Format(time.RFC3339),
+					now.Sub(d.NewestFault.Time).Round(time.Second), d.NewestFault.Message)
 			}
 			writeXidTable(&b, d, now)
 			if source == "dmesg -T" {
@@ -279,6 +319,9 @@ func driverFaultsTool(c Config) Tool {
 			for _, f := range d.Faults {
 				if !f.Time.IsZero() {
 					lines.WriteString(f.Time.UTC().Format(time.RFC3339) + " ")
+				}
+				if f.Fault {
+					lines.WriteString("FAULT ")
 				}
 				lines.WriteString(f.Message + "\n")
 			}

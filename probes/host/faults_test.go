@@ -44,6 +44,26 @@ func TestDriverFaultsH200(t *testing.T) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
 	}
+	// None of the healthy H200's lines is a fault: the load banner, the
+	// interrupt cleared at boot, the deprecation notice.
+	for _, want := range []string{
+		"faults (Xid and NVRM errors): 0 since boot, 0 in the last 15m0s\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "FAULT ") || strings.Contains(out, "newest fault:") {
+		t.Errorf("a healthy line was called a fault:\n%s", out)
+	}
+	healthy := ParseDriverFaults(fixture(t, "dmesg-nvrm.txt"), now, DefaultFaultWindow, time.UTC, boot)
+	if healthy.FaultTotal != 0 || healthy.FaultRecent != 0 || healthy.NewestFault != nil {
+		t.Errorf("H200 fixture: %d faults (%d recent), newest %+v; want none", healthy.FaultTotal, healthy.FaultRecent, healthy.NewestFault)
+	}
+	gpus := []placement.GPU{{Index: 0, PCIBusID: "00000000:00:06.0"}}
+	if MarkFaulted(gpus, healthy, now)[0].Faulted {
+		t.Error("the healthy H200 was marked faulted")
+	}
 	// An hour later the same lines are history.
 	later := ParseDriverFaults(fixture(t, "dmesg-nvrm.txt"), now.Add(time.Hour), DefaultFaultWindow, time.UTC, boot)
 	if later.Total != 5 || later.Recent != 0 || later.XidTotal != 0 {
@@ -75,9 +95,13 @@ func TestParseDriverFaultsXid(t *testing.T) {
 	if d.Newest == nil || d.Newest.Xid != 48 || !d.Newest.Time.Equal(time.Date(2026, 11, 29, 23, 12, 44, 0, time.UTC)) {
 		t.Errorf("newest = %+v", d.Newest)
 	}
-	// Xid 13 was two hours ago: only the GPU at 3b is recently faulted.
-	if got := d.RecentXidPCI(now); !slices.Equal(got, []string{"0000:3b:00"}) {
-		t.Errorf("recent Xid GPUs = %v", got)
+	// Xid 13 was two hours ago: only the GPU at 3b is recently faulted
+	// (by two Xids and the NVRM line saying it fell off the bus).
+	if got, nodeWide := d.RecentFaults(now); !slices.Equal(got, []string{"0000:3b:00", "0000:3b:00.0"}) || nodeWide {
+		t.Errorf("recent fault GPUs = %v, node-wide %v", got, nodeWide)
+	}
+	if d.FaultTotal != 4 || d.FaultRecent != 3 {
+		t.Errorf("faults: total %d recent %d, want 4 and 3 (the banner is no fault)", d.FaultTotal, d.FaultRecent)
 	}
 	gpus := []placement.GPU{{Index: 0, PCIBusID: "0000:18:00.0"}, {Index: 1, PCIBusID: "0000:3b:00.0"}, {Index: 2}}
 	marked := MarkFaulted(gpus, d, now)
@@ -143,5 +167,66 @@ func TestDriverFaultsHere(t *testing.T) {
 	out := call(t, Config{Host: "here"}, "driver_faults", Args{})
 	if !strings.Contains(out, "NVRM/Xid lines: ") && !strings.Contains(out, "is not installed on here") {
 		t.Errorf("out = %.1000s", out)
+	}
+}
+
+// NVRM errors are faults beside Xids; notices are not. A fault that names
+// no GPU counts for the whole node, one that names a GPU for that GPU.
+func TestDriverFaultsNVRMErrors(t *testing.T) {
+	now := time.Date(2026, 8, 27, 22, 40, 0, 0, time.UTC)
+	lines := []struct {
+		line  string
+		fault bool
+		pci   string
+	}{
+		{"[Thu Aug 27 22:13:26 2026] NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359", true, ""},
+		{"[Thu Aug 27 22:17:02 2026] NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x22:0x56:667)", true, "0000:3b:00.0"},
+		{"[Thu Aug 27 22:17:03 2026] NVRM: rm_init_adapter failed, device minor number 1", true, ""},
+		{"[Thu Aug 27 22:18:00 2026] NVRM: GPU at PCI:0000:5c:00: GPU-d5b1f7f1-3e2b-11ef-8f9b-7cc2554a1a22", false, "0000:5c:00"},
+		{"[Thu Aug 27 22:19:00 2026] NVRM: GPU 0000:5c:00.0: GPU has fallen off the bus.", true, "0000:5c:00.0"},
+		{"[Thu Aug 27 22:20:00 2026] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)", false, ""},
+		{"[Thu Aug 27 22:20:01 2026] NVRM: gpuClearFbhubPoisonIntrForBug2924523_GA100: FBHUB Interrupt detected. Clearing it.", false, ""},
+		{"[Thu Aug 27 22:20:02 2026] NVRM: Persistence mode is deprecated and will be removed in a future release. Please use nvidia-persistenced instead.", false, ""},
+		{"[Thu Aug 27 22:20:03 2026] NVRM: API mismatch: the client has the version 580.95.05, but this kernel module has the version 580.159.04.", true, ""},
+	}
+	var text []string
+	for _, l := range lines {
+		text = append(text, l.line)
+	}
+	d := ParseDriverFaults(strings.Join(text, "\n"), now, 30*time.Minute, time.UTC, time.Time{})
+	if len(d.Faults) != len(lines) {
+		t.Fatalf("%d lines kept, want %d", len(d.Faults), len(lines))
+	}
+	for i, l := range lines {
+		if f := d.Faults[i]; f.Fault != l.fault || f.PCI != l.pci {
+			t.Errorf("%q: fault %v pci %q, want %v %q", f.Message, f.Fault, f.PCI, l.fault, l.pci)
+		}
+	}
+	if d.FaultTotal != 5 || d.FaultRecent != 5 || d.XidTotal != 0 {
+		t.Errorf("faults %d recent %d xid %d; want 5 5 0", d.FaultTotal, d.FaultRecent, d.XidTotal)
+	}
+	if d.NewestFault == nil || !strings.Contains(d.NewestFault.Message, "API mismatch") {
+		t.Errorf("newest fault = %+v", d.NewestFault)
+	}
+	pci, nodeWide := d.RecentFaults(now)
+	if !nodeWide || !slices.Equal(pci, []string{"0000:3b:00.0", "0000:5c:00.0"}) {
+		t.Errorf("recent faults %v node-wide %v", pci, nodeWide)
+	}
+	gpus := []placement.GPU{{Index: 0, PCIBusID: "0000:18:00.0"}, {Index: 1}}
+	for _, g := range MarkFaulted(gpus, d, now) {
+		if !g.Faulted {
+			t.Errorf("GPU %d not marked though a fault named no GPU", g.Index)
+		}
+	}
+	// Only GPU-named faults left in the window: only those GPUs.
+	late := ParseDriverFaults(strings.Join(text[3:5], "\n"), now, 30*time.Minute, time.UTC, time.Time{})
+	gpus = []placement.GPU{{Index: 0, PCIBusID: "0000:18:00.0"}, {Index: 1, PCIBusID: "0000:5c:00.0"}, {Index: 2}}
+	got := MarkFaulted(gpus, late, now)
+	if got[0].Faulted || !got[1].Faulted || got[2].Faulted {
+		t.Errorf("marked %+v; want only GPU 1", got)
+	}
+	// Outside the window nothing is marked.
+	if g := MarkFaulted(gpus, d, now.Add(time.Hour)); g[0].Faulted || g[1].Faulted || g[2].Faulted {
+		t.Errorf("an hour later still marked: %+v", g)
 	}
 }

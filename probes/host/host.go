@@ -1,13 +1,14 @@
 // Package host runs the host tools an operator (or a model, over MCP) asks a
 // node for: nvidia-smi views, meminfo, ps, network and RDMA state, PCI and
-// USB trees, containers, log files, engine stacks, memory accounting and
-// kernel driver faults.
+// USB trees, running systemd services, containers, log files, engine
+// stacks, memory accounting and kernel driver faults.
 //
 // Tools answer with what the underlying command printed, not a parsed
 // summary: a parser keeps only the fields someone thought of in advance, and
-// the answer to an odd question is usually in a field nobody kept. The two
+// the answer to an odd question is usually in a field nobody kept. The
 // exceptions, memory_accounting and driver_faults, are named for the
-// question they answer and correlate several sources.
+// question they answer and correlate several sources; systemd_units keeps
+// every field systemctl prints, in columns.
 //
 // Every tool runs a fixed command with fixed arguments. Callers choose among
 // named variants (a view, a log file name, a filter) that are checked here;
@@ -167,11 +168,16 @@ type Args struct {
 	Filter string `json:"filter,omitempty"`
 	Lines  int    `json:"lines,omitempty"`
 	Device string `json:"device,omitempty"`
+	// Rounds and GapS shape one engine_stacks call (0: the node's
+	// default), within MaxStackRounds and MaxStackGap.
+	Rounds int     `json:"rounds,omitempty"`
+	GapS   float64 `json:"gap_s,omitempty"`
 }
 
 // Param documents one field of Args that a tool reads.
 type Param struct {
-	// Name is the field's JSON name: view, name, filter, lines or device.
+	// Name is the field's JSON name: view, name, filter, lines, device,
+	// rounds or gap_s.
 	Name        string
 	Description string
 }
@@ -210,6 +216,12 @@ func (a Args) set() []string {
 	if a.Device != "" {
 		s = append(s, "device")
 	}
+	if a.Rounds != 0 {
+		s = append(s, "rounds")
+	}
+	if a.GapS != 0 {
+		s = append(s, "gap_s")
+	}
 	return s
 }
 
@@ -224,6 +236,7 @@ func Tools(cfg Config) []Tool {
 		rdmaCountersTool(c),
 		pciTool(c),
 		usbTool(c),
+		systemdUnitsTool(c),
 		containersTool(c),
 		listLogsTool(c),
 		readLogTool(c),

@@ -119,7 +119,7 @@ func call(t *testing.T, cfg Config, name string, a Args) string {
 
 func TestToolsRegistry(t *testing.T) {
 	tools := Tools(Config{Host: "n1", Runner: newFakeRunner(t, nil), Root: fstest.MapFS{}})
-	want := []string{"meminfo", "gpu", "processes", "network", "rdma_counters", "pci", "usb", "containers",
+	want := []string{"meminfo", "gpu", "processes", "network", "rdma_counters", "pci", "usb", "systemd_units", "containers",
 		"list_logs", "read_log", "engine_stacks", "memory_accounting", "driver_faults"}
 	var got []string
 	for _, tl := range tools {
@@ -128,7 +128,7 @@ func TestToolsRegistry(t *testing.T) {
 			t.Errorf("%s: no description or Run", tl.Name)
 		}
 		for _, p := range tl.Params {
-			if !slices.Contains([]string{"view", "name", "filter", "lines", "device"}, p.Name) || p.Description == "" {
+			if !slices.Contains([]string{"view", "name", "filter", "lines", "device", "rounds", "gap_s"}, p.Name) || p.Description == "" {
 				t.Errorf("%s: param %+v is not an Args field or undocumented", tl.Name, p)
 			}
 		}

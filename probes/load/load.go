@@ -29,6 +29,10 @@ type Names struct {
 	// Counters, summed over all label sets.
 	PromptTokens     string
 	GenerationTokens string
+	// PrefixHits and PrefixQueries are the prefix cache's counters, in
+	// tokens (vLLM counts the prompt tokens looked up and those found).
+	PrefixHits    string
+	PrefixQueries string
 	// StartTime is the engine process's start time in Unix seconds; a
 	// change means a restart even when the counters did not go down.
 	StartTime string
@@ -44,6 +48,8 @@ func VLLM() Names {
 		KVCache:          []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		PromptTokens:     "vllm:prompt_tokens_total",
 		GenerationTokens: "vllm:generation_tokens_total",
+		PrefixHits:       "vllm:prefix_cache_hits_total",
+		PrefixQueries:    "vllm:prefix_cache_queries_total",
 		StartTime:        "process_start_time_seconds",
 	}
 }
@@ -61,6 +67,9 @@ type Sample struct {
 	// started.
 	PromptTokens     float64
 	GenerationTokens float64
+	// PrefixHits and PrefixQueries are the prefix cache's counter totals.
+	PrefixHits    float64
+	PrefixQueries float64
 	// StartTime is the engine's start time in Unix seconds, 0 if unknown.
 	StartTime float64
 	// Missing lists the names the page lacked (for KVCache, all of them).
@@ -120,6 +129,14 @@ func Parse(r io.Reader, format expfmt.Format, names Names) (Sample, error) {
 	}
 	s.PromptTokens, _ = get(names.PromptTokens, sum)
 	s.GenerationTokens, _ = get(names.GenerationTokens, sum)
+	// The prefix cache's counters are optional (not every engine has
+	// one), so their absence is not reported as missing.
+	if v, ok := read(fams[names.PrefixHits], sum); ok {
+		s.PrefixHits = v
+	}
+	if v, ok := read(fams[names.PrefixQueries], sum); ok {
+		s.PrefixQueries = v
+	}
 	// The start time alone does not make a page an engine's: every Python
 	// process publishes it.
 	if v, ok := read(fams[names.StartTime], math.Max); ok {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -365,5 +366,37 @@ func TestScraperSendsTheEngineKey(t *testing.T) {
 	s, err := NewScraper(srv.Client(), nil, WithBearer("k1")).Scrape(context.Background(), srv.URL)
 	if err != nil || s.Running != 7 {
 		t.Fatalf("scrape with the key: %+v, %v", s, err)
+	}
+}
+
+// The prefix cache's hit rate is over the interval, not since the engine
+// started: a cache that warmed up long ago says nothing about now.
+func TestTrackerPrefixHitRate(t *testing.T) {
+	tr := NewTracker()
+	at := func(s int) time.Time { return time.Unix(1000+int64(s), 0) }
+	names := VLLM()
+	page := "vllm:num_requests_running 1\nvllm:prefix_cache_hits_total %d\nvllm:prefix_cache_queries_total %d\n"
+	sample := func(hits, queries int, s int) Sample {
+		t.Helper()
+		smp, err := Parse(strings.NewReader(fmt.Sprintf(page, hits, queries)), expfmt.FmtText, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		smp.At = at(s)
+		return smp
+	}
+	if l := tr.Observe("e", sample(900, 1000, 0)); l.PrefixHitRate != 0 || l.PrefixQueriesPS != 0 {
+		t.Fatalf("first sample: %+v, want no rate", l)
+	}
+	l := tr.Observe("e", sample(1000, 2000, 10))
+	if l.PrefixHitRate != 0.1 || l.PrefixQueriesPS != 100 {
+		t.Fatalf("100 hits of 1000 looked up in 10 s: rate %v at %v/s, want 0.1 at 100/s", l.PrefixHitRate, l.PrefixQueriesPS)
+	}
+	if l := tr.Observe("e", sample(1000, 2000, 20)); l.PrefixHitRate != 0 || l.PrefixQueriesPS != 0 {
+		t.Fatalf("no lookups: %+v, want 0", l)
+	}
+	// Counters reset: a restart, no rate.
+	if l := tr.Observe("e", sample(5, 10, 30)); l.PrefixHitRate != 0 || l.RatesValid {
+		t.Fatalf("after a reset: %+v", l)
 	}
 }

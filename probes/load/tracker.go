@@ -21,9 +21,15 @@ type Load struct {
 	// RatesValid is false when there is no previous sample to difference
 	// against: the first sample of an engine, or the first after it
 	// restarted. The rates are then 0, which is not the same as idle.
-	RatesValid bool      `json:"rates_valid"`
-	ScrapedAt  time.Time `json:"scraped_at,omitzero"`
-	Error      string    `json:"error,omitempty"`
+	RatesValid bool `json:"rates_valid"`
+	// PrefixHitRate is the share of prompt tokens looked up in the prefix
+	// cache since the previous sample that it held, and PrefixQueriesPS
+	// how many were looked up per second (the weight of the rate when
+	// engines are summed). Both 0 without lookups or without rates.
+	PrefixHitRate   float64   `json:"prefix_cache_hit_rate,omitempty"`
+	PrefixQueriesPS float64   `json:"prefix_cache_queries_per_s,omitempty"`
+	ScrapedAt       time.Time `json:"scraped_at,omitzero"`
+	Error           string    `json:"error,omitempty"`
 }
 
 // Tracker keeps the previous sample of each engine and computes token rates
@@ -67,12 +73,18 @@ func (t *Tracker) Observe(engine string, s Sample) Load {
 		if !math.IsInf(pr, 0) && !math.IsInf(gr, 0) {
 			l.PromptTPS, l.GenerationTPS, l.RatesValid = pr, gr, true
 		}
+		if dq := s.PrefixQueries - p.PrefixQueries; dq > 0 && !math.IsInf(dq, 0) {
+			dh := s.PrefixHits - p.PrefixHits
+			l.PrefixHitRate = min(max(dh/dq, 0), 1)
+			l.PrefixQueriesPS = dq / dt
+		}
 	}
 	return l
 }
 
 func restarted(p, s Sample) bool {
-	if s.PromptTokens < p.PromptTokens || s.GenerationTokens < p.GenerationTokens {
+	if s.PromptTokens < p.PromptTokens || s.GenerationTokens < p.GenerationTokens ||
+		s.PrefixHits < p.PrefixHits || s.PrefixQueries < p.PrefixQueries {
 		return true
 	}
 	return p.StartTime != 0 && s.StartTime != 0 && p.StartTime != s.StartTime

@@ -116,7 +116,8 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 	r.mu.Lock()
 	e.scrapedAt = r.cfg.Clock.Now()
 	e.load = gossip.ShardLoad{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVCacheUsage, PromptTPS: l.PromptTPS,
-		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, ScrapedAt: l.ScrapedAt, Error: l.Error}
+		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, PrefixHitRate: l.PrefixHitRate, PrefixQueriesPS: l.PrefixQueriesPS,
+		ScrapedAt: l.ScrapedAt, Error: l.Error}
 	r.notifyLocked()
 	r.mu.Unlock()
 }

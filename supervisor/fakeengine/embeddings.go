@@ -53,12 +53,18 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "input: "+err.Error(), badRequest, "input")
 		return
 	}
-	release, ok := s.admit(r)
-	if !ok {
+	// An embedding is a prefill alone: it queues and takes the prefill
+	// time, without the prefix cache (vLLM's pooling models run without
+	// one by default).
+	q := s.sched.admit(r.Context(), tokens)
+	if q == nil {
 		return
 	}
-	defer release()
+	defer q.release()
 	s.m.prompt.Add(float64(tokens))
+	if !s.sleep(r.Context(), s.prefillTime(tokens)) {
+		return
+	}
 	data := make([]map[string]any, len(inputs))
 	for i, in := range inputs {
 		v := embed(s.cfg.Model, in)
@@ -80,10 +86,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 }
 
 // embeddingInputs splits an embeddings input into the texts to embed (token
-// id lists are written out as text) and counts their tokens: words for
-// text, at least one per input (BOS), and ids for pre-tokenised input.
+// id lists are written out as text) and counts their tokens: the fake
+// tokenizer's for text, at least one per input (BOS), and ids for
+// pre-tokenised input.
 func embeddingInputs(raw json.RawMessage) (inputs []string, tokens int, err error) {
-	words := func(s string) int { return max(1, len(strings.Fields(s))) }
 	ids := func(xs []int) string {
 		parts := make([]string, len(xs))
 		for i, x := range xs {
@@ -93,12 +99,12 @@ func embeddingInputs(raw json.RawMessage) (inputs []string, tokens int, err erro
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return []string{s}, words(s), nil
+		return []string{s}, textTokens(s), nil
 	}
 	var ss []string
 	if err := json.Unmarshal(raw, &ss); err == nil && len(ss) > 0 {
 		for _, x := range ss {
-			tokens += words(x)
+			tokens += textTokens(x)
 		}
 		return ss, tokens, nil
 	}

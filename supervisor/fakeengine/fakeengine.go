@@ -12,8 +12,38 @@
 // start, a crash after a while with a chosen exit code, a health endpoint
 // that never turns healthy, and the metric name of older vLLM releases.
 //
-// It is a library; `llmgw engine fake` wraps Run and turns ErrCrash into the
-// process exit code.
+// Its performance is a small model of a vLLM engine, shaped by Config (and
+// the flags of `llmgw engine fake`, which a deployment's args reach), so
+// routing can be judged on something that behaves like one:
+//
+//   - Tokens: about one per four characters of the prompt (a chat's roles
+//     and contents in order; token ids count one each). The same counts go
+//     into usage, the token counters, the prefill time and the cache.
+//   - Batch (MaxRunning, --max-num-seqs): at most that many sequences run
+//     at once; the rest queue first come, first served and show in
+//     vllm:num_requests_waiting.
+//   - KV cache (KVCacheBlocks, --num-gpu-blocks-override, of BlockSize
+//     tokens, --block-size): each running sequence holds blocks for its
+//     prompt and the tokens generated so far; vllm:kv_cache_usage_perc is
+//     the fraction held, and a prompt that does not fit waits.
+//   - Prefix cache (on unless NoPrefixCaching, --no-enable-prefix-caching):
+//     an LRU of at most KVCacheBlocks full-block hashes, each chained on
+//     its parent's as in vLLM. A prompt whose first k blocks are cached
+//     computes only the rest; vllm:prefix_cache_queries_total and
+//     vllm:prefix_cache_hits_total count tokens looked up and found. A
+//     prompt's blocks enter the cache when its prefill ends, and POST
+//     /reset_prefix_cache (vLLM's development endpoint) empties it.
+//   - Time: the first token comes PrefillBase + PrefillPer1KTokens per
+//     thousand uncached prompt tokens after the sequence starts running
+//     (--prefill-base, --prefill-per-1k-tokens), then one token every
+//     TokenDelay (--token-delay). Sequences do not slow each other down.
+//     An embedding is its prefill alone, without the prefix cache.
+//
+// The zero Config is today's fast engine (no delays, 256 sequences, 8192
+// blocks of 16 tokens). A benchmark in one process builds replicas with
+// NewServer, e.g. Config{Model: "m", PrefillPer1KTokens: 50 * time.Millisecond,
+// TokenDelay: 10 * time.Millisecond, MaxRunning: 8}, and serves each on a
+// loopback listener; Sleep makes the delays testable without waiting.
 package fakeengine
 
 import (
@@ -53,15 +83,34 @@ type Config struct {
 	// stay open, as vLLM's do.
 	APIKey string
 
+	// TokenDelay is the time between generated tokens (one decode step).
+	TokenDelay time.Duration
+	// PrefillBase and PrefillPer1KTokens make the time to first token:
+	// PrefillBase plus PrefillPer1KTokens for every thousand prompt tokens
+	// not found in the prefix cache.
+	PrefillBase        time.Duration
+	PrefillPer1KTokens time.Duration
+	// MaxRunning is how many sequences run at once (vLLM's max_num_seqs);
+	// more wait and show in vllm:num_requests_waiting. Zero means 256,
+	// vLLM's default.
+	MaxRunning int
+	// BlockSize is the tokens per KV-cache block, the prefix cache's unit.
+	// Zero means 16, vLLM's default.
+	BlockSize int
+	// KVCacheBlocks is the KV cache's size in blocks, which bounds both the
+	// tokens in flight (usage 1 when full) and the prefix cache. Zero means
+	// 8192.
+	KVCacheBlocks int
+	// NoPrefixCaching turns the prefix cache off, as vLLM's
+	// --no-enable-prefix-caching: every prompt is computed whole.
+	NoPrefixCaching bool
+
 	// The fields below are not CLI flags; tests and benchmarks set them.
 
-	// TokenDelay pauses between streamed tokens so that load is visible in
-	// the running/waiting gauges.
-	TokenDelay time.Duration
-	// MaxRunning is how many requests are served at once; more wait and show
-	// in vllm:num_requests_waiting. Zero means 256, vLLM's default
-	// max_num_seqs.
-	MaxRunning int
+	// Sleep waits d unless ctx ends first, reporting whether d passed; the
+	// prefill and token delays go through it. Nil means a timer; a test
+	// passes one that records the delays or holds them until told.
+	Sleep func(ctx context.Context, d time.Duration) bool
 	// Listener, when set, is served instead of listening on Host:Port, so a
 	// caller can bind port 0 and learn the address first. Run closes it.
 	Listener net.Listener

@@ -23,14 +23,14 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// clock is a settable clock for the startup delay.
-type clock struct {
+// testClock is a settable clock for the startup delay.
+type testClock struct {
 	mu sync.Mutex
 	t  time.Time
 }
 
-func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+func (c *testClock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 func newTestServer(t *testing.T, cfg Config) (*httptest.Server, *Server) {
 	t.Helper()
@@ -114,7 +114,7 @@ func keys(m map[string]*dto.MetricFamily) []string {
 }
 
 func TestHealthFollowsStartupDelay(t *testing.T) {
-	c := &clock{t: time.Unix(1000, 0)}
+	c := &testClock{t: time.Unix(1000, 0)}
 	ts, _ := newTestServer(t, Config{Model: "m", StartupDelay: 30 * time.Second, Now: c.Now})
 	if code, _ := get(t, ts.URL+"/health"); code != 503 {
 		t.Fatalf("health during startup = %d, want 503", code)
@@ -185,7 +185,8 @@ func TestChatNonStreaming(t *testing.T) {
 		resp.Choices[0].FinishReason != "stop" {
 		t.Fatalf("response = %s", body)
 	}
-	if resp.Usage != (usage{PromptTokens: 4, CompletionTokens: 5, TotalTokens: 9}) {
+	// "system\nbe brief\nuser\nhello there\n" is 33 characters: 9 tokens.
+	if resp.Usage != (usage{PromptTokens: 9, CompletionTokens: 5, TotalTokens: 14}) {
 		t.Fatalf("usage = %+v", resp.Usage)
 	}
 }
@@ -251,6 +252,7 @@ func TestChatStreaming(t *testing.T) {
 	if text.String() != "fake m1 reply: a b c" || finish != "stop" {
 		t.Fatalf("text %q finish %q", text.String(), finish)
 	}
+	// "user\na b c\n" is 11 characters: 3 tokens.
 	if gotUsage == nil || *gotUsage != (usage{PromptTokens: 3, CompletionTokens: 6, TotalTokens: 9}) {
 		t.Fatalf("usage = %+v", gotUsage)
 	}
@@ -341,8 +343,8 @@ func TestMetricsCountTokens(t *testing.T) {
 	if v := value(t, fams, MetricPromptTokens, "m1"); v != 0 {
 		t.Fatalf("prompt tokens before = %v", v)
 	}
-	post(t, ts.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b"}]}`)        // 2 + 5
-	post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x y z","stream":true}`)                           // 3 + 6
+	post(t, ts.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a b"}]}`)        // 3 + 5
+	post(t, ts.URL+"/v1/completions", `{"model":"m1","prompt":"x y z","stream":true}`)                           // 2 + 6
 	post(t, ts.URL+"/v1/chat/completions", `{"model":"wrong","messages":[{"role":"user","content":"a b c d"}]}`) // not served
 	fams = scrape(t, ts.URL)
 	if v := value(t, fams, MetricPromptTokens, "m1"); v != 5 {
@@ -394,11 +396,12 @@ func TestLoadShowsInGauges(t *testing.T) {
 	for {
 		fams := scrape(t, ts.URL)
 		r, w, kv := value(t, fams, MetricRunning, "m1"), value(t, fams, MetricWaiting, "m1"), value(t, fams, MetricKVCache, "m1")
-		if r == 1 && w == 1 && kv == 1 {
+		// One block of 16 tokens of the 8192 is held.
+		if r == 1 && w == 1 && kv == 1.0/8192 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("running %v waiting %v kv %v, want 1 1 1", r, w, kv)
+			t.Fatalf("running %v waiting %v kv %v, want 1 1 1/8192", r, w, kv)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -407,7 +410,7 @@ func TestLoadShowsInGauges(t *testing.T) {
 	deadline = time.Now().Add(10 * time.Second)
 	for {
 		fams := scrape(t, ts.URL)
-		if value(t, fams, MetricRunning, "m1") == 0 && value(t, fams, MetricWaiting, "m1") == 0 {
+		if value(t, fams, MetricRunning, "m1") == 0 && value(t, fams, MetricWaiting, "m1") == 0 && value(t, fams, MetricKVCache, "m1") == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -578,11 +581,13 @@ func TestStreamingChunkFormatAndUsage(t *testing.T) {
 	for _, tc := range []struct {
 		name, path, body, object string
 		chat, withUsage          bool
+		// "user\na b\n" is 3 tokens, "a b" 1.
+		promptTokens int
 	}{
-		{"chat", "/v1/chat/completions", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, false},
-		{"chat with usage", "/v1/chat/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, true},
-		{"completion", "/v1/completions", `{"model":"m1","stream":true,"prompt":"a b"}`, "text_completion", false, false},
-		{"completion with usage", "/v1/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"prompt":"a b"}`, "text_completion", false, true},
+		{"chat", "/v1/chat/completions", `{"model":"m1","stream":true,"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, false, 3},
+		{"chat with usage", "/v1/chat/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b"}]}`, "chat.completion.chunk", true, true, 3},
+		{"completion", "/v1/completions", `{"model":"m1","stream":true,"prompt":"a b"}`, "text_completion", false, false, 1},
+		{"completion with usage", "/v1/completions", `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"prompt":"a b"}`, "text_completion", false, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, hdr, body := post(t, ts.URL+tc.path, tc.body)
@@ -615,7 +620,7 @@ func TestStreamingChunkFormatAndUsage(t *testing.T) {
 					if i != len(cs)-1 || len(c.Choices) != 0 {
 						t.Errorf("usage in chunk %d of %d with %d choices; want it alone in the last", i, len(cs), len(c.Choices))
 					}
-					if *c.Usage != (usage{PromptTokens: 2, CompletionTokens: 5, TotalTokens: 7}) {
+					if *c.Usage != (usage{PromptTokens: tc.promptTokens, CompletionTokens: 5, TotalTokens: tc.promptTokens + 5}) {
 						t.Errorf("usage %+v", *c.Usage)
 					}
 				}
@@ -640,7 +645,8 @@ func TestCompletionUsage(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &resp); err != nil || code != 200 {
 		t.Fatalf("code %d body %s: %v", code, body, err)
 	}
-	if resp.Usage != (usage{PromptTokens: 3, CompletionTokens: 6, TotalTokens: 9}) {
+	// 13 characters: 4 tokens.
+	if resp.Usage != (usage{PromptTokens: 4, CompletionTokens: 6, TotalTokens: 10}) {
 		t.Fatalf("usage %+v", resp.Usage)
 	}
 }
@@ -691,8 +697,9 @@ func TestEmbeddings(t *testing.T) {
 	if r.Object != "list" || r.Model != "m1" || !strings.HasPrefix(r.ID, "embd-") || len(r.Data) != 2 {
 		t.Fatalf("response %+v", r)
 	}
-	if r.Usage != (usage{PromptTokens: 3, TotalTokens: 3}) {
-		t.Errorf("usage %+v, want 3 prompt tokens and no completion", r.Usage)
+	// "hello world" is 3 tokens, "bye" 1.
+	if r.Usage != (usage{PromptTokens: 4, TotalTokens: 4}) {
+		t.Errorf("usage %+v, want 4 prompt tokens and no completion", r.Usage)
 	}
 	var vs [][]float32
 	for i, d := range r.Data {
@@ -741,7 +748,7 @@ func TestEmbeddings(t *testing.T) {
 	if len(ids.Data) != 2 || ids.Usage.PromptTokens != 4 {
 		t.Errorf("token-id input: %d vectors, %d prompt tokens; want 2 and 4", len(ids.Data), ids.Usage.PromptTokens)
 	}
-	if v := value(t, scrape(t, a.URL), MetricPromptTokens, "m1"); v != 3+2+4 {
-		t.Errorf("prompt tokens counted %v, want 9 (3 + 2 + 4 on this engine)", v)
+	if v := value(t, scrape(t, a.URL), MetricPromptTokens, "m1"); v != 4+3+4 {
+		t.Errorf("prompt tokens counted %v, want 11 (4 + 3 + 4 on this engine)", v)
 	}
 }

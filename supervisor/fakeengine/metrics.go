@@ -1,7 +1,7 @@
 package fakeengine
 
 import (
-	"sync/atomic"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,48 +15,67 @@ const (
 	MetricKVCacheLegacy    = "vllm:gpu_cache_usage_perc"
 	MetricPromptTokens     = "vllm:prompt_tokens_total"
 	MetricGenerationTokens = "vllm:generation_tokens_total"
+	// The prefix cache's counters count tokens, as vLLM's do: queries are
+	// the prompt tokens looked up, hits the ones found cached.
+	MetricPrefixCacheQueries = "vllm:prefix_cache_queries_total"
+	MetricPrefixCacheHits    = "vllm:prefix_cache_hits_total"
+	// MetricCacheConfig is vLLM's info gauge (always 1) whose labels give
+	// the cache's shape.
+	MetricCacheConfig = "vllm:cache_config_info"
 	// LabelModel is the label vLLM puts on every metric.
 	LabelModel = "model_name"
 )
 
-// metrics is one engine's load, kept in atomics and exported through a
-// private registry (a global one would mix engines in one test binary).
+// metrics is one engine's counters, exported through a private registry (a
+// global one would mix engines in one test binary); the gauges read the
+// scheduler when scraped.
 type metrics struct {
 	reg        *prometheus.Registry
-	running    atomic.Int64
-	waiting    atomic.Int64
-	maxRunning int
 	prompt     prometheus.Counter
 	generation prometheus.Counter
+	queries    prometheus.Counter
+	hits       prometheus.Counter
 }
 
-func newMetrics(model string, maxRunning int, legacyKV bool) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), maxRunning: maxRunning}
-	labels := prometheus.Labels{LabelModel: model}
+func newMetrics(cfg Config, sched *scheduler) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	labels := prometheus.Labels{LabelModel: cfg.Model}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	}
+	gauge := func(name, help string, f func() float64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	m.prompt = counter(MetricPromptTokens, "Number of prefill tokens processed.")
+	m.generation = counter(MetricGenerationTokens, "Number of generation tokens processed.")
+	m.queries = counter(MetricPrefixCacheQueries, "Prefix cache queries, in terms of number of queried tokens.")
+	m.hits = counter(MetricPrefixCacheHits, "Prefix cache hits, in terms of number of cached tokens.")
 	kvName := MetricKVCache
-	if legacyKV {
+	if cfg.LegacyKVMetric {
 		kvName = MetricKVCacheLegacy
 	}
-	m.prompt = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: MetricPromptTokens, Help: "Number of prefill tokens processed.", ConstLabels: labels,
-	})
-	m.generation = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: MetricGenerationTokens, Help: "Number of generation tokens processed.", ConstLabels: labels,
-	})
 	m.reg.MustRegister(
+		gauge(MetricRunning, "Number of requests in model execution batches.", func() float64 {
+			r, _, _ := sched.load()
+			return float64(r)
+		}),
+		gauge(MetricWaiting, "Number of requests waiting to be processed.", func() float64 {
+			_, w, _ := sched.load()
+			return float64(w)
+		}),
+		gauge(kvName, "KV-cache usage. 1 means 100 percent usage.", func() float64 {
+			_, _, kv := sched.load()
+			return kv
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: MetricRunning, Help: "Number of requests in model execution batches.", ConstLabels: labels,
-		}, func() float64 { return float64(m.running.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: MetricWaiting, Help: "Number of requests waiting to be processed.", ConstLabels: labels,
-		}, func() float64 { return float64(m.waiting.Load()) }),
-		// The KV cache fills with the running batch: a fake, but one that
-		// moves with load the way the real gauge does.
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: kvName, Help: "KV-cache usage. 1 means 100 percent usage.", ConstLabels: labels,
-		}, func() float64 { return float64(m.running.Load()) / float64(m.maxRunning) }),
-		m.prompt,
-		m.generation,
+			Name: MetricCacheConfig, Help: "Information of the LLMEngine CacheConfig",
+			ConstLabels: prometheus.Labels{
+				"block_size":            strconv.Itoa(cfg.BlockSize),
+				"num_gpu_blocks":        strconv.Itoa(cfg.KVCacheBlocks),
+				"enable_prefix_caching": map[bool]string{true: "True", false: "False"}[!cfg.NoPrefixCaching], // Python's spelling, as vLLM writes it
+			},
+		}, func() float64 { return 1 }),
+		m.prompt, m.generation, m.queries, m.hits,
 	)
 	return m
 }

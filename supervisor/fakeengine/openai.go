@@ -1,10 +1,12 @@
 package fakeengine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -26,6 +28,13 @@ type chatRequest struct {
 	StreamOptions       *streamOptions `json:"stream_options"`
 	MaxTokens           int            `json:"max_tokens"`
 	MaxCompletionTokens int            `json:"max_completion_tokens"`
+	sampling
+}
+
+// sampling holds vLLM's extra sampling parameters the fake honours.
+type sampling struct {
+	MinTokens int  `json:"min_tokens"`
+	IgnoreEOS bool `json:"ignore_eos"`
 }
 
 type completionRequest struct {
@@ -36,6 +45,7 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     int             `json:"max_tokens"`
+	sampling
 }
 
 type usage struct {
@@ -47,11 +57,20 @@ type usage struct {
 // exchange is one request reduced to what the fake needs to answer it.
 type exchange struct {
 	chat         bool
-	prompt       string // text to echo
-	promptTokens int
+	echo         string // text to echo
+	prompt       prompt
 	maxTokens    int
+	minTokens    int
 	stream       bool
 	includeUsage bool
+}
+
+// minTokens is how many tokens the request asks for at least.
+func (p sampling) minTokens(maxTokens int) int {
+	if p.IgnoreEOS && maxTokens > 0 {
+		return maxTokens
+	}
+	return p.MinTokens
 }
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
@@ -70,18 +89,21 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if req.MaxCompletionTokens > 0 {
 		ex.maxTokens = req.MaxCompletionTokens
 	}
+	ex.minTokens = req.sampling.minTokens(ex.maxTokens)
 	ex.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	roles, contents := make([]string, len(req.Messages)), make([]string, len(req.Messages))
 	for i, m := range req.Messages {
 		text, err := contentText(m.Content)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("messages[%d].content: %v", i, err), badRequest, "messages")
 			return
 		}
-		ex.promptTokens += len(strings.Fields(text))
+		roles[i], contents[i] = m.Role, text
 		if m.Role == "user" {
-			ex.prompt = text
+			ex.echo = text
 		}
 	}
+	ex.prompt = chatPrompt(roles, contents)
 	s.answer(w, r, ex)
 }
 
@@ -93,13 +115,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !streamOptionsOK(w, req.Stream, req.StreamOptions) {
 		return
 	}
-	text, n, err := promptText(req.Prompt)
+	text, p, err := promptText(req.Prompt)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "prompt: "+err.Error(), badRequest, "prompt")
 		return
 	}
 	s.answer(w, r, exchange{
-		prompt: text, promptTokens: n, maxTokens: req.MaxTokens, stream: req.Stream,
+		echo: text, prompt: p, maxTokens: req.MaxTokens, minTokens: req.sampling.minTokens(req.MaxTokens), stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 	})
 }
@@ -143,50 +165,45 @@ func contentText(raw json.RawMessage) (string, error) {
 	return b.String(), nil
 }
 
-// promptText reads a completions prompt and counts its tokens: words for
-// text, ids for pre-tokenised prompts.
-func promptText(raw json.RawMessage) (string, int, error) {
+// promptText reads a completions prompt: the text to echo and the prompt
+// the engine computes. A list of prompts (a batch, to vLLM) is taken as one
+// prompt: the fake answers with one choice.
+func promptText(raw json.RawMessage) (string, prompt, error) {
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, len(strings.Fields(s)), nil
+		return s, textPrompt(s), nil
 	}
 	var ss []string
 	if err := json.Unmarshal(raw, &ss); err == nil && len(ss) > 0 {
-		n := 0
-		for _, p := range ss {
-			n += len(strings.Fields(p))
-		}
-		return strings.Join(ss, " "), n, nil
+		joined := strings.Join(ss, " ")
+		return joined, textPrompt(joined), nil
 	}
 	var ids []int
 	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
-		return "", len(ids), nil
+		return "", idsPrompt(ids), nil
 	}
 	var batches [][]int
 	if err := json.Unmarshal(raw, &batches); err == nil && len(batches) > 0 {
-		n := 0
-		for _, b := range batches {
-			n += len(b)
-		}
-		return "", n, nil
+		return "", idsPrompt(slices.Concat(batches...)), nil
 	}
-	return "", 0, errors.New("want a string, a list of strings or token ids")
+	return "", prompt{}, errors.New("want a string, a list of strings or token ids")
 }
 
-// answer serves one admitted request and counts its tokens.
+// answer runs one request through the engine model: it queues for a place
+// in the batch, looks its prompt up in the prefix cache, computes the rest
+// (the time to first token), then generates one token per TokenDelay. The
+// token counters move as the work is done, so an abandoned request counts
+// what it cost.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
-	release, ok := s.admit(r)
-	if !ok {
+	ctx := r.Context()
+	n := ex.prompt.tokens()
+	q := s.sched.admit(ctx, n)
+	if q == nil {
 		return
 	}
-	defer release()
-	if ex.promptTokens == 0 {
-		// An empty prompt still costs the engine a token (BOS).
-		ex.promptTokens = 1
-	}
-	s.m.prompt.Add(float64(ex.promptTokens))
-	tokens, finish := s.reply(ex.prompt, ex.maxTokens)
-	u := usage{PromptTokens: ex.promptTokens, CompletionTokens: len(tokens), TotalTokens: ex.promptTokens + len(tokens)}
+	defer q.release()
+	tokens, finish := s.reply(ex.echo, ex.maxTokens, ex.minTokens)
+	u := usage{PromptTokens: n, CompletionTokens: len(tokens), TotalTokens: n + len(tokens)}
 	prefix, object := "cmpl", "text_completion"
 	if ex.chat {
 		prefix, object = "chatcmpl", "chat.completion"
@@ -194,48 +211,38 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	id := s.id(prefix)
 	created := s.now().Unix()
 
-	if !ex.stream {
-		for range tokens {
-			if !s.pause(r) {
-				return
-			}
-		}
-		s.m.generation.Add(float64(len(tokens)))
-		text := strings.Join(tokens, "")
-		choice := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
-		if ex.chat {
-			choice["message"] = map[string]any{"role": "assistant", "content": text}
-		} else {
-			choice["text"] = text
-		}
-		writeJSON(w, http.StatusOK, map[string]any{
-			"id": id, "object": object, "created": created, "model": s.cfg.Model,
-			"choices": []any{choice}, "usage": u,
-		})
-		return
-	}
-
+	var send func(choices []any, withUsage bool) bool
 	flusher, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	chunkObject := "text_completion"
-	if ex.chat {
-		chunkObject = "chat.completion.chunk"
-	}
-	send := func(choices []any, withUsage bool) bool {
-		c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.Model, "choices": choices}
-		if withUsage {
-			c["usage"] = u
-		}
-		b, _ := json.Marshal(c)
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return false
-		}
+	if ex.stream {
+		// Headers go as soon as the request runs, as vLLM's streaming
+		// response starts before its first token.
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
 		if flusher != nil {
 			flusher.Flush()
 		}
-		return true
+		chunkObject := "text_completion"
+		if ex.chat {
+			chunkObject = "chat.completion.chunk"
+		}
+		send = func(choices []any, withUsage bool) bool {
+			c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.Model, "choices": choices}
+			if withUsage {
+				c["usage"] = u
+			}
+			b, _ := json.Marshal(c)
+			if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+				return false
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			return true
+		}
+	}
+	if !s.prefill(ctx, ex.prompt, n) {
+		return
 	}
 	choice := func(delta map[string]any, text string, finish any) []any {
 		c := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
@@ -246,18 +253,35 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 		}
 		return []any{c}
 	}
-	if ex.chat && !send(choice(map[string]any{"role": "assistant", "content": ""}, "", nil), false) {
+	// The role comes with the first token, as vLLM sends it.
+	if ex.stream && ex.chat && !send(choice(map[string]any{"role": "assistant", "content": ""}, "", nil), false) {
 		return
 	}
-	for _, t := range tokens {
-		if !s.pause(r) {
+	for i, t := range tokens {
+		// Prefill made the first token; each further one is a decode step.
+		if i > 0 && !s.sleep(ctx, s.cfg.TokenDelay) {
 			return
 		}
-		if !send(choice(map[string]any{"content": t}, t, nil), false) {
-			return
-		}
-		// Counted as streamed, so an aborted stream counts what it got.
+		q.grow(1)
 		s.m.generation.Add(1)
+		if ex.stream && !send(choice(map[string]any{"content": t}, t, nil), false) {
+			return
+		}
+	}
+
+	if !ex.stream {
+		text := strings.Join(tokens, "")
+		c := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
+		if ex.chat {
+			c["message"] = map[string]any{"role": "assistant", "content": text}
+		} else {
+			c["text"] = text
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": id, "object": object, "created": created, "model": s.cfg.Model,
+			"choices": []any{c}, "usage": u,
+		})
+		return
 	}
 	if !send(choice(map[string]any{}, "", finish), false) {
 		return
@@ -271,17 +295,35 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	}
 }
 
-// pause waits TokenDelay between tokens; false means the client left.
-func (s *Server) pause(r *http.Request) bool {
-	if s.cfg.TokenDelay <= 0 {
-		return true
+// prefill counts a running prompt of n tokens, finds its cached prefix and
+// waits out the computation of the rest; false means the client left. The
+// prompt's blocks are cached once computed.
+func (s *Server) prefill(ctx context.Context, p prompt, n int) bool {
+	s.m.prompt.Add(float64(n))
+	hit := 0
+	var hashes []uint64
+	if s.cache != nil {
+		hashes = p.blockHashes(s.cfg.BlockSize)
+		// vLLM always computes a prompt's last token (it yields the first
+		// output), so a prompt cached whole still computes its last block.
+		hit = s.cache.match(hashes, (n-1)/s.cfg.BlockSize) * s.cfg.BlockSize
+		s.m.queries.Add(float64(n))
+		s.m.hits.Add(float64(hit))
 	}
-	t := time.NewTimer(s.cfg.TokenDelay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-r.Context().Done():
+	if !s.sleep(ctx, s.prefillTime(n-hit)) {
 		return false
 	}
+	if s.cache != nil {
+		s.cache.insert(hashes)
+	}
+	return true
+}
+
+// sleep waits d through Config.Sleep; no delay does not call it, so the
+// default engine never waits.
+func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	return s.cfg.Sleep(ctx, d)
 }

@@ -1,6 +1,7 @@
 package fakeengine
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // maxBody bounds a request body; the fake never needs large prompts.
@@ -24,8 +27,9 @@ type Server struct {
 	now     func() time.Time
 	started time.Time
 	m       *metrics
-	// slots bounds concurrent requests; a full channel means waiting.
-	slots   chan struct{}
+	sched   *scheduler
+	// cache is nil with NoPrefixCaching.
+	cache   *prefixCache
 	nextID  atomic.Uint64
 	mux     *http.ServeMux
 	metrics http.Handler
@@ -37,20 +41,24 @@ func NewServer(cfg Config) (*Server, error) {
 	if strings.TrimSpace(cfg.Model) == "" {
 		return nil, errors.New("fake engine: a model name is required")
 	}
-	if cfg.MaxRunning <= 0 {
-		cfg.MaxRunning = 256
+	if err := cfg.withDefaults(); err != nil {
+		return nil, err
 	}
 	now := cfg.Now
 	if now == nil {
 		now = time.Now
 	}
+	sched := newScheduler(cfg.MaxRunning, cfg.KVCacheBlocks, cfg.BlockSize)
 	s := &Server{
 		cfg:     cfg,
 		now:     now,
 		started: now(),
-		m:       newMetrics(cfg.Model, cfg.MaxRunning, cfg.LegacyKVMetric),
-		slots:   make(chan struct{}, cfg.MaxRunning),
+		m:       newMetrics(cfg, sched),
+		sched:   sched,
 		mux:     http.NewServeMux(),
+	}
+	if !cfg.NoPrefixCaching {
+		s.cache = newPrefixCache(cfg.KVCacheBlocks)
 	}
 	s.metrics = promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
 	s.mux.HandleFunc("/health", s.health)
@@ -58,8 +66,54 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/v1/chat/completions", s.chat)
 	s.mux.HandleFunc("/v1/completions", s.completions)
 	s.mux.HandleFunc("/v1/embeddings", s.embeddings)
+	s.mux.HandleFunc("/reset_prefix_cache", s.resetPrefixCache)
 	s.mux.Handle("/metrics", s.metrics)
 	return s, nil
+}
+
+// withDefaults fills the zero knobs and refuses negative ones, naming the
+// flag that sets each.
+func (cfg *Config) withDefaults() error {
+	for _, f := range []struct {
+		flag string
+		v    int64
+	}{
+		{"--max-num-seqs", int64(cfg.MaxRunning)}, {"--block-size", int64(cfg.BlockSize)},
+		{"--num-gpu-blocks-override", int64(cfg.KVCacheBlocks)}, {"--token-delay", int64(cfg.TokenDelay)},
+		{"--prefill-base", int64(cfg.PrefillBase)}, {"--prefill-per-1k-tokens", int64(cfg.PrefillPer1KTokens)},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("fake engine: %s must not be negative (0 means the default)", f.flag)
+		}
+	}
+	cfg.MaxRunning = cmp.Or(cfg.MaxRunning, 256)
+	cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
+	cfg.KVCacheBlocks = cmp.Or(cfg.KVCacheBlocks, 8192)
+	if cfg.Sleep == nil {
+		cfg.Sleep = clock.Sleep
+	}
+	return nil
+}
+
+// ResetPrefixCache empties the prefix cache, as POST /reset_prefix_cache
+// does; a benchmark calls it between runs so none starts warm.
+func (s *Server) ResetPrefixCache() {
+	if s.cache != nil {
+		s.cache.reset()
+	}
+}
+
+// resetPrefixCache is vLLM's development endpoint of the same name (served
+// there with VLLM_SERVER_DEV_MODE=1). It is outside /v1, so, as in vLLM,
+// the API key does not guard it.
+func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "use POST", badRequest, "")
+		return
+	}
+	s.ResetPrefixCache()
+	w.WriteHeader(http.StatusOK)
 }
 
 // ServeHTTP checks the API key, as vLLM's authentication middleware does,
@@ -136,36 +190,23 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// admit holds a serving slot for the request, counting it as waiting while
-// none is free. It returns false if the client went away first.
-func (s *Server) admit(r *http.Request) (release func(), ok bool) {
-	s.m.waiting.Add(1)
-	select {
-	case s.slots <- struct{}{}:
-	case <-r.Context().Done():
-		s.m.waiting.Add(-1)
-		return nil, false
-	}
-	s.m.waiting.Add(-1)
-	s.m.running.Add(1)
-	return func() {
-		s.m.running.Add(-1)
-		<-s.slots
-	}, true
-}
-
 // reply is the deterministic answer to a prompt: it names the model and
 // echoes the start of the prompt, so a test can tell which engine answered
-// what. It is cut to maxTokens words (one word is one token here).
-func (s *Server) reply(prompt string, maxTokens int) (tokens []string, finish string) {
+// what. One word is one generated token. It is cut to maxTokens, and
+// padded to minTokens (vLLM's min_tokens, or max_tokens with ignore_eos,
+// which benchmarks send to fix the output length).
+func (s *Server) reply(prompt string, maxTokens, minTokens int) (tokens []string, finish string) {
 	words := []string{"fake", s.cfg.Model, "reply:"}
 	echo := strings.Fields(prompt)
 	if len(echo) > 16 {
 		echo = echo[:16]
 	}
 	words = append(words, echo...)
+	for len(words) < minTokens {
+		words = append(words, "more")
+	}
 	finish = "stop"
-	if maxTokens > 0 && len(words) > maxTokens {
+	if maxTokens > 0 && len(words) >= maxTokens && (len(words) > maxTokens || minTokens >= maxTokens) {
 		words, finish = words[:maxTokens], "length"
 	}
 	// Streamed tokens carry their leading space, as real tokenizers do.

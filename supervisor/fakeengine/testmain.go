@@ -22,9 +22,16 @@ func MainForTests(args []string) (int, bool) {
 	code := fs.Int("exit-code", 1, "")
 	failHealth := fs.Bool("fail-health", false, "")
 	apiKey := fs.String("api-key", "", "")
-	tokenDelay := fs.Duration("token-delay", 0, "")
+	var m Config
+	fs.DurationVar(&m.TokenDelay, "token-delay", 0, "")
+	fs.DurationVar(&m.PrefillBase, "prefill-base", 0, "")
+	fs.DurationVar(&m.PrefillPer1KTokens, "prefill-per-1k-tokens", 0, "")
+	fs.IntVar(&m.MaxRunning, "max-num-seqs", 0, "")
+	fs.IntVar(&m.BlockSize, "block-size", 0, "")
+	fs.IntVar(&m.KVCacheBlocks, "num-gpu-blocks-override", 0, "")
+	fs.BoolVar(&m.NoPrefixCaching, "no-enable-prefix-caching", false, "")
 	_ = fs.Parse(args[2:])
-	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth,
-		APIKey: *apiKey, TokenDelay: *tokenDelay})
+	m.Model, m.Port, m.Host, m.CrashAfter, m.ExitCode, m.FailHealth, m.APIKey = *model, *port, *host, *crash, *code, *failHealth, *apiKey
+	err := Run(context.Background(), m)
 	return ExitCode(err), true
 }

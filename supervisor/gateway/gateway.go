@@ -89,6 +89,7 @@ type Gateway struct {
 	scrape       *scrapers
 	routing      atomic.Pointer[routing]
 	keys         atomic.Pointer[KeySet]
+	callers      *callers
 
 	// active counts proxied requests (admission and drain); idle is
 	// signalled when it drops to zero while stopping.
@@ -159,7 +160,7 @@ func New(cfg Config) *Gateway {
 		cfg.StatsWindow = time.Minute
 	}
 	g := &Gateway{cfg: cfg, now: cfg.Now, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
-		stats: newStats(cfg.StatsWindow), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
+		stats: newStats(cfg.StatsWindow), callers: newCallers(), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
 	if cfg.AccessLog != nil {
 		g.log = newAccessLog(cfg.AccessLog, cfg.AccessLogQueue, g.m.logDropped.Inc)
 	}
@@ -211,7 +212,10 @@ func (g *Gateway) Table() *Table { return g.routing.Load().table }
 // SetKeys replaces the API keys clients must present (the node calls it on
 // SIGHUP after LoadKeys); nil opens the gateway. Requests already admitted
 // are not re-checked.
-func (g *Gateway) SetKeys(ks *KeySet) { g.keys.Store(ks) }
+func (g *Gateway) SetKeys(ks *KeySet) {
+	g.keys.Store(ks)
+	g.callers.forget(ks)
+}
 
 // Stats is each deployment's recent traffic through this gateway, sorted by
 // deployment.
@@ -361,32 +365,30 @@ func (lr *liveRoute) live(now time.Time) bool {
 // authorized checks the client's key when keys are set, answering 401
 // itself when it fails.
 func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request) bool {
-	_, err := g.authorize(r)
-	if err != nil {
+	if _, err := g.authorize(r); err != nil {
 		g.refuse(w, r, err, "")
 		return false
 	}
 	return true
 }
 
-// authorize checks the client's key when keys are set; name is the key's
-// name, for the access log.
-func (g *Gateway) authorize(r *http.Request) (name string, err *apiError) {
+// authorize checks the client's key when keys are set; k is the key
+// matched, nil when the gateway is open.
+func (g *Gateway) authorize(r *http.Request) (k *apiKey, err *apiError) {
 	ks := g.keys.Load()
 	if ks == nil {
-		return "", nil
+		return nil, nil
 	}
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		return "", errUnauthorized("missing API key: send Authorization: Bearer <key>")
+		return nil, errUnauthorized("missing API key: send Authorization: Bearer <key>")
 	}
 	tok, ok := bearer(h)
 	if !ok {
-		return "", errUnauthorized("malformed Authorization header: want Bearer <key>")
+		return nil, errUnauthorized("malformed Authorization header: want Bearer <key>")
 	}
-	name, ok = ks.Check(tok)
-	if !ok {
-		return "", errUnauthorized("invalid API key")
+	if k = ks.find(tok); k == nil {
+		return nil, errUnauthorized("invalid API key")
 	}
-	return name, nil
+	return k, nil
 }

@@ -330,7 +330,7 @@ func oneDeployment(urls ...string) *world {
 }
 
 // value sums what c collects (a counter or gauge, or one series of a vec).
-func value(t *testing.T, c prometheus.Collector) float64 {
+func value(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 64)
 	go func() { c.Collect(ch); close(ch) }()

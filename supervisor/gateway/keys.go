@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"unicode"
 )
@@ -27,6 +28,27 @@ type apiKey struct {
 	// time hides the keys' lengths as well as their contents.
 	sum  [sha256.Size]byte
 	name string
+	lim  Limits
+}
+
+// Limits bound what one key may ask of the gateway; zero fields are
+// unbounded.
+type Limits struct {
+	// RPS is the sustained requests per second (a token bucket), Burst the
+	// requests it may take at once above that (RPS rounded up when zero).
+	RPS   float64
+	Burst int
+	// Concurrent is how many of the key's requests may be in flight.
+	Concurrent int
+}
+
+// label is how the key appears in metrics: its name, or, for a key without
+// one, a short digest of it (never the key).
+func (k *apiKey) label() string {
+	if k.name != "" {
+		return k.name
+	}
+	return fmt.Sprintf("sha256:%x", k.sum[:4])
 }
 
 // ErrNoKeys is returned for a keys file that holds no key: an operator who
@@ -34,8 +56,13 @@ type apiKey struct {
 var ErrNoKeys = errors.New("gateway keys: no key in the file")
 
 // LoadKeys reads a keys file: one key per line, optionally followed by
-// whitespace and a name (which may contain spaces); blank lines and lines
-// starting with '#' are skipped. Errors name the file and line.
+// whitespace and a name (which may contain spaces) and limits, as in
+//
+//	sk-team-a-0123456789abcdef  team a  rps=20 burst=40 concurrency=8
+//
+// (rps: requests per second sustained; burst: requests at once above it;
+// concurrency: requests in flight). Blank lines and lines starting with
+// '#' are skipped. Errors name the file and line.
 func LoadKeys(path string) (*KeySet, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -60,9 +87,13 @@ func ParseKeys(r io.Reader) (*KeySet, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		key, name := line, ""
+		key, rest := line, ""
 		if i := strings.IndexFunc(line, unicode.IsSpace); i >= 0 {
-			key, name = line[:i], strings.TrimSpace(line[i:])
+			key, rest = line[:i], strings.TrimSpace(line[i:])
+		}
+		name, lim, err := parseKeyOptions(rest)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		if len(key) < MinKeyLength {
 			return nil, fmt.Errorf("line %d: key is %d characters; want at least %d", n, len(key), MinKeyLength)
@@ -72,7 +103,7 @@ func ParseKeys(r io.Reader) (*KeySet, error) {
 			return nil, fmt.Errorf("line %d: the key of line %d again", n, prev)
 		}
 		seen[sum] = n
-		ks.keys = append(ks.keys, apiKey{sum: sum, name: name})
+		ks.keys = append(ks.keys, apiKey{sum: sum, name: name, lim: lim})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("gateway keys: %w", err)
@@ -89,14 +120,63 @@ func (ks *KeySet) Len() int { return len(ks.keys) }
 // Check reports whether key is in the set, and its name. Every key is
 // compared, so the time taken says nothing about which one matched.
 func (ks *KeySet) Check(key string) (name string, ok bool) {
+	k := ks.find(key)
+	if k == nil {
+		return "", false
+	}
+	return k.name, true
+}
+
+func (ks *KeySet) find(key string) *apiKey {
 	sum := sha256.Sum256([]byte(key))
-	found := 0
+	found := -1
 	for i := range ks.keys {
 		if subtle.ConstantTimeCompare(sum[:], ks.keys[i].sum[:]) == 1 {
-			found, name = 1, ks.keys[i].name
+			found = i
 		}
 	}
-	return name, found == 1
+	if found < 0 {
+		return nil
+	}
+	return &ks.keys[found]
+}
+
+// parseKeyOptions splits what follows a key into its name and its limits:
+// the trailing words of the form option=value.
+func parseKeyOptions(rest string) (string, Limits, error) {
+	var lim Limits
+	words := strings.Fields(rest)
+	i := len(words)
+	for i > 0 && strings.Contains(words[i-1], "=") {
+		i--
+	}
+	for _, w := range words[i:] {
+		opt, val, _ := strings.Cut(w, "=")
+		switch opt {
+		case "rps":
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil || f <= 0 || f > 1e6 {
+				return "", lim, fmt.Errorf("rps=%s: want requests per second, a number above 0", val)
+			}
+			lim.RPS = f
+		case "burst", "concurrency":
+			v, err := strconv.Atoi(val)
+			if err != nil || v < 1 || v > 1e6 {
+				return "", lim, fmt.Errorf("%s=%s: want a whole number, at least 1", opt, val)
+			}
+			if opt == "burst" {
+				lim.Burst = v
+			} else {
+				lim.Concurrent = v
+			}
+		default:
+			return "", lim, fmt.Errorf("unknown limit %q: want rps=, burst= or concurrency=", w)
+		}
+	}
+	if lim.Burst > 0 && lim.RPS == 0 {
+		return "", lim, errors.New("burst= without rps=: a burst is over a rate; give rps= too")
+	}
+	return strings.Join(words[:i], " "), lim, nil
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header.

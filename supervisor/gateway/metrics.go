@@ -21,6 +21,10 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	ejections      *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
+	affinity       *prometheus.CounterVec
+	keyRequests    *prometheus.CounterVec
+	keyTokens      *prometheus.CounterVec
+	keyLimited     *prometheus.CounterVec
 	logDropped     prometheus.Counter
 	scrapeErrors   prometheus.Counter
 }
@@ -58,6 +62,22 @@ func newMetrics() *metrics {
 			Name: "llmgw_gateway_upstream_errors_total",
 			Help: "Failures of engines behind the gateway, by deployment, replica and kind: connect, auth (401/403), busy (429/503), stream (the engine broke off an answer).",
 		}, []string{"model", "replica", "kind"}),
+		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_affinity_total",
+			Help: "Requests routed by the prefix policy, by deployment and outcome: taken (the prefix's first replica), spilled (it was over the load bound; a later one in the same order took it), unkeyed (no prompt to key on; least loaded).",
+		}, []string{"model", "outcome"}),
+		keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_key_requests_total",
+			Help: "Requests by API key (its name in the keys file, or a short digest of a key without one) and HTTP status.",
+		}, []string{"key", "code"}),
+		keyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_key_tokens_total",
+			Help: "Tokens by API key and kind (prompt, completion), as the engines' answers report them in usage (a stream only when the client asked for stream_options.include_usage).",
+		}, []string{"key", "kind"}),
+		keyLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_key_limited_total",
+			Help: "Requests refused with 429 because their API key was over its rps or concurrency limit.",
+		}, []string{"key"}),
 		logDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_gateway_access_log_dropped_total",
 			Help: "Access-log lines dropped because the writer fell behind (requests never wait for it).",
@@ -70,7 +90,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.retries, m.ejections, m.upstreamErrors, m.logDropped, m.scrapeErrors}
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors}
 }
 
 // Describe implements prometheus.Collector.

@@ -1,6 +1,10 @@
 package gateway
 
-import "sync/atomic"
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+)
 
 // Policy chooses the replica of one request among candidates the gateway
 // already filtered: every one routable, not yet tried for this request,
@@ -10,18 +14,62 @@ import "sync/atomic"
 //
 // Choose is called concurrently and must not block.
 type Policy interface {
-	// Choose returns the index in cands of the replica to use; cands is
-	// never empty.
-	Choose(req *Request, cands []Candidate) int
+	// Choose returns the candidate to use; cands is never empty.
+	Choose(req *Request, cands []Candidate) Choice
+	// Name is the policy's name in flags and metrics.
+	Name() string
 }
+
+// Choice is a policy's answer: the index in the candidates and, for the
+// prefix policy, how the affinity fared (an Outcome).
+type Choice struct {
+	Index   int
+	Outcome Outcome
+}
+
+// Outcome is what became of a request's prefix affinity, counted in
+// llmgw_gateway_affinity_total.
+type Outcome string
+
+const (
+	// NoAffinity: the policy does not use affinity.
+	NoAffinity Outcome = ""
+	// AffinityTaken: the prefix's first replica in rendezvous order took it.
+	AffinityTaken Outcome = "taken"
+	// AffinitySpilled: the first replica was over the load bound, a later
+	// one in the same order took it.
+	AffinitySpilled Outcome = "spilled"
+	// AffinityUnkeyed: the request had no prompt to key on (embeddings, an
+	// empty prompt); it went to the least loaded.
+	AffinityUnkeyed Outcome = "unkeyed"
+)
 
 // Request is what a policy may read of the request being routed.
 type Request struct {
 	// Deployment is the deployment the request resolved to.
 	Deployment string
-	// Body is the request body as it will be sent (read only): what a
-	// prefix-affinity policy hashes.
+	// Body is the request body as it will be sent (read only).
 	Body []byte
+	// Gateways is how many gateways the view holds (at least 1): each may
+	// be sending to the same replicas without this one seeing it until its
+	// next scrape.
+	Gateways int
+
+	ep endpoint
+	// key caches PrefixKey: the policy may ask on each retry.
+	key     uint64
+	keyOK   bool
+	keyDone bool
+}
+
+// PrefixKey is the hash of the request's prompt prefix (see prefixKey),
+// false when there is none to key on.
+func (r *Request) PrefixKey(maxBytes int) (uint64, bool) {
+	if !r.keyDone {
+		r.key, r.keyOK = prefixKey(r.Body, r.ep, maxBytes)
+		r.keyDone = true
+	}
+	return r.key, r.keyOK
 }
 
 // Candidate is one replica with its load as the gateway estimates it.
@@ -32,6 +80,30 @@ type Candidate struct {
 	// no fresh one), plus this gateway's own requests to it since that
 	// scrape, which the engine had not counted yet.
 	Load float64
+	// Own is the part of Load that is this gateway's requests since the
+	// scrape: what other gateways may be adding unseen as well.
+	Own float64
+}
+
+// NewPolicy returns the policy of a name: "prefix" (the default when name
+// is empty), "least-load" or "round-robin". prefixBytes and balance
+// configure the prefix policy (zero for the defaults).
+func NewPolicy(name string, prefixBytes int, balance float64) (Policy, error) {
+	switch name {
+	case "", "prefix":
+		if balance != 0 && balance < 1 {
+			return nil, fmt.Errorf("balance %g: want at least 1 (1.25 lets a replica take 25%% over the mean)", balance)
+		}
+		if prefixBytes < 0 {
+			return nil, fmt.Errorf("prefix bytes %d: want a positive count", prefixBytes)
+		}
+		return &Prefix{Bytes: prefixBytes, Balance: balance}, nil
+	case "least-load":
+		return &LeastLoad{}, nil
+	case "round-robin":
+		return &RoundRobin{}, nil
+	}
+	return nil, fmt.Errorf("%q: want prefix, least-load or round-robin", name)
 }
 
 // LeastLoad picks the candidate with the lowest load. Ties are broken by a
@@ -43,8 +115,15 @@ type LeastLoad struct {
 
 var _ Policy = (*LeastLoad)(nil)
 
+// Name implements Policy.
+func (p *LeastLoad) Name() string { return "least-load" }
+
 // Choose implements Policy.
-func (p *LeastLoad) Choose(_ *Request, cands []Candidate) int {
+func (p *LeastLoad) Choose(_ *Request, cands []Candidate) Choice {
+	return Choice{Index: p.least(cands)}
+}
+
+func (p *LeastLoad) least(cands []Candidate) int {
 	n := len(cands)
 	start := int(p.next.Add(1) % uint64(n))
 	best := start
@@ -55,4 +134,140 @@ func (p *LeastLoad) Choose(_ *Request, cands []Candidate) int {
 		}
 	}
 	return best
+}
+
+// RoundRobin takes the candidates in turn, blind to load and prompt: the
+// baseline the other policies are measured against.
+type RoundRobin struct {
+	next atomic.Uint64
+}
+
+var _ Policy = (*RoundRobin)(nil)
+
+// Name implements Policy.
+func (p *RoundRobin) Name() string { return "round-robin" }
+
+// Choose implements Policy.
+func (p *RoundRobin) Choose(_ *Request, cands []Candidate) Choice {
+	return Choice{Index: int((p.next.Add(1) - 1) % uint64(len(cands)))}
+}
+
+// Defaults of Prefix.
+const (
+	DefaultPrefixBytes = 2048
+	DefaultBalance     = 1.25
+)
+
+// Prefix sends requests that share a prompt prefix to the same replica, so
+// the engine's prefix cache serves them, without any state shared between
+// gateways: the replicas are ranked by rendezvous hash of (prefix,
+// replica), which every gateway with the same view computes alike, and a
+// replica that leaves moves only its own prefixes.
+//
+// Affinity never overloads a replica: the first replica in that order
+// whose load is within Balance times the mean takes the request
+// (consistent hashing with bounded loads, Mirrokni, Thorup and
+// Zadimoghaddam). Loads are the engines' own reports plus this gateway's
+// requests since its scrape. Other gateways may be adding to the same
+// replica unseen until the next scrape, so this gateway counts its own
+// unscraped requests once for every gateway in the view, as if each of the
+// others had done as it did: the gateways then share the headroom above a
+// replica's reported load instead of each taking all of it, and together
+// they exceed the bound by at most about one request per gateway.
+type Prefix struct {
+	// Bytes is how much of the canonical prompt is hashed
+	// (DefaultPrefixBytes when zero).
+	Bytes int
+	// Balance is the bound on a replica's load as a multiple of the mean
+	// (DefaultBalance when zero; at least 1).
+	Balance float64
+
+	fallback LeastLoad
+}
+
+var _ Policy = (*Prefix)(nil)
+
+// Name implements Policy.
+func (p *Prefix) Name() string { return "prefix" }
+
+// Choose implements Policy.
+func (p *Prefix) Choose(req *Request, cands []Candidate) Choice {
+	nbytes := p.Bytes
+	if nbytes == 0 {
+		nbytes = DefaultPrefixBytes
+	}
+	key, ok := uint64(0), false
+	if req != nil {
+		key, ok = req.PrefixKey(nbytes)
+	}
+	if !ok {
+		return Choice{Index: p.fallback.least(cands), Outcome: AffinityUnkeyed}
+	}
+	gws := 1
+	if req.Gateways > 1 {
+		gws = req.Gateways
+	}
+	i, spilled := boundedChoice(key, cands, gws, p.balance())
+	out := AffinityTaken
+	if spilled {
+		out = AffinitySpilled
+	}
+	return Choice{Index: i, Outcome: out}
+}
+
+func (p *Prefix) balance() float64 {
+	if p.Balance < 1 {
+		return DefaultBalance
+	}
+	return p.Balance
+}
+
+// boundedChoice is the bounded-load rule over the rendezvous order of key:
+// the first candidate whose load, counting this request, is at most
+// ceil(balance x (total + 1) / n) takes it, where total is the sum of the
+// candidates' loads as reported plus this gateway's own since.
+//
+// A candidate's own requests since its scrape count gateways times when it
+// is judged: the other gateways may each have sent as many unseen. (They
+// count once in total: inflating the total would raise the bound for
+// everyone.) When that judgement leaves no one, a burst outran the
+// scrapes; the plain loads are judged instead, and failing that the least
+// loaded takes it. spilled says the first in the order did not.
+func boundedChoice(key uint64, cands []Candidate, gateways int, balance float64) (int, bool) {
+	extra := float64(gateways - 1)
+	total := 0.0
+	for _, c := range cands {
+		total += c.Load
+	}
+	bound := math.Ceil(balance * (total + 1) / float64(len(cands)))
+	first, firstScore := -1, uint64(0)
+	shared, sharedScore := -1, uint64(0) // within the bound with the others' share
+	plain, plainScore := -1, uint64(0)   // within it on this gateway's view alone
+	least, leastLoad := 0, math.Inf(1)
+	for i, c := range cands {
+		judged := c.Load + extra*c.Own
+		if judged < leastLoad {
+			least, leastLoad = i, judged
+		}
+		s := rendezvous(key, c.Route.key())
+		if first < 0 || s > firstScore {
+			first, firstScore = i, s
+		}
+		if judged+1 <= bound && (shared < 0 || s > sharedScore) {
+			shared, sharedScore = i, s
+		}
+		if c.Load+1 <= bound && (plain < 0 || s > plainScore) {
+			plain, plainScore = i, s
+		}
+	}
+	best := shared
+	if best < 0 {
+		best = plain
+	}
+	if best < 0 {
+		// Unreachable with balance >= 1 (the least loaded is at most the
+		// mean), kept so a rounding edge cannot leave a request unrouted.
+		best = least
+	}
+	return best, best != first
 }

@@ -9,14 +9,14 @@ func TestLeastLoadChoosesLowestAndRotatesTies(t *testing.T) {
 	p := &LeastLoad{}
 	cands := []Candidate{{Load: 4}, {Load: 1}, {Load: 2}}
 	for range 5 {
-		if i := p.Choose(nil, cands); i != 1 {
+		if i := p.Choose(nil, cands).Index; i != 1 {
 			t.Fatalf("chose %d, want 1 (load 1)", i)
 		}
 	}
 	ties := []Candidate{{Load: 0}, {Load: 0}, {Load: 0}}
 	seen := map[int]int{}
 	for range 30 {
-		seen[p.Choose(nil, ties)]++
+		seen[p.Choose(nil, ties).Index]++
 	}
 	if len(seen) != 3 || seen[0] != 10 || seen[1] != 10 || seen[2] != 10 {
 		t.Fatalf("ties chosen %v, want an even share", seen)
@@ -32,10 +32,10 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	// Two requests before any scrape: without a scrape, the gossiped 5
 	// wins over 2 in flight (they may be among the 5).
 	a, b := r.begin(), r.begin()
-	if got := r.load(t0, fresh, 5); got != 5 {
+	if got, _ := r.load(t0, fresh, 5); got != 5 {
 		t.Fatalf("no scrape, gossip 5, 2 in flight: load %v, want 5", got)
 	}
-	if got := r.load(t0, fresh, 1); got != 2 {
+	if got, _ := r.load(t0, fresh, 1); got != 2 {
 		t.Fatalf("no scrape, gossip 1, 2 in flight: load %v, want 2", got)
 	}
 	// A scrape starts; one request arrives while it runs; it reads 7
@@ -46,21 +46,21 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	}
 	c := r.begin()
 	r.scrapeDone(e, 7, t0, true)
-	if got := r.load(t0, fresh, 0); got != 8 {
+	if got, _ := r.load(t0, fresh, 0); got != 8 {
 		t.Fatalf("scraped 7, one request since: load %v, want 8", got)
 	}
 	// a and b end: the scrape had them, nothing changes until the next.
 	r.end(a)
 	r.end(b)
-	if got := r.load(t0, fresh, 0); got != 8 {
+	if got, _ := r.load(t0, fresh, 0); got != 8 {
 		t.Fatalf("after older requests ended: load %v, want 8", got)
 	}
 	d := r.begin()
-	if got := r.load(t0, fresh, 0); got != 9 {
+	if got, _ := r.load(t0, fresh, 0); got != 9 {
 		t.Fatalf("two since the scrape: load %v, want 9", got)
 	}
 	r.end(c)
-	if got := r.load(t0, fresh, 0); got != 8 {
+	if got, _ := r.load(t0, fresh, 0); got != 8 {
 		t.Fatalf("one since the scrape ended: load %v, want 8", got)
 	}
 	// No second scrape within the interval; the next one resets the
@@ -70,12 +70,12 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	}
 	e, _ = r.scrapeDue(t0.Add(time.Second), time.Second)
 	r.scrapeDone(e, 1, t0.Add(time.Second), true)
-	if got := r.load(t0.Add(time.Second), fresh, 0); got != 1 {
+	if got, _ := r.load(t0.Add(time.Second), fresh, 0); got != 1 {
 		t.Fatalf("fresh scrape 1, nothing since: load %v, want 1", got)
 	}
 	r.end(d)
 	// A stale scrape falls back to gossip.
-	if got := r.load(t0.Add(time.Minute), fresh, 4); got != 4 {
+	if got, _ := r.load(t0.Add(time.Minute), fresh, 4); got != 4 {
 		t.Fatalf("stale scrape: load %v, want the gossiped 4", got)
 	}
 	if r.inFlight() != 0 {

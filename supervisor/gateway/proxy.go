@@ -32,7 +32,17 @@ type exchange struct {
 	gone     bool // the client went away
 	ttfb     time.Duration
 	entry    logEntry
+	// key is the client's API key when the gateway has keys; its usage is
+	// then read from the answers and counted under its name.
+	key *apiKey
+	use usage
+	// body collects a plain answer for its usage, up to maxUsageBody.
+	body []byte
 }
+
+// maxUsageBody bounds how much of a plain answer is kept to read its usage;
+// a longer one is not counted.
+const maxUsageBody = 1 << 20
 
 func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	if r.Method != http.MethodPost {
@@ -49,9 +59,19 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		x.fail(err)
 		return
 	}
-	if x.entry.key, err = g.authorize(r); err != nil {
+	if x.key, err = g.authorize(r); err != nil {
 		x.fail(err)
 		return
+	}
+	if x.key != nil {
+		x.entry.key = x.key.name
+		release, err := g.callers.admit(x.key, x.start)
+		if err != nil {
+			g.m.keyLimited.WithLabelValues(x.key.label()).Inc()
+			x.fail(err)
+			return
+		}
+		defer release()
 	}
 	body, err := g.readBody(x)
 	if err != nil {
@@ -75,7 +95,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		// The engine serves the deployment name only.
 		body = withModel(body, p.modelSpan, e.Name)
 	}
-	g.forward(x, e, rt.routes[e.Name], body)
+	g.forward(x, e, rt, ep, body)
 }
 
 // readBody reads the whole body (capped), so that a retry can resend it and
@@ -126,8 +146,9 @@ func (g *Gateway) readBody(x *exchange) ([]byte, *apiError) {
 //
 // Every other answer, 4xx included, is relayed and never counts against
 // the replica.
-func (g *Gateway) forward(x *exchange, e *Entry, routes []*liveRoute, body []byte) {
-	req := &Request{Deployment: e.Name, Body: body}
+func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body []byte) {
+	routes := rt.routes[e.Name]
+	req := &Request{Deployment: e.Name, Body: body, Gateways: rt.table.Gateways(), ep: ep}
 	var tried []*liveRoute
 	var lastErr error
 	retryReason := ""
@@ -239,16 +260,20 @@ func (g *Gateway) choose(req *Request, e *Entry, routes, tried []*liveRoute, now
 	cands := make([]Candidate, len(lrs))
 	for i, lr := range lrs {
 		g.scrape.maybe(e.Engine, lr, now)
-		cands[i] = Candidate{Route: &lr.Route, Load: lr.rep.load(now, g.fresh(), lr.Load)}
+		load, own := lr.rep.load(now, g.fresh(), lr.Load)
+		cands[i] = Candidate{Route: &lr.Route, Load: load, Own: own}
 	}
-	i := 0
+	c := Choice{}
 	if len(cands) > 1 {
-		i = g.policy.Choose(req, cands)
-		if i < 0 || i >= len(cands) {
-			i = 0
+		c = g.policy.Choose(req, cands)
+		if c.Index < 0 || c.Index >= len(cands) {
+			c.Index = 0
 		}
 	}
-	return lrs[i]
+	if c.Outcome != NoAffinity && len(tried) == 0 {
+		g.m.affinity.WithLabelValues(e.Name, string(c.Outcome)).Inc()
+	}
+	return lrs[c.Index]
 }
 
 // hopHeaders are meaningful for one connection only (RFC 9110 §7.6.1), so
@@ -368,6 +393,9 @@ func (g *Gateway) relayBody(x *exchange, lr *liveRoute, resp *http.Response) {
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			if x.key != nil && len(x.body)+n <= maxUsageBody {
+				x.body = append(x.body, buf[:n]...)
+			}
 			if x.write(buf[:n]) != nil {
 				return
 			}
@@ -376,6 +404,9 @@ func (g *Gateway) relayBody(x *exchange, lr *liveRoute, resp *http.Response) {
 			}
 		}
 		if errors.Is(err, io.EOF) {
+			if u, ok := usageOf(x.body); ok {
+				x.use = u
+			}
 			return
 		}
 		if err != nil {
@@ -401,6 +432,11 @@ func (g *Gateway) relayEvents(x *exchange, lr *liveRoute, resp *http.Response) {
 	var ev []byte
 	line := 0 // bytes of the current line read so far
 	emit := func() bool {
+		if x.key != nil {
+			if u, ok := usageOf(eventData(ev)); ok {
+				x.use = u // the last chunk's usage covers the whole answer
+			}
+		}
 		if x.write(ev) != nil {
 			return false
 		}
@@ -466,6 +502,16 @@ func (x *exchange) finish() {
 		status = statusClientGone
 	}
 	g.m.requests.WithLabelValues(x.model, statusLabel(status)).Inc()
+	if x.key != nil {
+		l := x.key.label()
+		g.m.keyRequests.WithLabelValues(l, statusLabel(status)).Inc()
+		if x.use.PromptTokens > 0 {
+			g.m.keyTokens.WithLabelValues(l, "prompt").Add(float64(x.use.PromptTokens))
+		}
+		if x.use.CompletionTokens > 0 {
+			g.m.keyTokens.WithLabelValues(l, "completion").Add(float64(x.use.CompletionTokens))
+		}
+	}
 	if x.resolved {
 		g.m.duration.WithLabelValues(x.model).Observe(d.Seconds())
 		if x.ttfb > 0 {

@@ -68,7 +68,11 @@ func (r *replica) inFlight() int {
 // interval old and may already include some of this gateway's requests,
 // so the larger of the two is taken rather than their sum, which would
 // count those twice.
-func (r *replica) load(now time.Time, fresh time.Duration, gossiped float64) float64 {
+//
+// own is the part of the load that is this gateway's requests the engine
+// had not counted: those since the scrape, or, without one, every request
+// in flight when they are the larger term.
+func (r *replica) load(now time.Time, fresh time.Duration, gossiped float64) (load, own float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.haveValue && now.Sub(r.scrapedAt) <= fresh {
@@ -78,9 +82,12 @@ func (r *replica) load(now time.Time, fresh time.Duration, gossiped float64) flo
 				since += n
 			}
 		}
-		return r.scraped + float64(since)
+		return r.scraped + float64(since), float64(since)
 	}
-	return max(gossiped, float64(r.inflight))
+	if in := float64(r.inflight); in > gossiped {
+		return in, in
+	}
+	return gossiped, 0
 }
 
 // scrapeDue reports whether a scrape should start now and, if so, marks it

@@ -65,8 +65,10 @@ type Entry struct {
 // routable replicas. It is immutable once built.
 type Table struct {
 	builtAt time.Time
-	entries map[string]*Entry
-	names   []string
+	// gateways counts the live nodes of the view that run a gateway.
+	gateways int
+	entries  map[string]*Entry
+	names    []string
 	// byModel maps a model id to the deployments serving it, sorted.
 	byModel map[string][]string
 }
@@ -91,6 +93,9 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	state := map[string]gossip.MemberState{}
 	for _, m := range snap.Members() {
 		state[m.Name] = m.State
+		if m.Gateway != "" && (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) {
+			t.gateways++
+		}
 	}
 	type copyKey struct{ node, shard, spec string }
 	planned := map[copyKey]bool{}
@@ -236,6 +241,10 @@ func whyNot(d status.DeploymentInfo, shards []status.ShardInfo) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// Gateways is how many live nodes of the view run a gateway, at least 1
+// (this one): the prefix policy shares a replica's headroom among them.
+func (t *Table) Gateways() int { return max(t.gateways, 1) }
 
 // BuiltAt is the moment the table judged leases at.
 func (t *Table) BuiltAt() time.Time { return t.builtAt }

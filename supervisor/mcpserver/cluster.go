@@ -156,15 +156,18 @@ func readOnly() *mcp.ToolAnnotations { return &mcp.ToolAnnotations{ReadOnlyHint:
 func (s *Server) addClusterTools() {
 	addCluster(s, &mcp.Tool{Name: "nodes", Annotations: readOnly(), Description: "Every node this node knows by gossip: " +
 		"name, state (alive, suspect, dead, left), API address, labels, GPUs (index, model, memory total/used/" +
-		"foreign in bytes, NVLink peers, faulted), how many shards it holds, agent version, runtime and probe " +
-		"summary (recent driver faults). Node names are what the host tools' node argument takes."}, s.nodes)
+		"foreign in bytes, NVLink peers, faulted), how many shards it holds, agent version, runtime, probe " +
+		"summary (driver faults, meaning Xids and NVRM errors such as NV_ERR_*, in the recent window and since boot, " +
+		"with the newest fault line) and telemetry (per GPU utilisation %, temperature °C and power W; per RDMA " +
+		"port up or not and tx/rx MB/s; rounded, read at most every 15 s, with read_at). The answering node's own row says isolated (with since when) when it has heard no peer for several probe intervals. Node names are what the " +
+		"host tools' node argument takes."}, s.nodes)
 	addCluster(s, &mcp.Tool{Name: "deployments", Annotations: readOnly(), Description: "What the cluster is asked to " +
 		"run: each deployment's spec (model, engine, replicas, tensor/pipeline parallel, memory, constraints), " +
 		"spec version, how many replicas are placed and how many are ready (every shard holds a valid lease), " +
 		"the nodes it runs on, and for every shard that could not be placed, why."}, s.deployments)
 	addCluster(s, &mcp.Tool{Name: "shards", Annotations: readOnly(), Description: "Every shard: planned, held or " +
-		"unplaced. For each: deployment, replica, spec version, node and GPU indices, lease (starting, valid, " +
-		"lapsed; only a valid lease is routable), engine status, URL, PID or container, restarts and last exit " +
+		"unplaced. For each: deployment, replica, spec version, node and GPU indices, lease (valid, starting, " +
+		"lapsed, or none when nobody holds it; only a valid lease is routable), engine status, URL, PID or container, restarts and last exit " +
 		"code, the engine's load, and a reason when it is unplaced or being stopped."}, s.shards)
 	addCluster(s, &mcp.Tool{Name: "why_not", Annotations: readOnly(), Description: "Why a deployment (or one shard) " +
 		"is or is not running: for each shard, the node and GPUs it was placed on with its lease and engine " +
@@ -180,7 +183,7 @@ func (s *Server) addClusterTools() {
 		"or change a deployment (the same as llmgw place). The spec is validated first and a bad one is refused " +
 		"with the field at fault. Accepted, it is replicated to every node by gossip and placed by all of them " +
 		"alike; a changed spec rolls: new shards start beside the old, which stop once the new are ready. " +
-		"Returns the stored spec and its version; call why_not a few seconds later to see where it landed."}, s.place)
+		"Returns the stored spec and its version, change (new, changed, scaled or unchanged), how many replicas the plan computed with it places now and, for the rest, placement's reasons; call why_not a few seconds later to see where it landed."}, s.place)
 	addCluster(s, &mcp.Tool{Name: "unplace", Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(true)}, Description: "Remove " +
 		"a deployment (the same as llmgw unplace): every node stops its shards. Fails for a name the cluster " +
 		"does not know, listing the ones it does."}, s.unplace)
@@ -298,11 +301,7 @@ func explain(sh status.ShardInfo) shardWhy {
 	case sh.Status == gossip.ShardPending:
 		w.Why = fmt.Sprintf("placed on %s GPUs %v; %s has not reported the engine yet", sh.Node, sh.GPUs, sh.Node)
 	default:
-		lease := string(sh.Lease)
-		if lease == "" {
-			lease = "none"
-		}
-		w.Why = fmt.Sprintf("placed on %s GPUs %v; engine %s, lease %s (not routable until the engine is ready)", sh.Node, sh.GPUs, sh.Status, lease)
+		w.Why = fmt.Sprintf("placed on %s GPUs %v; engine %s, lease %s (not routable until the engine is ready)", sh.Node, sh.GPUs, sh.Status, sh.Lease)
 		if sh.Restarts > 0 {
 			w.Why += fmt.Sprintf("; restarted %d times", sh.Restarts)
 			if sh.LastExit != nil {

@@ -15,16 +15,18 @@ import (
 // keeps only node and the fields its host.Tool.Params name, so a client
 // sees (and the SDK enforces) exactly what that tool reads.
 type hostIn struct {
-	Node   string `json:"node,omitempty" jsonschema:"run on this node (a name from the nodes tool); this node if empty"`
-	View   string `json:"view,omitempty"`
-	Name   string `json:"name,omitempty"`
-	Filter string `json:"filter,omitempty"`
-	Lines  int    `json:"lines,omitempty"`
-	Device string `json:"device,omitempty"`
+	Node   string  `json:"node,omitempty" jsonschema:"run on this node (a name from the nodes tool); this node if empty"`
+	View   string  `json:"view,omitempty"`
+	Name   string  `json:"name,omitempty"`
+	Filter string  `json:"filter,omitempty"`
+	Lines  int     `json:"lines,omitempty"`
+	Device string  `json:"device,omitempty"`
+	Rounds int     `json:"rounds,omitempty"`
+	GapS   float64 `json:"gap_s,omitempty"`
 }
 
 func (in hostIn) args() host.Args {
-	return host.Args{View: in.View, Name: in.Name, Filter: in.Filter, Lines: in.Lines, Device: in.Device}
+	return host.Args{View: in.View, Name: in.Name, Filter: in.Filter, Lines: in.Lines, Device: in.Device, Rounds: in.Rounds, GapS: in.GapS}
 }
 
 // hostSchema is hostIn's schema cut down to one tool's parameters.

@@ -116,8 +116,15 @@ type Server struct {
 func Register(n Node, mux *http.ServeMux, opts Options) *Server {
 	s := New(n, opts)
 	mux.Handle(Path, s.Handler())
+	if t, ok := n.(toolTeller); ok {
+		t.SetMCPTools(s.ToolNames())
+	}
 	return s
 }
+
+// toolTeller is a node that lists the MCP tools it serves in its own
+// status (supervisor.Node's /status.json).
+type toolTeller interface{ SetMCPTools(names []string) }
 
 // New builds the server without registering it.
 func New(n Node, opts Options) *Server {

@@ -110,6 +110,7 @@ var hostCalls = map[string]map[string]any{
 	"rdma_counters":     nil,
 	"pci":               nil,
 	"usb":               nil,
+	"systemd_units":     nil,
 	"containers":        nil,
 	"list_logs":         nil,
 	"read_log":          {"name": "engine.log", "lines": 5, "filter": "ready"},
@@ -147,6 +148,14 @@ func TestEveryHostToolAnswersLocally(t *testing.T) {
 	if out := text(callTool(t, cs, "engine_stacks", nil)); strings.Count(out, "round ") < 3 {
 		t.Errorf("engine_stacks: want three rounds: %q", out)
 	}
+	if out := text(callTool(t, cs, "engine_stacks", map[string]any{"rounds": 2, "gap_s": 0.1})); strings.Count(out, "===== round ") != 2 || !strings.Contains(out, "2 rounds 100ms apart") {
+		t.Errorf("engine_stacks rounds=2 gap_s=0.1: %q", out)
+	}
+	// No systemd is an answer (here: not installed, or not the init
+	// system, or its services listed).
+	if out := text(callTool(t, cs, "systemd_units", nil)); !strings.Contains(out, "systemd") && !strings.Contains(out, "running") {
+		t.Errorf("systemd_units: %q", out)
+	}
 	if out := text(callTool(t, cs, "meminfo", nil)); !strings.Contains(out, "MemTotal") {
 		t.Errorf("meminfo: %q", out)
 	}
@@ -160,9 +169,13 @@ func TestBadArgumentsAreToolErrors(t *testing.T) {
 		args map[string]any
 		want string
 	}{
-		{"meminfo", map[string]any{"view": "apps"}, "view"},                // not a parameter of meminfo
-		{"gpu", map[string]any{"view": "bogus"}, "bogus"},                  // host refuses the view
-		{"gpu", map[string]any{"view": 7}, "view"},                         // wrong type
+		{"meminfo", map[string]any{"view": "apps"}, "view"}, // not a parameter of meminfo
+		{"gpu", map[string]any{"view": "bogus"}, "bogus"},   // host refuses the view
+		{"gpu", map[string]any{"view": 7}, "view"},          // wrong type
+		{"engine_stacks", map[string]any{"rounds": 50}, "rounds 50: want 1 to 10"},
+		{"engine_stacks", map[string]any{"gap_s": 600}, "gap_s 600: want 0.1 to 10 seconds"},
+		{"engine_stacks", map[string]any{"gap_s": "soon"}, "gap_s"},
+		{"systemd_units", map[string]any{"view": "all"}, "view"},
 		{"read_log", map[string]any{"name": "../../etc/passwd"}, "leaves"}, // path escape
 		{"read_log", map[string]any{"name": "engine.log", "filter": "("}, ""},
 		{"why_not", nil, "give deployment"},
@@ -462,4 +475,34 @@ func countMetric(t *testing.T, s *Server, tool, where string) uint64 {
 		total += m.GetHistogram().GetSampleCount()
 	}
 	return total
+}
+
+// /status.json names the MCP tools the node serves and its uptime, so a
+// peer or an operator sees what it can ask without an MCP session.
+func TestStatusJSONListsToolsAndUptime(t *testing.T) {
+	alpha, _ := twoNodes(t)
+	resp, err := http.Get(alpha.url("/status.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		UptimeS *float64 `json:"uptime_s"`
+		Tools   []string `json:"tools"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if st.UptimeS == nil || *st.UptimeS < 0 {
+		t.Errorf("uptime_s %v", st.UptimeS)
+	}
+	want := []string{"systemd_units", "engine_stacks", "nodes", "place"}
+	for _, w := range want {
+		if !slices.Contains(st.Tools, w) {
+			t.Errorf("tools %v lacks %s", st.Tools, w)
+		}
+	}
+	if n := len(host.Tools(host.Config{Host: "x"})) + len(clusterToolNames()); len(st.Tools) != n {
+		t.Errorf("%d tools in /status.json, want %d", len(st.Tools), n)
+	}
 }

@@ -123,6 +123,8 @@ var (
 		"1 when the last /metrics scrape of an engine on this node failed.", []string{"shard", "deployment"}, nil)
 	descScrapeErrors = prometheus.NewDesc("llmgw_engine_scrape_errors_total",
 		"Failed engine /metrics scrapes on this node.", nil, nil)
+	descIsolated = prometheus.NewDesc("llmgw_isolated",
+		"1 while this node hears no peer although it expects some: its shards' leases lapse in the other nodes' views within the lease TTL.", nil, nil)
 )
 
 // nodeCollector reads everything from the node at scrape time.
@@ -137,6 +139,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
 	}
+	ch <- descIsolated
 	if c.scrapeErrors != nil {
 		ch <- descScrapeErrors
 	}
@@ -174,11 +177,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	type sl struct{ status, lease string }
 	shards := map[sl]int{}
 	for _, s := range snap.Shards(now) {
-		lease := string(s.Lease)
-		if lease == "" {
-			lease = "none"
-		}
-		shards[sl{string(s.Status), lease}]++
+		shards[sl{string(s.Status), string(s.Lease)}]++
 	}
 	for k, v := range shards {
 		gauge(ch, descShards, float64(v), k.status, k.lease)
@@ -199,6 +198,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	if self, ok := snap.Member(snap.Self()); ok {
+		gauge(ch, descIsolated, b2f(self.Isolated))
 		c.collectSelf(ch, self)
 	}
 	if c.scrapeErrors != nil {

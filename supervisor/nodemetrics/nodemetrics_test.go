@@ -185,3 +185,20 @@ func TestMetricsShowTheClockOffset(t *testing.T) {
 		return ok && got > -1 && got < 1, fmt.Sprint(got, ok)
 	})
 }
+
+// A node whose only peer is gone hears no one: /metrics says it is
+// isolated, so an alert needs no log scraping; its peer, while it ran,
+// said 0.
+func TestMetricsSayWhenThisNodeIsIsolated(t *testing.T) {
+	a, aport := startNode(t, "alpha")
+	b, _ := startNode(t, "bravo", aport)
+	testwait.Until(t, 10*time.Second, "alpha's /metrics says it is not isolated", func() (bool, string) {
+		got, ok := value(scrape(t, a), "llmgw_isolated")
+		return ok && got == 0 && len(a.Status().Members()) == 2, fmt.Sprint(got, ok)
+	})
+	_ = b.Kill()
+	testwait.Until(t, 15*time.Second, "alpha's /metrics says it is isolated", func() (bool, string) {
+		got, ok := value(scrape(t, a), "llmgw_isolated")
+		return ok && got == 1, fmt.Sprint(got, ok)
+	})
+}

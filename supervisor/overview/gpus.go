@@ -10,9 +10,9 @@ import (
 )
 
 // Telemetry reads what NVML says of each GPU's work: utilisation,
-// temperature, power and MIG instances. It is the consumer's side of a
-// reader probes/gpu grows; until one is wired in, those columns show a
-// dash.
+// temperature, power and MIG instances (FromNVML adapts probes/gpu's
+// reader, which gives no MIG instances). Without one, those columns show
+// a dash.
 type Telemetry interface {
 	Telemetry(ctx context.Context) ([]GPUReading, error)
 }
@@ -77,7 +77,8 @@ func (r GPUsReader) Read(ctx context.Context, st stamp) GPUsSection {
 			s.Note = "the agent's --simulate-gpus: " + err.Error()
 			return s
 		}
-		r.GPUs = sim
+		// Simulated GPUs have no activity to read.
+		r.GPUs, r.Telemetry = sim, nil
 	}
 	if r.GPUs == nil {
 		s.Note = "no GPU reader"

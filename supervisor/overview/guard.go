@@ -64,3 +64,49 @@ func OneStatfsAtATime(statfs func(string) (uint64, uint64, error)) func(string) 
 		return statfs(path)
 	}
 }
+
+// FromNVML adapts probes/gpu's telemetry reader to the GPUs section's
+// Telemetry, one call at a time like OneAtATime (the reader shares NVML's
+// lock with Discover, and neither can be cancelled). A reading the driver
+// did not give is negative: the column shows a dash, not a zero.
+func FromNVML(r gpu.TelemetryReader) Telemetry { return &nvmlTelemetry{r: r} }
+
+type nvmlTelemetry struct {
+	r    gpu.TelemetryReader
+	mu   sync.Mutex
+	busy bool
+}
+
+func (t *nvmlTelemetry) Telemetry(ctx context.Context) ([]GPUReading, error) {
+	t.mu.Lock()
+	if t.busy {
+		t.mu.Unlock()
+		return nil, errStillHung
+	}
+	t.busy = true
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.busy = false
+		t.mu.Unlock()
+	}()
+	ts, err := t.r.Telemetry(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GPUReading, 0, len(ts))
+	for _, x := range ts {
+		rd := GPUReading{Index: x.Index, UtilPercent: -1, TempC: -1, PowerW: -1}
+		if x.HasUtil {
+			rd.UtilPercent = float64(x.UtilPct)
+		}
+		if x.HasTemp {
+			rd.TempC = float64(x.TempC)
+		}
+		if x.HasPower {
+			rd.PowerW = x.PowerW
+		}
+		out = append(out, rd)
+	}
+	return out, nil
+}

@@ -72,3 +72,19 @@ func TestHungStatfsIsNotAskedAgainUntilItAnswers(t *testing.T) {
 		return s.Disks[1].Err == "stale file handle", s.Disks[1].Err
 	})
 }
+
+type fakeTelemetry []gpu.Telemetry
+
+func (f fakeTelemetry) Telemetry(context.Context) ([]gpu.Telemetry, error) { return f, nil }
+
+// probes/gpu's readings, as the H200 gave them, through FromNVML; a reading
+// the driver refused shows a dash, not a zero.
+func TestFromNVML(t *testing.T) {
+	snap, rd := h200Fixture(t)
+	tr := FromNVML(fakeTelemetry{{Index: 0, UtilPct: int(rd.UtilPercent), TempC: int(rd.TempC), PowerW: rd.PowerW, HasUtil: true, HasTemp: true}})
+	s := GPUsReader{GPUs: snapGPUs{snap: snap}, Telemetry: tr}.Read(context.Background(), stamp{})
+	out := Render(Frame{At: t0, GPUs: s}, 0, Plain())
+	if !strings.Contains(out, "100%") || !strings.Contains(out, "58°C") || strings.Contains(out, "0W") || strings.Contains(out, "691W") {
+		t.Errorf("frame (power not given, so a dash):\n%s", out)
+	}
+}

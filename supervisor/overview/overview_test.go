@@ -125,6 +125,24 @@ func TestTableCutsFlexColumnAndNeverWraps(t *testing.T) {
 	}
 }
 
+func TestTableLeavesOutOptionalColumnsWhenNarrow(t *testing.T) {
+	tb := Table{Head: []string{"NAME", "WHY", "EXTRA", "MORE"}, Flex: 1, MinFlex: 4, Optional: []int{2, 3},
+		Rows: [][]Cell{{C("chat"), C("a reason"), C("extra-wide-value"), C("more")}}}
+	wide := tb.Render(0, "", Plain())
+	if !strings.Contains(wide, "extra-wide-value") || !strings.Contains(wide, "MORE") {
+		t.Errorf("wide:\n%s", wide)
+	}
+	narrow := tb.Render(24, "", Plain())
+	if strings.Contains(narrow, "EXTRA") || !strings.Contains(narrow, "MORE") {
+		t.Errorf("at 24 columns EXTRA (first optional) should go, MORE stay:\n%s", narrow)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(narrow, "\n"), "\n") {
+		if lipgloss.Width(l) > 24 {
+			t.Errorf("line wider than 24: %q", l)
+		}
+	}
+}
+
 func TestAgo(t *testing.T) {
 	for d, want := range map[time.Duration]string{40 * time.Second: "40s", 15 * time.Minute: "15m", 90 * time.Second: "1m30s", 26 * time.Hour: "1d2h", -time.Second: "0s"} {
 		if got := Ago(d); got != want {

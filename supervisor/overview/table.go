@@ -63,6 +63,9 @@ type Table struct {
 	// Flex is the column to cut first; -1 for the last one.
 	Flex    int
 	MinFlex int
+	// Optional columns are left out, in this order, when cutting Flex is
+	// not enough.
+	Optional []int
 }
 
 // Render draws the table for a screen width columns wide (0: no limit),
@@ -88,21 +91,46 @@ func (t Table) Render(width int, indent string, st Styles) string {
 	if flex < 0 || flex >= n {
 		flex = n - 1
 	}
+	shown := make([]bool, n)
+	for i := range shown {
+		shown[i] = true
+	}
 	if width > 0 {
-		total := lipgloss.Width(indent) + 2*(n-1)
-		for _, w := range widths {
-			total += w
+		total := func() int {
+			sum, cols := lipgloss.Width(indent), 0
+			for i, w := range widths {
+				if shown[i] {
+					sum, cols = sum+w, cols+1
+				}
+			}
+			return sum + 2*max(0, cols-1)
 		}
-		if over := total - width; over > 0 {
-			minFlex := max(t.MinFlex, min(8, widths[flex]))
+		if over := total() - width; over > 0 {
+			// Cut down to MinFlex (8 if unset), never widened by it.
+			minFlex := min(widths[flex], max(t.MinFlex, 8))
 			widths[flex] = max(minFlex, widths[flex]-over)
+		}
+		for _, o := range t.Optional {
+			if total() <= width {
+				break
+			}
+			if o >= 0 && o < n && o != flex {
+				shown[o] = false
+			}
 		}
 	}
 	var b strings.Builder
 	line := func(cells []Cell, head bool) {
 		var l strings.Builder
 		l.WriteString(indent)
+		last := n - 1
+		for last > 0 && !shown[last] {
+			last--
+		}
 		for i := range n {
+			if !shown[i] {
+				continue
+			}
 			var c Cell
 			if i < len(cells) {
 				c = cells[i]
@@ -119,7 +147,7 @@ func (t Table) Render(width int, indent string, st Styles) string {
 				text = c.Style.Render(text)
 			}
 			l.WriteString(text)
-			if i < n-1 {
+			if i < last {
 				l.WriteString(strings.Repeat(" ", pad+2))
 			}
 		}

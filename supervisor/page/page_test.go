@@ -24,8 +24,8 @@ func startWith(t *testing.T, name string, labels map[string]string, mut func(*su
 	t.Helper()
 	cfg := supervisortest.Config(t, name, join...)
 	cfg.Token, cfg.Version, cfg.Labels = token, "v-test", labels
+	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux, Options{}) }
 	mut(&cfg)
-	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux) }
 	return supervisortest.Start(t, cfg), cfg.BindPort
 }
 

@@ -35,6 +35,10 @@ type Metrics struct {
 	KVCacheUsageFallback string `json:"kv_cache_usage_fallback,omitempty"`
 	PromptTokens         string `json:"prompt_tokens,omitempty"`
 	GenerationTokens     string `json:"generation_tokens,omitempty"`
+	// PrefixCacheHits and PrefixCacheQueries are the prefix cache's
+	// counters in tokens, for its hit rate; empty when the engine has none.
+	PrefixCacheHits    string `json:"prefix_cache_hits,omitempty"`
+	PrefixCacheQueries string `json:"prefix_cache_queries,omitempty"`
 	// ModelLabel is the label that carries the served model name.
 	ModelLabel string `json:"model_label,omitempty"`
 }
@@ -253,7 +257,8 @@ func (p Profile) Validate() error {
 // (probes/load). Every engine exports the process start time the same way.
 func (m Metrics) LoadNames() load.Names {
 	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
-		GenerationTokens: m.GenerationTokens, StartTime: load.VLLM().StartTime}
+		GenerationTokens: m.GenerationTokens, PrefixHits: m.PrefixCacheHits, PrefixQueries: m.PrefixCacheQueries,
+		StartTime: load.VLLM().StartTime}
 	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
 		if k != "" {
 			n.KVCache = append(n.KVCache, k)

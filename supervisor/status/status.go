@@ -39,6 +39,9 @@ type Input struct {
 	Deployments []gossip.DeploymentRecord
 	// ReconcileTook is how long the pass took.
 	ReconcileTook time.Duration
+	// Isolated is since when this node has heard no peer while it expects
+	// some (zero: it is not isolated); its own member row says so.
+	Isolated time.Time
 }
 
 // Snapshot is the cluster as one reconcile pass saw it. It is immutable:
@@ -89,7 +92,11 @@ func Build(in Input) *Snapshot {
 	lapses := map[string]time.Time{}
 	records := map[held]gossip.ShardRecord{}
 	for _, m := range in.Members {
-		s.members = append(s.members, memberInfo(m))
+		mi := memberInfo(m)
+		if m.Name == in.Self && !in.Isolated.IsZero() {
+			mi.Isolated, mi.IsolatedSince = true, in.Isolated
+		}
+		s.members = append(s.members, mi)
 		if m.Record == nil {
 			continue
 		}
@@ -107,7 +114,7 @@ func memberInfo(m gossip.Member) MemberInfo {
 	mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt, ClockOffset: m.ClockOffset, TokenMismatch: m.TokenMismatch}
 	if r := m.Record; r != nil {
 		mi.API, mi.Gateway, mi.GatewayTLS, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Gateway, r.GatewayTLS, r.Labels, r.GPUs, r.Shards
-		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes
+		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes, mi.Telemetry = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes, r.Telemetry
 		if mi.Gossip == "" {
 			mi.Gossip = r.Gossip
 		}
@@ -133,8 +140,12 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	}
 	for _, a := range plan.Assignments {
 		k := held{a.Node, a.ShardID, a.SpecVersion}
+		lease, held := leases[k]
+		if !held {
+			lease = LeaseNone
+		}
 		sh := shard{planned: true, info: ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
-			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: gossip.ShardPending, Lease: leases[k]}}
+			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: gossip.ShardPending, Lease: lease}}
 		if r, ok := records[k]; ok {
 			fill(&sh, r)
 			delete(records, k)
@@ -153,7 +164,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	}
 	for _, u := range plan.Unplaced {
 		s.shards = append(s.shards, shard{info: ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment,
-			GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: placement.LeaseLapsed, Reason: u.Reason}})
+			GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: LeaseNone, Reason: u.Reason}})
 	}
 	sort.SliceStable(s.shards, func(i, j int) bool {
 		a, b := s.shards[i].info, s.shards[j].info

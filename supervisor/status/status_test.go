@@ -143,7 +143,7 @@ func TestUnplacedAndEmpty(t *testing.T) {
 	c.plan.Unplaced = []placement.Unplaced{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", Reason: "needs 1 GPU"}}
 	snap := c.build()
 	sh := snap.Shards(t0)
-	if len(sh) != 1 || sh[0].Status != gossip.ShardUnplaced || sh[0].Reason != "needs 1 GPU" || sh[0].Lease != placement.LeaseLapsed {
+	if len(sh) != 1 || sh[0].Status != gossip.ShardUnplaced || sh[0].Reason != "needs 1 GPU" || sh[0].Lease != LeaseNone {
 		t.Fatalf("shards = %+v, want one unplaced shard with its reason", sh)
 	}
 	if d := snap.Deployments(t0); d[0].Placed != 0 || !slices.Equal(d[0].Why, []string{"chat-0: needs 1 GPU"}) {

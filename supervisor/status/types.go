@@ -25,12 +25,18 @@ type MemberInfo struct {
 	AgentVersion string               `json:"agent_version,omitempty"`
 	Runtime      string               `json:"runtime,omitempty"`
 	Probes       gossip.ProbeSummary  `json:"probes,omitzero"`
+	Telemetry    gossip.Telemetry     `json:"telemetry,omitzero"`
 	// ClockOffset is the node's clock minus the cluster's, as the
 	// answering node estimates it (absent until it probed the node).
 	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
 	// TokenMismatch: the node announces another cluster token; it and the
 	// answering node refuse each other's API calls.
 	TokenMismatch bool `json:"token_mismatch,omitempty"`
+	// Isolated (the answering node's own row only): it has heard no peer
+	// since IsolatedSince although it expects some. Its leases lapse
+	// elsewhere within the TTL; what it shows of others is old.
+	Isolated      bool      `json:"isolated,omitempty"`
+	IsolatedSince time.Time `json:"isolated_since,omitzero"`
 }
 
 // ClusterInfo is the body of /v1/cluster.
@@ -48,17 +54,52 @@ type DeploymentInfo struct {
 	Ready       int          `json:"ready"`
 	Nodes       []string     `json:"nodes"`
 	Why         []string     `json:"why,omitempty"`
+	// Change is set only in the answer to a place: what the write did to
+	// the spec the cluster held (ChangeNew, ChangeChanged, ChangeScaled,
+	// ChangeUnchanged).
+	Change string `json:"change,omitempty"`
 }
+
+// LeaseNone is the lease of a shard that nobody holds: planned on a node
+// that has not claimed it yet (status pending), or placed nowhere (status
+// unplaced).
+//
+// A shard's lease reads one of four words wherever it is shown (the page,
+// `llmgw shards`, `llmgw top`, MCP, /metrics), all from ShardInfo.Lease:
+//
+//	valid     its holder is alive and renewing, and the engine is ready: routable
+//	starting  its holder is alive and renewing; the engine is not ready yet
+//	lapsed    a holder claimed it, but the claim no longer counts: the holder
+//	          died, left, restarted or stopped renewing, or is stopping it
+//	none      nobody holds it
+//
+// The first three are placement's judgements (placement.LeaseState).
+const LeaseNone placement.LeaseState = "none"
+
+// What a place did to the spec the cluster held under its name.
+const (
+	// ChangeNew: no live deployment had the name.
+	ChangeNew = "new"
+	// ChangeChanged: a new spec version; its replicas roll, the old
+	// serving until the new are ready.
+	ChangeChanged = "changed"
+	// ChangeScaled: the same spec version with another replica count;
+	// replicas that serve keep serving.
+	ChangeScaled = "scaled"
+	// ChangeUnchanged: the same spec and replicas.
+	ChangeUnchanged = "unchanged"
+)
 
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
-	ShardID     string               `json:"shard_id"`
-	ReplicaID   string               `json:"replica_id"`
-	Deployment  string               `json:"deployment"`
-	SpecVersion string               `json:"spec_version"`
-	Node        string               `json:"node,omitempty"`
-	GPUs        []int                `json:"gpus"`
-	Lease       placement.LeaseState `json:"lease"`
+	ShardID     string `json:"shard_id"`
+	ReplicaID   string `json:"replica_id"`
+	Deployment  string `json:"deployment"`
+	SpecVersion string `json:"spec_version"`
+	Node        string `json:"node,omitempty"`
+	GPUs        []int  `json:"gpus"`
+	// Lease is valid, starting, lapsed or none (see LeaseNone).
+	Lease placement.LeaseState `json:"lease"`
 	// LeaseExpires is when the lease lapses unless its holder renews it,
 	// as this node judges (zero once lapsed).
 	LeaseExpires time.Time          `json:"lease_expires,omitzero"`

@@ -1,0 +1,240 @@
+package gateway
+
+// How well each policy routes, on one cluster in one run:
+//
+//	go test -run '^$' -bench Policies -benchtime 1x ./supervisor/gateway/
+//
+// Four fake replicas that behave like engines (50 ms to first token for an
+// uncached 1k-token prompt, 10 ms per token, 8 sequences at once, a KV
+// cache of 1,024 blocks of 16 tokens that doubles as the prefix cache)
+// behind three gateways, each with its own policy instance and its own
+// scrapes, as on three nodes. One load generator sends Poisson arrivals
+// and spreads them over the three gateways in turn. Every policy starts
+// on fresh replicas, so no run inherits a warm cache from the one before.
+//
+// The workloads: "shared-prefix", 64 tenants with a 1k-token system prompt
+// each and a short question of every request's own, interleaved (together
+// their prompts are four times what one replica's cache holds, so the
+// cache pays only when a tenant keeps to few replicas); "unique", short
+// questions that share nothing (affinity cannot help; it must not hurt).
+//
+// Reported per policy: time to first byte p50/p90, requests/s, the
+// replicas' prefix-cache hit rate, the busiest replica's requests over the
+// mean, and the largest excess of any replica's instantaneous load over
+// the bound shared-nothing gateways keep, ceil(1.25 x mean) + gateways - 1
+// (sampled every 20 ms; at most 0 when the bound holds).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/supervisor/fakeengine"
+	"github.com/llmgw/llmgw/supervisor/loadgen"
+)
+
+const (
+	policyReplicas = 4
+	policyGateways = 3
+	policyRate     = 100 // requests/s over all gateways: about 80% of what round-robin's replicas can serve
+	policyDuration = 20 * time.Second
+	policyTenants  = 64
+	policySystem   = 1000 // system prompt tokens
+	policyAnswer   = 20   // tokens per answer
+)
+
+var benchScrape = flag.Duration("gwbench.scrape", time.Second, "the gateways' scrape interval in BenchmarkPolicies")
+
+var benchBlocks = flag.Int("gwbench.blocks", 2048, "each fake replica's KV cache in blocks of 16 tokens in BenchmarkPolicies")
+
+var benchBalance = flag.Float64("gwbench.balance", DefaultBalance, "the prefix policy's load bound in BenchmarkPolicies")
+
+func BenchmarkPolicies(b *testing.B) {
+	shared, err := loadgen.SharedPrefix(policyTenants, policySystem, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	workloads := []struct {
+		name string
+		w    loadgen.Workload
+	}{{"shared-prefix", shared}, {"unique", loadgen.Unique(1)}}
+	for _, wl := range workloads {
+		for _, pol := range []string{"round-robin", "least-load", "prefix"} {
+			b.Run(wl.name+"/"+pol, func(b *testing.B) {
+				var res policyResult
+				for range b.N {
+					res = runPolicy(b, pol, wl.w)
+				}
+				b.ReportMetric(res.rep.TTFB.P50, "ttfb_p50_ms")
+				b.ReportMetric(res.rep.TTFB.P90, "ttfb_p90_ms")
+				b.ReportMetric(res.rep.RequestsPerS, "req/s")
+				b.ReportMetric(res.hitRate, "hit_rate")
+				b.ReportMetric(res.rep.ReplicaMaxOverMean, "max/mean")
+				b.ReportMetric(res.overBound, "over_bound")
+				if pol == "prefix" {
+					b.ReportMetric(res.spilled, "spilled")
+				}
+				b.ReportMetric(float64(res.rep.Failed), "errors")
+			})
+		}
+	}
+}
+
+type policyResult struct {
+	rep       loadgen.Report
+	hitRate   float64
+	overBound float64
+	spilled   float64
+}
+
+func runPolicy(b *testing.B, policy string, w loadgen.Workload) policyResult {
+	b.Helper()
+	var engines []*httptest.Server
+	var urls []string
+	for range policyReplicas {
+		srv, err := fakeengine.NewServer(fakeengine.Config{Model: "chat", PrefillPer1KTokens: 50 * time.Millisecond,
+			TokenDelay: 10 * time.Millisecond, MaxRunning: 8, KVCacheBlocks: *benchBlocks})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e := httptest.NewServer(srv)
+		defer e.Close()
+		engines = append(engines, e)
+		urls = append(urls, e.URL)
+	}
+	world := newWorld()
+	world.deploy(placement.Deployment{Name: "chat", Replicas: policyReplicas})
+	for i, u := range urls {
+		n := fmt.Sprintf("n%d", i+1)
+		world.node(n, "alive")
+		world.members[n].Record.Gateway = fmt.Sprintf("127.0.0.1:%d", 8000+i)
+		world.hold(cp{dep: "chat", replica: i, node: n, url: u})
+	}
+	var gws []*url.URL
+	var gateways []*Gateway
+	for range policyGateways {
+		p, err := NewPolicy(policy, 0, *benchBalance)
+		if err != nil {
+			b.Fatal(err)
+		}
+		gw := New(Config{Policy: p, ScrapeInterval: *benchScrape})
+		gw.Update(world.snapshotAt(time.Now()))
+		gateways = append(gateways, gw)
+		srv := httptest.NewServer(gw)
+		defer func() {
+			srv.Close()
+			_ = gw.Shutdown(context.Background())
+		}()
+		u, _ := url.Parse(srv.URL)
+		gws = append(gws, u)
+	}
+	// The snapshot's leases were judged at its making; keep the view fresh
+	// for a run longer than a lease.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			snap := world.snapshotAt(time.Now())
+			for _, gw := range gateways {
+				gw.Update(snap)
+			}
+		}
+	})
+	var over atomic.Uint64 // math.Float64bits of the largest excess seen
+	over.Store(math.Float64bits(math.Inf(-1)))
+	wg.Go(func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			total, most := 0.0, 0.0
+			for _, e := range engines {
+				s := scrapeEngine(b, e.URL)
+				l := s.Running + s.Waiting
+				total += l
+				most = max(most, l)
+			}
+			bound := math.Ceil(DefaultBalance*total/policyReplicas) + policyGateways - 1
+			if ex := most - bound; total > 0 && ex > math.Float64frombits(over.Load()) {
+				over.Store(math.Float64bits(ex))
+			}
+		}
+	})
+	// One generator, its requests spread over the gateways in turn.
+	var next atomic.Uint64
+	rotate := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		g := gws[next.Add(1)%policyGateways]
+		r = r.Clone(r.Context())
+		r.URL.Scheme, r.URL.Host, r.Host = g.Scheme, g.Host, g.Host
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://gateways", Model: "chat", Rate: policyRate,
+		Duration: policyDuration, Stream: true, MaxTokens: policyAnswer, Workload: w, Rand: rand.New(rand.NewPCG(1, 2)),
+		Client: &http.Client{Transport: rotate}})
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var hits, queries float64
+	for _, e := range engines {
+		s := scrapeEngine(b, e.URL)
+		hits += s.PrefixHits
+		queries += s.PrefixQueries
+	}
+	res := policyResult{rep: rep, overBound: math.Float64frombits(over.Load())}
+	var taken, spilled float64
+	for _, gw := range gateways {
+		taken += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinityTaken)))
+		spilled += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinitySpilled)))
+	}
+	if taken+spilled > 0 {
+		res.spilled = spilled / (taken + spilled)
+	}
+	if queries > 0 {
+		res.hitRate = hits / queries
+	}
+	return res
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func scrapeEngine(b *testing.B, base string) load.Sample {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		b.Error(err)
+		return load.Sample{}
+	}
+	defer resp.Body.Close()
+	s, err := load.Parse(resp.Body, expfmt.ResponseFormat(resp.Header), load.VLLM())
+	if err != nil {
+		b.Error(err)
+	}
+	return s
+}
