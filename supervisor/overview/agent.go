@@ -111,7 +111,7 @@ func (r AgentReader) Read(ctx context.Context, st stamp, now time.Time) AgentSec
 	s := AgentSection{Version: r.Version, DataDir: r.DataDir}
 	// A share of the bound each for systemd and the API, so that one
 	// hanging still leaves the other's answer on the screen.
-	sctx, cancel := part(ctx, 0.45)
+	sctx, cancel := part(ctx, 0.6)
 	s.ActiveState, s.SubState, s.ActiveSince, s.ServiceNote = r.service(sctx)
 	cancel()
 
