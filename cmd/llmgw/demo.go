@@ -126,6 +126,9 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--token-file", tokenFile,
 			"--gossip-key-file", keyFile,
 			"--label", "zone=demo-" + strconv.Itoa(i%2),
+			// The node's own log, which llmgw overview reads; stdout and
+			// stderr (a panic, the gateway's access log) go there too.
+			"--log-file", filepath.Join(dir, name+".log"),
 		}
 		if i > 0 {
 			args = append(args, "--join", first)
@@ -166,7 +169,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 	w := c.Root().Writer
 	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("gpus"))
 	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving. Gossip is encrypted with %s.\n\n", keyFile)
-	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  open %s/ in a browser\n\n", addr)
+	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  bin/llmgw overview --data-dir %s   (node-1's own screen, as sudo llmgw on a node)\n  open %s/ in a browser\n\n", filepath.Join(dir, "node-1"), addr)
 	fmt.Fprintf(w, "Ask it through any node's gateway (ports %d-%d, OpenAI's API):\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n  bin/llmgw chat --gateway-addr %s chat \"hello\"\n\n", gatewayPort, gatewayPort+n-1, gw, gw)
 	fmt.Fprintf(w, "Change it and read engine logs (both need the cluster token):\n  export LLMGW_TOKEN_FILE=%s\n  bin/llmgw place chat --model demo/tiny-chat --engine fake --replicas 3\n  bin/llmgw logs chat-0\n\n", tokenFile)
 	fmt.Fprintf(w, "Rehearse a failure: bin/llmgw demo stop-node node-%d (--kill for a crash), watch bin/llmgw shards, then bin/llmgw demo start-node node-%d\n\n", n, n)

@@ -53,7 +53,10 @@ func newApp() *cli.Command {
 		Name:    "llmgw",
 		Usage:   "a leaderless GPU-cluster supervisor for LLM inference",
 		Version: version,
+		// Bare `llmgw` on a node opens its overview; elsewhere, the help.
+		Action: bareAction,
 		Commands: []*cli.Command{
+			overviewCommand(),
 			nodeCommand(),
 			placeCommand(),
 			unplaceCommand(),

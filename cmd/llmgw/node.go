@@ -35,12 +35,12 @@ func nodeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "node",
 		Usage: "run this machine as a cluster node",
-		Commands: []*cli.Command{{
+		Commands: append([]*cli.Command{{
 			Name:   "up",
 			Usage:  "join (or start) the cluster and serve this node's GPUs",
 			Flags:  nodeFlags(),
 			Action: nodeUp,
-		}},
+		}}, nodeServiceCommands(defaultServiceSetup())...),
 	}
 }
 
@@ -68,6 +68,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
+		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
 	}, gatewayFlags()...)
 }
@@ -171,7 +172,12 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return usageError(fmt.Sprintf("--log-level %q: want debug, info, warn or error", c.String("log-level")))
 	}
-	log := slog.New(slog.NewTextHandler(c.Root().ErrWriter, &slog.HandlerOptions{Level: level}))
+	log, logFile, closeLog, err := nodeLogger(c.Root().ErrWriter, c.String("log-file"), level)
+	if err != nil {
+		return usageError(fromEnv(err.Error()))
+	}
+	defer closeLog()
+	started := time.Now()
 	cfg, err := nodeConfig(c, log)
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
@@ -239,6 +245,14 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if gw != nil {
 		served = serveGateway(gws, gw, ln, node, log)
 	}
+	aliveCtx, stopAlive := context.WithCancel(context.Background())
+	aliveDone := make(chan struct{})
+	go func() {
+		defer close(aliveDone)
+		stamp := aliveStamp(cfg.Name, node.APIAddr(), logFile, c.String("weights-dir"), c.String("simulate-gpus"), started)
+		keepAlive(aliveCtx, datadir.New(cfg.DataDir), stamp, cfg.Clock, aliveEvery, log)
+	}()
+	defer func() { stopAlive(); <-aliveDone }()
 	select {
 	case <-ctx.Done():
 		log.Info("signal received: leaving the cluster")

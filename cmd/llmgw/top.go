@@ -5,15 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
-	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/overview"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -35,7 +33,7 @@ func topCommand() *cli.Command {
 				return err
 			}
 			w := c.Root().Writer
-			draw := func(snap topSnapshot) error {
+			draw := func(snap topSnapshot, width int, st overview.Styles) error {
 				if c.Bool("json") {
 					// One object per frame (JSON lines when refreshed).
 					frame := map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards, "gateway": snap.gateway}
@@ -44,7 +42,7 @@ func topCommand() *cli.Command {
 					}
 					return printJSON(w, frame)
 				}
-				renderTop(w, cl.base, snap, time.Now())
+				renderTop(w, cl.base, snap, time.Now(), width, st)
 				return nil
 			}
 			if c.Bool("once") {
@@ -52,11 +50,32 @@ func topCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return draw(snap)
+				return draw(snap, terminalWidth(w), overview.Plain())
 			}
-			// On a terminal each frame replaces the last; into a pipe or
-			// a file, frames follow one another.
-			clear := isTerminal(w) && !c.Bool("json")
+			// On a terminal, a full screen redrawn in place (q quits);
+			// into a pipe or a file, frames follow one another.
+			if isTerminal(w) && !c.Bool("json") {
+				st := overview.Colored(w)
+				return runScreen(ctx, w, screenModel{
+					read: func(ctx context.Context) any {
+						snap, err := fetchTop(ctx, cl)
+						return topRead{snap, err}
+					},
+					draw: func(v any, width int) string {
+						r := v.(topRead)
+						var b strings.Builder
+						if r.err != nil {
+							// The node may be restarting: say so and keep asking.
+							fmt.Fprintf(&b, "llmgw top: %v (retrying every %s)\n", r.err, interval)
+						} else {
+							renderTop(&b, cl.base, r.snap, time.Now(), width, st)
+						}
+						return b.String()
+					},
+					dim: st.Dim, every: interval, what: "llmgw top: asking " + cl.base + "…",
+					keys: "q quit · ↑↓ PgUp PgDn scroll · every " + interval.String(),
+				})
+			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
@@ -64,15 +83,12 @@ func topCommand() *cli.Command {
 				if ctx.Err() != nil {
 					return nil
 				}
-				if clear {
-					fmt.Fprint(w, "\x1b[H\x1b[2J")
-				} else if !c.Bool("json") {
+				if !c.Bool("json") {
 					fmt.Fprintln(w)
 				}
 				if err != nil {
-					// The node may be restarting: say so and keep asking.
 					fmt.Fprintf(c.Root().ErrWriter, "llmgw top: %v (retrying every %s)\n", err, interval)
-				} else if err := draw(snap); err != nil {
+				} else if err := draw(snap, 0, overview.Plain()); err != nil {
 					return err
 				}
 				select {
@@ -83,6 +99,12 @@ func topCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// topRead is one read of the cluster for the full screen.
+type topRead struct {
+	snap topSnapshot
+	err  error
 }
 
 // topSnapshot is what one frame shows: the cluster as the asked node sees
@@ -116,138 +138,6 @@ func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
 		s.gateway = &gs
 	}
 	return s, nil
-}
-
-// renderTop writes one frame. Load figures come from each engine's own
-// /metrics as its node last scraped them, carried in the node records; a
-// dash means no valid reading yet (or a rate right after an engine
-// restart, whose counters started over). REQ/S and TTFB are the asked
-// node's gateway's own: requests that came in through other nodes'
-// gateways are not in them.
-func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time) {
-	alive, ready := 0, 0
-	for _, m := range s.cluster.Members {
-		if m.State == gossip.StateAlive {
-			alive++
-		}
-	}
-	for _, sh := range s.shards {
-		if sh.Status == gossip.ShardReady {
-			ready++
-		}
-	}
-	fmt.Fprintf(w, "llmgw top  %s  via %s (%s)  nodes %d/%d alive  models %d  shards %d/%d ready\n\n",
-		now.Format("15:04:05"), s.cluster.Self, addr, alive, len(s.cluster.Members), len(s.models), ready, len(s.shards))
-
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tGPUS\tGPU MEMORY\tSHARDS\tFAULTS\tLINK TX/RX MB/S\tRUNTIME\tAGE")
-	for _, m := range s.cluster.Members {
-		age := "-"
-		if !m.StartedAt.IsZero() {
-			age = shortDuration(now.Sub(m.StartedAt))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", m.Name, m.State, gpuSummary(m.GPUs), gpuMemory(m.GPUs), len(m.Shards),
-			topFaults(m.Probes), topLinks(m.Telemetry.Links), dash(m.Runtime), age)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-
-	// Per model: the sum over its shards with a load reading (engines
-	// are scraped only while ready); KV cache is their mean.
-	type sum struct {
-		running, waiting, kv, prompt, gen float64
-		kvN                               int
-		rates                             bool
-		// hits and lookups are prefix-cache tokens per second: the
-		// model's hit rate is their ratio, each engine weighted by its
-		// lookups.
-		hits, lookups float64
-	}
-	per := map[string]*sum{}
-	for _, sh := range s.shards {
-		m := per[sh.Deployment]
-		if m == nil {
-			m = &sum{}
-			per[sh.Deployment] = m
-		}
-		l := sh.Load // the API gives load only for holders with a valid lease
-		if l.ScrapedAt.IsZero() || l.Error != "" {
-			continue
-		}
-		m.running += l.Running
-		m.waiting += l.Waiting
-		m.kv += l.KVCacheUsage
-		m.kvN++
-		if l.RatesValid {
-			m.prompt += l.PromptTPS
-			m.gen += l.GenerationTPS
-			m.rates = true
-		}
-		m.hits += l.PrefixHitRate * l.PrefixQueriesPS
-		m.lookups += l.PrefixQueriesPS
-	}
-	traffic := map[string]gateway.ModelStats{}
-	if s.gateway != nil {
-		for _, ms := range s.gateway.Models {
-			traffic[ms.Model] = ms
-		}
-		fmt.Fprintf(w, "REQ/S and P50/P99 TTFB (time to first byte): last %s, as seen by %s's gateway", windowText(s.gateway.Window), s.gateway.Node)
-		if s.gateway.URL != "" {
-			fmt.Fprintf(w, " (%s)", s.gateway.URL)
-		}
-		fmt.Fprintln(w)
-	} else {
-		fmt.Fprintf(w, "REQ/S and TTFB blank: %v\n", s.gatewayErr)
-	}
-	fmt.Fprintln(tw, "MODEL\tREADY\tREQ/S\tP50 TTFB\tP99 TTFB\tRUNNING\tWAITING\tKV CACHE\tCACHE HIT\tPROMPT TOK/S\tGEN TOK/S\tWHY")
-	for _, d := range s.models {
-		m := per[d.Name]
-		if m == nil {
-			m = &sum{}
-		}
-		rate, p50, p99 := "-", "-", "-"
-		if s.gateway != nil {
-			t := traffic[d.Name] // none in the window: a zero rate
-			rate, p50, p99 = fmt.Sprintf("%.2f", t.Rate), ttfbText(t.TTFBP50), ttfbText(t.TTFBP99)
-		}
-		kv, hit, prompt, gen := "-", "-", "-", "-"
-		if m.lookups > 0 {
-			hit = fmt.Sprintf("%.0f%%", 100*m.hits/m.lookups)
-		}
-		if m.kvN > 0 {
-			kv = fmt.Sprintf("%.0f%%", 100*m.kv/float64(m.kvN))
-		}
-		if m.rates {
-			prompt, gen = fmt.Sprintf("%.0f", m.prompt), fmt.Sprintf("%.0f", m.gen)
-		}
-		run, wait := "-", "-"
-		if m.kvN > 0 {
-			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
-		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Ready, d.Replicas, rate, p50, p99, run, wait, kv, hit, prompt, gen, dash(strings.Join(d.Why, "; ")))
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-
-	shards := append([]status.ShardInfo(nil), s.shards...)
-	sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
-	fmt.Fprintln(tw, "SHARD\tNODE\tGPUS\tSTATUS\tLEASE\tRUNNING\tWAITING\tKV CACHE\tGEN TOK/S\tRESTARTS")
-	for _, sh := range shards {
-		l := sh.Load
-		run, wait, kv, gen := "-", "-", "-", "-"
-		if !l.ScrapedAt.IsZero() && l.Error == "" {
-			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
-			if l.RatesValid {
-				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
-			}
-		}
-		status := string(sh.Status)
-		if sh.Draining {
-			status += " (draining)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", sh.ShardID, dash(sh.Node), ints(sh.GPUs), dash(status), sh.Lease, run, wait, kv, gen, sh.Restarts)
-	}
-	tw.Flush()
 }
 
 // ttfbText writes a time to first byte as "0.4ms", "35ms" or "1.25s"; a

@@ -6,6 +6,7 @@
 //	                  whole-cluster restart (written by gossip)
 //	token             the cluster token, when the agent generated it
 //	renewal.json      when the node last renewed its leases
+//	agent.json        the running agent's last-alive stamp (alive.go)
 //	gossip.key        the gossip encryption key, when the agent generated
 //	                  it (or an operator put the cluster's there)
 //	shards/           one state file per engine (package shardstate)

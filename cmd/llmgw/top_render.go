@@ -1,0 +1,238 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/charmbracelet/x/term"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/host"
+	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/overview"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// renderTop writes one frame, every line cut to width columns (0: no
+// limit), long reasons with an ellipsis. Load figures come from each
+// engine's own /metrics as its node last scraped them, carried in the node
+// records (LOAD AGE says how old); a dash means no valid reading yet (or a
+// rate right after an engine restart, whose counters started over). REQ/S
+// and TTFB are the asked node's gateway's own: requests that came in
+// through other nodes' gateways are not in them.
+func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int, st overview.Styles) {
+	alive, ready := 0, 0
+	for _, m := range s.cluster.Members {
+		if m.State == gossip.StateAlive {
+			alive++
+		}
+	}
+	shards := oneRowPerShard(s.shards)
+	for _, sh := range shards {
+		if sh.Status == gossip.ShardReady {
+			ready++
+		}
+	}
+	line := func(text string) { fmt.Fprintln(w, overview.Cut(text, width)) }
+	// The counts first: a narrow screen cuts the end of the line.
+	line(fmt.Sprintf("%s  %s  nodes %d/%d alive  models %d  shards %d/%d ready  via %s (%s)",
+		st.Title.Render("llmgw top"), now.Format("15:04:05"), alive, len(s.cluster.Members), len(s.models), ready, len(shards), s.cluster.Self, addr))
+	line("")
+
+	// FAULTS counts in the agents' fault window (their default). On a
+	// narrow screen RUNTIME, then AGE, then the links give way.
+	nodes := overview.Table{Head: []string{"NODE", "STATE", "GPUS", "GPU MEM", "SHARDS", "FAULTS/" + overview.Ago(host.DefaultFaultWindow), "LINK MB/S", "RUNTIME", "AGE"},
+		Flex: 2, MinFlex: 8, Optional: []int{7, 8, 6}}
+	for _, m := range s.cluster.Members {
+		age := "-"
+		if !m.StartedAt.IsZero() {
+			age = shortDuration(now.Sub(m.StartedAt))
+		}
+		faults := overview.C(topFaults(m.Probes))
+		if m.Probes.DriverFaultsRecent > 0 {
+			faults.Style = &st.Bad
+		}
+		nodes.Rows = append(nodes.Rows, []overview.Cell{overview.C(m.Name), stateCell(string(m.State), st), overview.C(gpuSummary(m.GPUs)), overview.C(gpuMemory(m.GPUs)),
+			overview.C(fmt.Sprint(len(m.Shards))), faults, overview.C(topLinks(m.Telemetry.Links)), overview.C(dash(m.Runtime)), overview.C(age)})
+	}
+	fmt.Fprint(w, nodes.Render(width, "", st))
+	line("")
+
+	// Per model: the sum over its shards with a load reading (engines
+	// are scraped only while ready); KV cache is their mean.
+	type sum struct {
+		running, waiting, kv, prompt, gen float64
+		kvN                               int
+		rates                             bool
+		// hits and lookups are prefix-cache tokens per second: the
+		// model's hit rate is their ratio, each engine weighted by its
+		// lookups.
+		hits, lookups float64
+	}
+	per := map[string]*sum{}
+	for _, sh := range shards {
+		m := per[sh.Deployment]
+		if m == nil {
+			m = &sum{}
+			per[sh.Deployment] = m
+		}
+		l := sh.Load // the API gives load only for holders with a valid lease
+		if l.ScrapedAt.IsZero() || l.Error != "" {
+			continue
+		}
+		m.running += l.Running
+		m.waiting += l.Waiting
+		m.kv += l.KVCacheUsage
+		m.kvN++
+		if l.RatesValid {
+			m.prompt += l.PromptTPS
+			m.gen += l.GenerationTPS
+			m.rates = true
+		}
+		m.hits += l.PrefixHitRate * l.PrefixQueriesPS
+		m.lookups += l.PrefixQueriesPS
+	}
+	traffic := map[string]gateway.ModelStats{}
+	if s.gateway != nil {
+		for _, ms := range s.gateway.Models {
+			traffic[ms.Model] = ms
+		}
+		text := fmt.Sprintf("REQ/S, P50 and P99 time to first byte: last %s, as seen by %s's gateway", windowText(s.gateway.Window), s.gateway.Node)
+		if s.gateway.URL != "" {
+			text += fmt.Sprintf(" (%s)", s.gateway.URL)
+		}
+		line(text)
+	} else {
+		line(fmt.Sprintf("REQ/S and TTFB blank: %v", s.gatewayErr))
+	}
+	models := overview.Table{Head: []string{"MODEL", "READY", "REQ/S", "P50", "P99", "RUN", "WAIT", "KV", "HIT", "PROMPT/S", "GEN/S", "WHY"}, Flex: -1, MinFlex: 12}
+	for _, d := range s.models {
+		m := per[d.Name]
+		if m == nil {
+			m = &sum{}
+		}
+		rate, p50, p99 := "-", "-", "-"
+		if s.gateway != nil {
+			t := traffic[d.Name] // none in the window: a zero rate
+			rate, p50, p99 = fmt.Sprintf("%.2f", t.Rate), ttfbText(t.TTFBP50), ttfbText(t.TTFBP99)
+		}
+		kv, hit, prompt, gen := "-", "-", "-", "-"
+		if m.lookups > 0 {
+			hit = fmt.Sprintf("%.0f%%", 100*m.hits/m.lookups)
+		}
+		if m.kvN > 0 {
+			kv = fmt.Sprintf("%.0f%%", 100*m.kv/float64(m.kvN))
+		}
+		if m.rates {
+			prompt, gen = fmt.Sprintf("%.0f", m.prompt), fmt.Sprintf("%.0f", m.gen)
+		}
+		run, wait := "-", "-"
+		if m.kvN > 0 {
+			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
+		}
+		readyCell := overview.S(fmt.Sprintf("%d/%d", d.Ready, d.Replicas), st.OK)
+		switch {
+		case d.Ready == 0 && d.Replicas > 0:
+			readyCell.Style = &st.Bad
+		case d.Ready < d.Replicas:
+			readyCell.Style = &st.Warn
+		}
+		models.Rows = append(models.Rows, []overview.Cell{overview.C(d.Name), readyCell, overview.C(rate), overview.C(p50), overview.C(p99), overview.C(run), overview.C(wait),
+			overview.C(kv), overview.C(hit), overview.C(prompt), overview.C(gen), overview.C(dash(strings.Join(d.Why, "; ")))})
+	}
+	fmt.Fprint(w, models.Render(width, "", st))
+	line("")
+
+	table := overview.Table{Head: []string{"SHARD", "NODE", "GPUS", "STATUS", "LEASE", "RUN", "WAIT", "KV", "GEN/S", "LOAD AGE", "RESTARTS"}, Flex: 1, MinFlex: 8,
+		// The models' table has the load summed; a narrow screen drops
+		// the per-engine KV cache, then the waiting requests.
+		Optional: []int{7, 6}}
+	for _, sh := range shards {
+		l := sh.Load
+		run, wait, kv, gen, age := "-", "-", "-", "-", "-"
+		if !l.ScrapedAt.IsZero() && l.Error == "" {
+			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
+			if l.RatesValid {
+				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
+			}
+			age = overview.Ago(now.Sub(l.ScrapedAt))
+		}
+		status := stateCell(string(sh.Status), st)
+		if sh.Draining {
+			status.Text += " (draining)"
+		}
+		table.Rows = append(table.Rows, []overview.Cell{overview.C(sh.ShardID), overview.C(dash(sh.Node)), overview.C(ints(sh.GPUs)), status, stateCell(string(sh.Lease), st),
+			overview.C(run), overview.C(wait), overview.C(kv), overview.C(gen), overview.C(age), overview.C(fmt.Sprint(sh.Restarts))})
+	}
+	fmt.Fprint(w, table.Render(width, "", st))
+}
+
+// oneRowPerShard keeps, of the copies of one engine (a shard at one spec
+// version), the one that matters: a shard that moved is still listed by
+// its old holder until that node stops it, and two rows for it read as
+// two replicas. The copy that serves wins (valid, then starting), then the
+// one the plan counts on. Copies at other spec versions (a rolling update)
+// are other engines and keep their rows.
+func oneRowPerShard(in []status.ShardInfo) []status.ShardInfo {
+	rank := func(s status.ShardInfo) int {
+		r := 0
+		switch s.Lease {
+		case placement.LeaseValid:
+			r = 4
+		case placement.LeaseStarting:
+			r = 2
+		}
+		if s.Reason == "" {
+			r++
+		}
+		return r
+	}
+	best := map[string]int{}
+	var out []status.ShardInfo
+	for _, s := range in {
+		k := s.ShardID + "\x00" + s.SpecVersion
+		if i, ok := best[k]; ok {
+			if rank(s) > rank(out[i]) {
+				out[i] = s
+			}
+			continue
+		}
+		best[k] = len(out)
+		out = append(out, s)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].ShardID < out[j].ShardID })
+	return out
+}
+
+// stateCell colours a node, shard or lease state by what it means.
+func stateCell(state string, st overview.Styles) overview.Cell {
+	switch state {
+	case "alive", "ready", "valid":
+		return overview.S(state, st.OK)
+	case "suspect", "starting", "pending", "stopping", "backoff":
+		return overview.S(state, st.Warn)
+	case "dead", "left", "crashed", "lapsed", "unplaced":
+		return overview.S(state, st.Bad)
+	case "":
+		return overview.C("-")
+	}
+	return overview.C(state)
+}
+
+// terminalWidth is w's width when it is a terminal, else 0 (no limit).
+func terminalWidth(w io.Writer) int {
+	f, ok := w.(*os.File)
+	if !ok || !isTerminal(w) {
+		return 0
+	}
+	width, _, err := term.GetSize(f.Fd())
+	if err != nil {
+		return 0
+	}
+	return width
+}
