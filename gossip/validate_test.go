@@ -233,6 +233,9 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"engine at the gossip host", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://10.0.1.5:8100" })},
 		{"no engine URL yet", rec(func(r *NodeRecord) { r.Shards[0].URL = "" })},
 		{"a gateway over HTTPS", rec(func(r *NodeRecord) { r.Gateway, r.GatewayTLS = "10.0.0.5:8000", true })},
+		{"cached models", rec(func(r *NodeRecord) {
+			r.CachedModels = []CachedModel{{Model: "meta-llama/Llama-3.1-8B", Bytes: 16 << 30}, {Model: "m.gguf"}}
+		})},
 	}
 	bad := []struct {
 		why, field string
@@ -251,6 +254,14 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a bad API address", "api", rec(func(r *NodeRecord) { r.API = "nowhere" })},
 		{"a bad gateway address", "gateway", rec(func(r *NodeRecord) { r.Gateway = "nowhere" })},
 		{"TLS on no gateway", "gateway_tls", rec(func(r *NodeRecord) { r.GatewayTLS = true })},
+		{"too many cached models", "cached_models", rec(func(r *NodeRecord) {
+			for i := range maxCachedModels + 1 {
+				r.CachedModels = append(r.CachedModels, CachedModel{Model: fmt.Sprint("m", i)})
+			}
+		})},
+		{"a cached model twice", "cached_models[1]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: "a"}, {Model: "a"}} })},
+		{"a cached model with a newline", "cached_models[0]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: "a\nb"}} })},
+		{"a cached model too long", "cached_models[0]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: strings.Repeat("x", maxCachedName+1)}} })},
 		{"too many labels", "labels", rec(func(r *NodeRecord) {
 			r.Labels = map[string]string{}
 			for i := range maxNodeLabels + 1 {

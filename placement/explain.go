@@ -114,6 +114,9 @@ func describeRequest(d Deployment) string {
 	if d.GPUType != "" {
 		s += " (" + d.GPUType + ")"
 	}
+	if d.Fit != nil {
+		s += fmt.Sprintf(" [gpu_memory auto: %s, for %d × %d tokens]", d.Fit, max(d.MaxNumSeqs, 1), d.MaxModelLen)
+	}
 	return s
 }
 

@@ -175,3 +175,54 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestScan(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := weightstest.WriteHubCache(dir, "meta-llama/Llama-3.1-8B", fittest.Llama31_8B(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := weightstest.WriteDir(filepath.Join(dir, "gemma-2-9b"), fittest.Gemma2_9B(), 1); err != nil {
+		t.Fatal(err)
+	}
+	f := fittest.Llama31_8B_Q4KM()
+	if err := weightstest.WriteGGUF(filepath.Join(dir, f.Dir), f); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "not-a-model"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := weights.Scan(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range got {
+		names = append(names, c.Model)
+		if c.Bytes == 0 {
+			t.Errorf("%s: no size", c.Model)
+		}
+	}
+	want := []string{f.Dir, "gemma-2-9b", "meta-llama/Llama-3.1-8B"}
+	if strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Errorf("scan found %v, want %v", names, want)
+	}
+	// The hub cache counts its blobs once (and its ref), not its links.
+	var blobs uint64
+	entries, _ := os.ReadDir(filepath.Join(dir, "models--meta-llama--Llama-3.1-8B", "blobs"))
+	for _, e := range entries {
+		info, _ := e.Info()
+		blobs += uint64(info.Size())
+	}
+	ref, _ := os.Stat(filepath.Join(dir, "models--meta-llama--Llama-3.1-8B", "refs", "main"))
+	if got[2].Bytes != blobs+uint64(ref.Size()) {
+		t.Errorf("hub cache size %d, blobs and refs/main hold %d", got[2].Bytes, blobs+uint64(ref.Size()))
+	}
+	for model, ok := range map[string]bool{"meta-llama/Llama-3.1-8B": true, "gemma-2-9b": true, f.Dir: true, "../etc": false, "/etc": false, "x/../../y": false, "missing/model": false} {
+		if _, found := weights.Find(dir, model); found != ok {
+			t.Errorf("Find(%q) = %v, want %v", model, found, ok)
+		}
+	}
+	if none, err := weights.Scan(filepath.Join(dir, "absent")); err != nil || len(none) != 0 {
+		t.Errorf("a missing directory: %v, %v; want no models and no error", none, err)
+	}
+}
