@@ -15,7 +15,7 @@ type Model struct {
 	// Format is "safetensors" or "gguf".
 	Format  string   `json:"format"`
 	Config  Config   `json:"config"`
-	Tensors []Tensor `json:"-"`
+	Tensors []Tensor `json:"tensors"`
 }
 
 // Profile is what a model needs independent of how it is served.
