@@ -56,6 +56,7 @@ func newApp() *cli.Command {
 		Commands: []*cli.Command{
 			nodeCommand(),
 			placeCommand(),
+			fitCommand(),
 			unplaceCommand(),
 			nodesCommand(),
 			modelsCommand(),

@@ -31,6 +31,8 @@ type MemberInfo struct {
 	// TokenMismatch: the node announces another cluster token; it and the
 	// answering node refuse each other's API calls.
 	TokenMismatch bool `json:"token_mismatch,omitempty"`
+	// CachedModels are the models in the node's weights dir.
+	CachedModels []gossip.CachedModel `json:"cached_models,omitempty"`
 }
 
 // ClusterInfo is the body of /v1/cluster.
