@@ -67,6 +67,7 @@ func TestGPUMemoryAutoFromAPeer(t *testing.T) {
 	h.config("a")
 	cfg := h.config("b", h.gossipAddr("a"))
 	cfg.WeightsDir = wdir
+	cfg.GPUInterval = 100 * time.Millisecond
 	h.cfgs["b"] = cfg
 	b := h.start("b")
 	a := h.start("a")
@@ -101,6 +102,15 @@ func TestGPUMemoryAutoFromAPeer(t *testing.T) {
 			}
 		}
 		return false, "unplaced"
+	})
+
+	// Simulated GPUs read what the shard holds.
+	testwait.Until(t, 15*time.Second, "b's GPU memory shows the shard's claim", func() (bool, string) {
+		var used uint64
+		for _, g := range b.cluster.Local().GPUs {
+			used += g.MemoryUsed
+		}
+		return used == uint64(d.GPUMemory), fmt.Sprint(used)
 	})
 
 	// Mixtral (93 GB) on one 80 GiB GPU: refused with the numbers.

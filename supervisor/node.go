@@ -229,6 +229,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	// Faulted GPUs are marked from the first record on: placement must
 	// not use one in the seconds before the first GPU tick.
 	gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})
+	gpus = n.simulatedClaims(gpus)
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
 		API:          n.AdvertisedAPI(),
