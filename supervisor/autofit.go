@@ -57,7 +57,7 @@ func gpuKinds(members []gossip.Member, gpuType string) []gpuKind {
 			switch {
 			case i < 0:
 				kinds = append(kinds, gpuKind{name: g.Name, total: g.MemoryTotal, perNode: c, node: m.Name})
-			case c > kinds[i].perNode:
+			case c > kinds[i].perNode || (c == kinds[i].perNode && m.Name < kinds[i].node):
 				kinds[i].perNode, kinds[i].node = c, m.Name
 			}
 		}
@@ -151,9 +151,12 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	}
 	if !holds {
 		big := kinds[0]
-		hint := fmt.Sprintf("at most %d tokens fit on one", prof.MaxModelLen(req, big.total))
+		hint := fmt.Sprintf("at most %d tokens of context fit on one", prof.MaxModelLen(req, big.total))
+		if strings.HasPrefix(hint, "at most 0 ") {
+			hint = "the weights and overhead alone do not fit on one"
+		}
 		if d.TensorParallelAuto {
-			hint = "no split up to the " + fmt.Sprint(big.perNode) + " GPUs one node has is enough"
+			hint = fmt.Sprintf("no split up to the %d GPU(s) one node has is enough", big.perNode)
 		}
 		return refuse("%s; no GPU type in the cluster could ever hold that: the largest is %s (%s, %d on %s); %s",
 			need, fit.GiB(big.total), big.name, big.perNode, big.node, hint)

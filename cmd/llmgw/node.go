@@ -69,6 +69,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
+		&cli.DurationFlag{Name: "weights-interval", Value: time.Minute, Hidden: true, Usage: "how often the weights dir is rescanned", Sources: cli.EnvVars("LLMGW_WEIGHTS_INTERVAL")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
 	}, gatewayFlags()...)
 }
@@ -78,7 +79,7 @@ func nodeFlags() []cli.Flag {
 func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	cfg := supervisor.Config{Name: c.String("name"), DataDir: c.String("data-dir"), Version: version, Logger: log, LeaseTTL: c.Duration("lease-ttl"), TestHooks: c.Bool("test-hooks"),
 		// One clock for the node and its engine runner.
-		Clock: clock.Real(), WeightsDir: c.String("weights-dir"), HubURL: c.String("hub-url")}
+		Clock: clock.Real(), WeightsDir: c.String("weights-dir"), HubURL: c.String("hub-url"), WeightsInterval: c.Duration("weights-interval")}
 	if cfg.Name == "" || strings.ContainsAny(cfg.Name, " /\t\n") {
 		return cfg, fmt.Errorf("--name %q: want a non-empty name without spaces or '/'", cfg.Name)
 	}
