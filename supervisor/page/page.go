@@ -104,6 +104,8 @@ type nodeRow struct {
 	Shards               int
 	Faults, FaultsClass  string
 	Simulated            bool
+	// Weights are the models in the node's weights dir, with their size.
+	Weights []string
 }
 
 type gpuRow struct {
@@ -147,6 +149,9 @@ func build(snap *status.Snapshot, now time.Time) data {
 		}
 		for k, v := range m.Labels {
 			row.Labels = append(row.Labels, k+"="+v)
+		}
+		for _, c := range m.CachedModels {
+			row.Weights = append(row.Weights, fmt.Sprintf("%s (%s)", c.Model, diskSize(c.Bytes)))
 		}
 		slices.Sort(row.Labels)
 		switch p := m.Probes; {
@@ -205,6 +210,9 @@ func build(snap *status.Snapshot, now time.Time) data {
 		}
 		if dep.GPUMemory > 0 {
 			r.Shape += ", " + dep.GPUMemory.String() + " each"
+		}
+		if dep.Fit != nil {
+			r.Shape += fmt.Sprintf(" (auto: %s; %d × %d tokens)", dep.Fit, max(dep.MaxNumSeqs, 1), dep.MaxModelLen)
 		}
 		switch {
 		case dep.Ready == dep.Replicas:
@@ -308,4 +316,15 @@ func leaseClass(l placement.LeaseState) string {
 		return "warn"
 	}
 	return "bad"
+}
+
+// diskSize is a size on disk in GiB, or KiB or MiB below one GiB.
+func diskSize(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 }
