@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -140,8 +141,11 @@ func fitModel(ctx context.Context, c *cli.Command, arg string) (fit.Model, error
 	if _, err := os.Stat(arg); err == nil {
 		return weights.LoadPath(ctx, arg)
 	}
+	if m, ok := clusterHeaders(ctx, c, arg); ok {
+		return m, nil
+	}
 	if !weights.ValidRepo(arg) {
-		return fit.Model{}, fmt.Errorf("%s: no such file or directory, and not a hub id (ORG/NAME)", arg)
+		return fit.Model{}, fmt.Errorf("%s: no such file or directory, no node reports it cached, and not a hub id (ORG/NAME)", arg)
 	}
 	if c.String("hub-url") == "" {
 		return fit.Model{}, fmt.Errorf("%s: not a local path, and --hub-url is empty", arg)
@@ -153,6 +157,31 @@ func fitModel(ctx context.Context, c *cli.Command, arg string) (fit.Model, error
 	}
 	m.Name = arg
 	return m, err
+}
+
+// clusterHeaders asks a node that reports model cached for its headers,
+// with the token (the node's /v1/weights/headers needs it). Any failure
+// falls through to the hub: ok is false.
+func clusterHeaders(ctx context.Context, c *cli.Command, model string) (fit.Model, bool) {
+	cl, err := newClient(c)
+	if err != nil || cl.token == "" {
+		return fit.Model{}, false
+	}
+	var ci status.ClusterInfo
+	if cl.do(ctx, "GET", "/v1/cluster", nil, "", &ci) != nil {
+		return fit.Model{}, false
+	}
+	for _, m := range ci.Members {
+		if m.State != gossip.StateAlive || m.API == "" || !slices.ContainsFunc(m.CachedModels, func(x gossip.CachedModel) bool { return x.Model == model }) {
+			continue
+		}
+		at := &client{base: "http://" + m.API, token: cl.token, http: cl.http}
+		var got fit.Model
+		if at.do(ctx, "GET", "/v1/weights/headers?model="+url.QueryEscape(model), nil, "", &got) == nil {
+			return got, true
+		}
+	}
+	return fit.Model{}, false
 }
 
 // fitResult is `llmgw fit --json`.

@@ -67,3 +67,58 @@ func TestFitBadInput(t *testing.T) {
 		t.Errorf("a bad --gpu: %v", err)
 	}
 }
+
+// Against a running node: fit reads the headers from the node that has the
+// model and sizes for the cluster's GPUs; place --gpu-memory auto stores the
+// figure; nodes lists what the node has cached.
+func TestFitAndPlaceAutoAgainstANode(t *testing.T) {
+	wdir := t.TempDir()
+	if _, err := weightstest.WriteHubCache(wdir, "meta-llama/Llama-3.1-8B", fittest.Llama31_8B(), 2); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(t.TempDir(), "n1")
+	n := startNode(t, "n1", dataDir, "--weights-dir", wdir, "--hub-url", "")
+	tok := filepath.Join(dataDir, "token")
+	out, err := run(t, "fit", "meta-llama/Llama-3.1-8B", "--addr", n.api, "--token-file", tok, "--hub-url", "", "--max-model-len", "8192", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r fitResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if r.WeightsBytes != 16_060_522_496 || len(r.GPUs) != 1 || r.GPUs[0].Name != "NVIDIA H100 80GB" || r.GPUs[0].PerNode != 1 || !r.GPUs[0].Fits {
+		t.Errorf("fit against the node: %+v", r)
+	}
+	// Without the token the node does not hand out headers, and there is
+	// no hub: a clear error.
+	if _, err := run(t, "fit", "meta-llama/Llama-3.1-8B", "--addr", n.api, "--hub-url", ""); err == nil || !strings.Contains(err.Error(), "--hub-url is empty") {
+		t.Errorf("no token, no hub: %v", err)
+	}
+
+	out, err = run(t, "place", "llama", "--model", "meta-llama/Llama-3.1-8B", "--engine", "fake", "--gpu-memory", "auto", "--max-model-len", "8192",
+		"--addr", n.api, "--token-file", tok, "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var info struct {
+		GPUMemory   string `json:"gpu_memory"`
+		MaxModelLen int    `json:"max_model_len"`
+		Fit         struct {
+			Source string `json:"source"`
+		} `json:"fit"`
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if info.GPUMemory == "" || info.MaxModelLen != 8192 || !strings.HasPrefix(info.Fit.Source, "local ") {
+		t.Errorf("placed %s", out)
+	}
+	if _, err := run(t, "place", "x", "--model", "m", "--max-num-seqs", "2", "--addr", n.api); err == nil || !strings.Contains(err.Error(), "add --gpu-memory auto") {
+		t.Errorf("--max-num-seqs without auto: %v", err)
+	}
+	out, err = run(t, "nodes", "--addr", n.api)
+	if err != nil || !strings.Contains(out, "WEIGHTS") || !strings.Contains(out, "meta-llama/Llama-3.1-8B (") {
+		t.Errorf("nodes: %v\n%s", err, out)
+	}
+}
