@@ -181,3 +181,40 @@ func TestGPUMemoryAutoFromTheHub(t *testing.T) {
 		t.Fatalf("tensor_parallel auto alone: %d %s", code, raw)
 	}
 }
+
+// The headers endpoint hands out only what the weights dir holds, only to
+// the token or a hop signed for it.
+func TestWeightsHeadersNeedsTheTokenOrAHop(t *testing.T) {
+	h := newHarness(t)
+	wdir := t.TempDir()
+	if err := weightstest.WriteDir(filepath.Join(wdir, "gemma"), fittest.Gemma2_9B(), 1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config("a")
+	cfg.WeightsDir = wdir
+	h.cfgs["a"] = cfg
+	a := h.start("a")
+	url := api(a, "/v1/weights/headers?model=gemma")
+	var m fit.Model
+	if code := call(t, "GET", url, testToken, nil, &m); code != http.StatusOK || len(m.Tensors) != len(fittest.Gemma2_9B().Tensors) || m.Config.NumLayers != 42 {
+		t.Fatalf("with the token: %d, %d tensors", code, len(m.Tensors))
+	}
+	if code := call(t, "GET", url, "", nil, nil); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d, want 401", code)
+	}
+	req, _ := http.NewRequest("GET", url, nil)
+	a.signHop(req, "mcp", "x", nil) // signed for another purpose
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a hop signed for mcp: %d, want 403", resp.StatusCode)
+	}
+	for _, model := range []string{"../" + filepath.Base(wdir), "/etc", "absent"} {
+		if code := call(t, "GET", api(a, "/v1/weights/headers?model="+model), testToken, nil, nil); code != http.StatusNotFound {
+			t.Errorf("model %q: %d, want 404", model, code)
+		}
+	}
+}
