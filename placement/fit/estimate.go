@@ -233,14 +233,23 @@ func (p Profile) kvPerGPU(tp, pp, ctx, seqs int) uint64 {
 	return most * uint64(seqs)
 }
 
-// Overhead constants, from vLLM's start-up logs (see the package doc and
-// docs/architecture.md): Meta-Llama-3-8B on one H100 logged 1.79 GiB of
-// non-torch memory and 1.26 GiB of activation peak, and 3.58 GiB non-torch
-// at TP 2 (vllm-project/vllm#10511); CUDA graphs took 0.21 GiB for
-// Llama-3.2-1B (vllm-project/vllm#11349), and vLLM's own warning said 1-3
-// GiB in older releases.
+// Overhead constants, from vLLM's start-up logs (see docs/architecture.md):
+//
+//   - Meta-Llama-3-8B on one H100 logged 1.79 GiB of non-torch memory and
+//     1.26 GiB of activation peak, and 3.58 GiB non-torch at TP 2
+//     (vllm-project/vllm#10511, v0.6);
+//   - Llama-3.1-8B-Instruct on an L40S logged 14.99 GiB of weights and a
+//     KV cache of 158,656 tokens (19.4 GiB at 128 KiB a token) under the
+//     default 0.9 of its memory (vllm-project/vllm#17122, v0.8 V1): about
+//     5.7 GiB beside weights and KV if torch sees 44.5 GiB of the card;
+//   - CUDA graphs took 0.21 GiB for Llama-3.2-1B (vllm-project/vllm#11349),
+//     and older releases warned of 1-3 GiB.
+//
+// The framework term is set near the top of that range: a figure short of
+// what the engine keeps leaves it a KV cache smaller than the context it
+// was given, and vLLM then refuses to start.
 const (
-	frameworkBytes     = 2 * gib // CUDA context, workspaces, allocator slack
+	frameworkBytes     = 3 * gib // CUDA context, workspaces, allocator slack
 	ncclBytes          = 2 * gib // NCCL and custom all-reduce buffers when split
 	cudaGraphBytes     = gib / 2
 	batchTokens        = 8192 // vLLM's default max_num_batched_tokens for serving
