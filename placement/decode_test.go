@@ -248,10 +248,15 @@ func TestDecodeAuto(t *testing.T) {
 	if !d.GPUMemoryAuto || !d.TensorParallelAuto || d.GPUMemory != 0 || d.TensorParallel != 1 || d.MaxModelLen != 8192 || d.MaxNumSeqs != 4 {
 		t.Errorf("decoded %+v", d)
 	}
-	// The marks never travel: the spec as stored says nothing of auto.
-	b, _ := json.Marshal(d)
-	if strings.Contains(string(b), "auto") {
-		t.Errorf("marshalled spec %s carries auto", b)
+	// The marks never travel: the spec as encoded says nothing of auto
+	// (the accepting node resolves it before anything is stored).
+	if b, _ := json.Marshal(d); strings.Contains(string(b), "auto") {
+		t.Errorf("encoded spec %s carries auto", b)
+	}
+	// What gossip decodes (plain encoding/json) refuses an unresolved spec.
+	var g Deployment
+	if err := json.Unmarshal([]byte(`{"name":"m","model":"org/m","gpu_memory":"auto"}`), &g); err == nil {
+		t.Error("plain decoding took gpu_memory auto")
 	}
 	for body, field := range map[string]string{
 		`{"name": "m", "model": "org/m", "gpu_memory": "automatic"}`: "gpu_memory",
