@@ -141,6 +141,14 @@ type LinkRate struct {
 	RxMBps float64 `json:"rx_mb_s"`
 }
 
+// CachedModel is one model in the node's weights directory (probes/weights
+// scans it), with its size on disk. Placement prefers nodes that have a
+// deployment's model.
+type CachedModel struct {
+	Model string `json:"model"`
+	Bytes uint64 `json:"bytes,omitempty"`
+}
+
 // NodeRecord is everything a node tells the cluster about itself. It has a
 // single writer, its node.
 type NodeRecord struct {
@@ -160,7 +168,7 @@ type NodeRecord struct {
 	Labels       map[string]string `json:"labels,omitempty"`
 	GPUs         []placement.GPU   `json:"gpus"`
 	Shards       []ShardRecord     `json:"shards,omitempty"`
-	CachedModels []string          `json:"cached_models,omitempty"`
+	CachedModels []CachedModel     `json:"cached_models,omitempty"`
 	Probes       ProbeSummary      `json:"probes,omitzero"`
 	Telemetry    Telemetry         `json:"telemetry,omitzero"`
 	AgentVersion string            `json:"agent_version"`

@@ -162,8 +162,8 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	if reason, err := checkProbes(r.Probes, r.Telemetry, bad); err != nil {
 		return reason, err
 	}
-	if len(r.CachedModels) > maxNodeShards {
-		return bad("cached_models", "%d models, at most %d", len(r.CachedModels), maxNodeShards)
+	if field, msg := validCached(r.CachedModels); msg != "" {
+		return bad(field, "%s", msg)
 	}
 	if len(r.Shards) > maxNodeShards {
 		return bad("shards", "%d shards, at most %d", len(r.Shards), maxNodeShards)
@@ -303,4 +303,31 @@ func ValidateNodeName(name string) error {
 		return bad("a node name without spaces, control characters or '/'")
 	}
 	return nil
+}
+
+// Bounds on a record's cached models: what one weights scan may report.
+const (
+	maxCachedModels = 256
+	maxCachedName   = 512
+)
+
+// validCached checks a record's cached models as a spec's model is checked:
+// a name of at most 512 printable characters, each once. It returns the bad
+// field and what is wrong with it.
+func validCached(models []CachedModel) (field, msg string) {
+	if len(models) > maxCachedModels {
+		return "cached_models", fmt.Sprintf("%d models, at most %d", len(models), maxCachedModels)
+	}
+	seen := make(map[string]bool, len(models))
+	for i, m := range models {
+		field := fmt.Sprintf("cached_models[%d]", i)
+		if m.Model == "" || len(m.Model) > maxCachedName || strings.IndexFunc(m.Model, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			return field, fmt.Sprintf("%q, want 1-%d printable characters", m.Model, maxCachedName)
+		}
+		if seen[m.Model] {
+			return field, fmt.Sprintf("%q listed twice", m.Model)
+		}
+		seen[m.Model] = true
+	}
+	return "", ""
 }

@@ -238,6 +238,8 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 			r.Probes = ProbeSummary{DriverFaultsRecent: 3, DriverFaultsBoot: 9, LastDriverFault: "NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY]"}
 			r.Telemetry = Telemetry{GPUs: []GPUTelemetry{{Index: 0, UtilPct: 100, TempC: 58, PowerW: 690}, {Index: 1, NoPower: true}},
 				Links: []LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 12.5, RxMBps: 0.1}, {Device: "mlx5_1", Port: 1}}}
+		{"cached models", rec(func(r *NodeRecord) {
+			r.CachedModels = []CachedModel{{Model: "meta-llama/Llama-3.1-8B", Bytes: 16 << 30}, {Model: "m.gguf"}}
 		})},
 	}
 	bad := []struct {
@@ -269,6 +271,14 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 				r.Telemetry.Links = append(r.Telemetry.Links, LinkRate{Device: fmt.Sprint("mlx5_", i)})
 			}
 		})},
+		{"too many cached models", "cached_models", rec(func(r *NodeRecord) {
+			for i := range maxCachedModels + 1 {
+				r.CachedModels = append(r.CachedModels, CachedModel{Model: fmt.Sprint("m", i)})
+			}
+		})},
+		{"a cached model twice", "cached_models[1]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: "a"}, {Model: "a"}} })},
+		{"a cached model with a newline", "cached_models[0]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: "a\nb"}} })},
+		{"a cached model too long", "cached_models[0]", rec(func(r *NodeRecord) { r.CachedModels = []CachedModel{{Model: strings.Repeat("x", maxCachedName+1)}} })},
 		{"too many labels", "labels", rec(func(r *NodeRecord) {
 			r.Labels = map[string]string{}
 			for i := range maxNodeLabels + 1 {

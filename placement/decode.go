@@ -193,6 +193,16 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	}
 
 	var d Deployment
+	// "auto" is a value of two fields whose type is a number: it is taken
+	// out here and marked, for the accepting node to resolve.
+	if v, ok := raw["gpu_memory"]; ok && string(v) == `"auto"` {
+		d.GPUMemoryAuto = true
+		delete(raw, "gpu_memory")
+	}
+	if v, ok := raw["tensor_parallel"]; ok && string(v) == `"auto"` {
+		d.TensorParallelAuto = true
+		delete(raw, "tensor_parallel")
+	}
 	dv := reflect.ValueOf(&d).Elem()
 	for _, name := range sortedKeys(raw) {
 		f, ok := deploymentFields[name]

@@ -239,3 +239,32 @@ func TestValidateBoundsMaps(t *testing.T) {
 		t.Errorf("1025 env vars: %v", err)
 	}
 }
+
+func TestDecodeAuto(t *testing.T) {
+	d, err := DecodeDeployment([]byte(`{"name": "m", "model": "org/m", "gpu_memory": "auto", "tensor_parallel": "auto", "max_model_len": 8192, "max_num_seqs": 4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.GPUMemoryAuto || !d.TensorParallelAuto || d.GPUMemory != 0 || d.TensorParallel != 1 || d.MaxModelLen != 8192 || d.MaxNumSeqs != 4 {
+		t.Errorf("decoded %+v", d)
+	}
+	// The marks never travel: the spec as encoded says nothing of auto
+	// (the accepting node resolves it before anything is stored).
+	if b, _ := json.Marshal(d); strings.Contains(string(b), "auto") {
+		t.Errorf("encoded spec %s carries auto", b)
+	}
+	// What gossip decodes (plain encoding/json) refuses an unresolved spec.
+	var g Deployment
+	if err := json.Unmarshal([]byte(`{"name":"m","model":"org/m","gpu_memory":"auto"}`), &g); err == nil {
+		t.Error("plain decoding took gpu_memory auto")
+	}
+	for body, field := range map[string]string{
+		`{"name": "m", "model": "org/m", "gpu_memory": "automatic"}`: "gpu_memory",
+		`{"name": "m", "model": "org/m", "max_model_len": -1}`:       "max_model_len",
+		`{"name": "m", "model": "org/m", "max_num_seqs": 100000}`:    "max_num_seqs",
+	} {
+		if _, err := DecodeDeployment([]byte(body)); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: error %v, want one naming %s", body, err, field)
+		}
+	}
+}

@@ -37,6 +37,20 @@ type Deployment struct {
 	// GPUMemory is the memory each shard needs on each of its GPUs. Zero
 	// means the shard takes its GPUs whole.
 	GPUMemory Bytes `json:"gpu_memory,omitempty"`
+	// GPUMemoryAuto and TensorParallelAuto are set by DecodeDeployment for
+	// `gpu_memory: auto` and `tensor_parallel: auto`. They never travel:
+	// the node that accepts the place computes the figures from the
+	// model's files once and stores them in GPUMemory, TensorParallel and
+	// Fit, so the spec is the same on every node and placement stays pure.
+	GPUMemoryAuto      bool `json:"-"`
+	TensorParallelAuto bool `json:"-"`
+	// MaxModelLen and MaxNumSeqs size a gpu_memory: auto deployment's KV
+	// cache (0: the model's own context; one sequence) and are passed to
+	// the engine (vLLM --max-model-len and --max-num-seqs).
+	MaxModelLen int `json:"max_model_len,omitempty"`
+	MaxNumSeqs  int `json:"max_num_seqs,omitempty"`
+	// Fit is what the accepting node computed for gpu_memory: auto.
+	Fit *Fit `json:"fit,omitempty"`
 	// GPUType must be a substring of the GPU's name (case-insensitive).
 	GPUType string            `json:"gpu_type,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
@@ -128,6 +142,17 @@ func (d Deployment) Validate() error {
 	if d.GPUMemory > 0 && d.GPUMemory < 1<<20 {
 		return bad("gpu_memory", d.GPUMemory.String(), "at least 1MiB, e.g. 70GiB (or unset for whole GPUs)")
 	}
+	if d.MaxModelLen < 0 || d.MaxModelLen > 1<<24 {
+		return bad("max_model_len", strconv.Itoa(d.MaxModelLen), "a context length from 1 to 16777216 tokens (or unset: the model's own)")
+	}
+	if d.MaxNumSeqs < 0 || d.MaxNumSeqs > 1<<16 {
+		return bad("max_num_seqs", strconv.Itoa(d.MaxNumSeqs), "from 1 to 65536 concurrent sequences (or unset: 1)")
+	}
+	if d.Fit != nil {
+		if err := d.Fit.validate(); err != nil {
+			return err
+		}
+	}
 	if len(d.GPUType) > 64 {
 		return bad("gpu_type", d.GPUType, "a substring of a GPU name such as H100, at most 64 characters")
 	}
@@ -199,4 +224,34 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Fit is the breakdown behind a gpu_memory: auto figure, per GPU, as the
+// accepting node computed it (placement/fit), kept so every node shows the
+// same numbers in reasons and views.
+type Fit struct {
+	Params          uint64 `json:"params"`
+	WeightsBytes    uint64 `json:"weights_bytes"`
+	KVBytesPerToken uint64 `json:"kv_bytes_per_token"`
+	// Per GPU: the weights' share, the KV cache for max_num_seqs
+	// sequences of max_model_len tokens, and the stated overhead.
+	Weights  uint64 `json:"weights_per_gpu"`
+	KVCache  uint64 `json:"kv_cache_per_gpu"`
+	Overhead uint64 `json:"overhead_per_gpu"`
+	// Source says where the headers came from: "local", "node NAME" or
+	// the hub.
+	Source string `json:"source,omitempty"`
+}
+
+func (f Fit) validate() error {
+	if len(f.Source) > 256 || strings.ContainsAny(f.Source, "\x00\n") {
+		return &FieldError{Field: "fit.source", Value: f.Source, Want: "at most 256 characters on one line"}
+	}
+	return nil
+}
+
+// String is the breakdown as reasons show it.
+func (f Fit) String() string {
+	g := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB" }
+	return g(f.Weights) + " weights + " + g(f.KVCache) + " KV cache + " + g(f.Overhead) + " overhead"
 }

@@ -25,6 +25,10 @@ type funnel struct {
 	bestUsableN int
 	bestElig    *nodeState
 	bestEligN   int
+	// freest is the node whose tp most-free GPUs have the most free
+	// (memory-sized shards), and freestBytes what each of them has.
+	freest      *nodeState
+	freestBytes uint64
 }
 
 func (p *planner) funnelFor(d *depState) *funnel {
@@ -60,6 +64,9 @@ func (p *planner) funnelFor(d *depState) *funnel {
 		if f.bestElig == nil || ft.eligible > f.bestEligN {
 			f.bestElig, f.bestEligN = n, ft.eligible
 		}
+		if ft.freeAtTP > f.freestBytes {
+			f.freest, f.freestBytes = n, ft.freeAtTP
+		}
 		if ft.ok {
 			f.fits++
 		}
@@ -90,8 +97,8 @@ func (p *planner) explain(d *depState, g gang, picked int) string {
 		why = fmt.Sprintf("needs %d %sGPU%s on one node that are neither MIG-enabled nor faulted; best node %s has %d (%s)%s",
 			dd.TensorParallel, typeWord(dd.GPUType), plural(dd.TensorParallel), f.bestUsable.name, f.bestUsableN, checked(f.typed), unusableNote(f))
 	case f.fits == 0:
-		why = fmt.Sprintf("needs %s; best node %s has %d (%s)%s%s",
-			describeRequest(dd), f.bestElig.name, f.bestEligN, checked(f.usable), wholeNote(dd), unusableNote(f))
+		why = fmt.Sprintf("needs %s; best node %s has %d (%s)%s%s%s",
+			describeRequest(dd), f.bestElig.name, f.bestEligN, checked(f.usable), freestNote(dd, f), wholeNote(dd), unusableNote(f))
 	default:
 		// Single shards fit somewhere, so what is missing is distinct nodes
 		// for the gang (or nodes that are not its kept shards' nodes).
@@ -104,15 +111,33 @@ func (p *planner) explain(d *depState, g gang, picked int) string {
 	return why
 }
 
+// freestNote quotes the most free memory a memory-sized shard could get.
+func freestNote(d Deployment, f *funnel) string {
+	if d.GPUMemory == 0 || f.freest == nil {
+		return ""
+	}
+	return fmt.Sprintf("; largest free: %d × %s on %s", d.TensorParallel, gibs(f.freestBytes), f.freest.name)
+}
+
+// gibs is a size in GiB with one decimal, as gpu_memory: auto reasons
+// quote figures that are rarely whole.
+func gibs(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
 func describeRequest(d Deployment) string {
 	var s string
-	if d.GPUMemory == 0 {
+	switch {
+	case d.GPUMemory == 0:
 		s = fmt.Sprintf("%d whole GPU%s", d.TensorParallel, plural(d.TensorParallel))
-	} else {
+	case d.Fit != nil:
+		s = fmt.Sprintf("%d × %s at TP %d", d.TensorParallel, gibs(uint64(d.GPUMemory)), d.TensorParallel)
+	default:
 		s = fmt.Sprintf("%d GPU%s with %s free", d.TensorParallel, plural(d.TensorParallel), d.GPUMemory)
 	}
 	if d.GPUType != "" {
 		s += " (" + d.GPUType + ")"
+	}
+	if d.Fit != nil {
+		s += fmt.Sprintf(" with %d × %d tokens of context (gpu_memory auto: %s)", max(d.MaxNumSeqs, 1), d.MaxModelLen, d.Fit)
 	}
 	return s
 }

@@ -32,6 +32,10 @@ type fit struct {
 	faulted  int // ... of which faulted (and not MIG)
 	usable   int // ... neither MIG nor faulted
 	eligible int // ... usable and free enough for the request
+	// freeAtTP, for a memory-sized shape, is the most each of tp usable
+	// GPUs of the node has free: the tp-th largest free memory (0 with
+	// fewer usable GPUs). Reasons quote it.
+	freeAtTP uint64
 }
 
 // fitFor memoises evaluate per class and shape. A class's state never
@@ -96,7 +100,8 @@ func evaluate(gs []gpuState, sh shape) fit {
 		nodeFree  uint64 // free memory over all usable GPUs
 		nodeCap   uint64
 		usableAll int
-		wholeAll  int // usable GPUs free for a whole-GPU shard
+		wholeAll  int      // usable GPUs free for a whole-GPU shard
+		frees     []uint64 // free memory of the usable typed GPUs (memory-sized shapes)
 	)
 	for i := range gs {
 		g := &gs[i]
@@ -124,8 +129,15 @@ func evaluate(gs []gpuState, sh shape) fit {
 		if (sh.whole() && g.wholeFree()) || (!sh.whole() && g.free() >= sh.mem) {
 			elig = append(elig, i)
 		}
+		if !sh.whole() {
+			frees = append(frees, g.free())
+		}
 	}
 	f.eligible = len(elig)
+	if len(frees) >= sh.tp && sh.tp > 0 {
+		slices.SortFunc(frees, func(a, b uint64) int { return cmpU64(b, a) })
+		f.freeAtTP = frees[sh.tp-1]
+	}
 	if len(elig) < sh.tp {
 		return f
 	}

@@ -14,6 +14,7 @@ func FuzzDecodeDeployment(f *testing.F) {
 		`{"name":"q","model":"Qwen/Qwen3-32B","engine":"sglang","replicas":3,"tensor_parallel":4,"pipeline_parallel":2,"gpu_memory":"70GiB","gpu_type":"H100","labels":{"zone":"a"},"args":["--x"],"env":{"HF_HOME":"/w"}}`,
 		`{"name":"a","model":"m","replicas":0,"gpu_memory":1048577}`,
 		`{"name":"a","model":"m","gpu_memory":"1.5GiB","labels":{}}`,
+		`{"name":"a","model":"org/m","gpu_memory":"auto","tensor_parallel":"auto","max_model_len":8192,"max_num_seqs":2}`,
 		`{"Name":"a"}`, `[]`, `null`, `{"name":"a","model":"m"} x`,
 	} {
 		f.Add([]byte(s))
@@ -30,6 +31,14 @@ func FuzzDecodeDeployment(f *testing.F) {
 		d2, err := DecodeDeployment(b)
 		if err != nil {
 			t.Fatalf("re-encoded spec rejected: %v\n%s", err, b)
+		}
+		// The auto marks never travel: the accepting node resolves them
+		// before anything is stored.
+		if d.GPUMemoryAuto || d.TensorParallelAuto {
+			if b2, _ := json.Marshal(d2); string(b) != string(b2) {
+				t.Fatalf("round trip changed the spec: %s then %s", b, b2)
+			}
+			d.GPUMemoryAuto, d.TensorParallelAuto = false, false
 		}
 		if !reflect.DeepEqual(d, d2) {
 			t.Fatalf("round trip changed the spec\nfirst  %+v\nsecond %+v", d, d2)

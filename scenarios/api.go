@@ -20,11 +20,16 @@ import (
 // contract, not the Go types behind it.
 
 type memberInfo struct {
-	Name   string            `json:"name"`
-	State  string            `json:"state"`
-	API    string            `json:"api"`
-	GPUs   []json.RawMessage `json:"gpus"`
-	Shards []shardRecord     `json:"shards"`
+	Name         string            `json:"name"`
+	State        string            `json:"state"`
+	API          string            `json:"api"`
+	GPUs         []json.RawMessage `json:"gpus"`
+	Shards       []shardRecord     `json:"shards"`
+	CachedModels []cachedModel     `json:"cached_models"`
+}
+
+type cachedModel struct {
+	Model string `json:"model"`
 }
 
 type clusterInfo struct {

@@ -42,8 +42,11 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 	if spec["engine"], err = d.str("engine", "fake"); err != nil {
 		return "", time.Time{}, err
 	}
-	for key, field := range map[string]string{"replicas": "replicas", "tp": "tensor_parallel", "pp": "pipeline_parallel"} {
-		if d.has(key) {
+	if v, ok := d.kvRaw("tp"); ok && v == "auto" {
+		spec["tensor_parallel"] = "auto"
+	}
+	for key, field := range map[string]string{"replicas": "replicas", "tp": "tensor_parallel", "pp": "pipeline_parallel", "max-model-len": "max_model_len", "max-num-seqs": "max_num_seqs"} {
+		if d.has(key) && spec[field] == nil {
 			v, err := d.integer(key, 0)
 			if err != nil {
 				return "", time.Time{}, err

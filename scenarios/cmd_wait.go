@@ -128,6 +128,19 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return nil, usagef("wait-until members: want alive=N (or suspect=, dead=, left=)")
 		}
 		return func(obs []*node) (bool, string) { return r.condMembers(obs, want) }, wantArgs(0, "only key=value arguments")
+	case "cached":
+		if err := wantArgs(1, "a node: cached NODE model=M"); err != nil {
+			return nil, err
+		}
+		model, err := d.need("model")
+		if err != nil {
+			return nil, err
+		}
+		ns, _, err := r.resolveNodes(r.ctx, args)
+		if err != nil {
+			return nil, err
+		}
+		return func(obs []*node) (bool, string) { return r.condCached(obs, ns[0].name, model) }, nil
 	case "converged":
 		return func(obs []*node) (bool, string) {
 			ok, detail, _ := r.plansAgree(obs)

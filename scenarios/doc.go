@@ -102,10 +102,16 @@
 //
 // Deployments (cmd_deployments.go):
 //
-//	place NAME model=M [engine=fake] [replicas=N] [tp=N] [pp=N] [gpu-memory=70GiB] [gpu-type=H100]
-//	      [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
+//	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
+//	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply.
+//	weights NODE family=F [model=NAME]
+//	    Write a header-only copy of a public model family (real shapes, no
+//	    weights; cmd_weights.go lists them: llama-3.1-8b, mixtral-8x7b, ...)
+//	    into the node's weights dir: as the hub cache lays out ORG/NAME, as
+//	    a plain directory NAME, or as a .gguf file. Every node runs with a
+//	    weights dir of its own, rescanned every second, and no hub.
 //	unplace NAME [via=NODE]    DELETE the deployment.
 //	crash-engine SHARD         SIGKILL the engine process of SHARD (pid from the
 //	                           first observer's /v1/shards).
@@ -201,6 +207,7 @@
 //	                            lease on every shard, on nodes that really run
 //	members [alive=N] [suspect=N] [dead=N] [left=N]   as counted in /v1/cluster
 //	                            (at least one of them)
+//	cached NODE model=M         every observer sees M among NODE's cached models
 //	converged                   every observer's /v1/plan is identical, current
 //	                            and computed from the same deployments
 //	single-holder               the nodes' own records hold exactly the planned

@@ -144,6 +144,12 @@ func (r *runner) start(n *node) error {
 		"--runtime", r.cfg.runtime,
 		"--log-level", r.cfg.logLevel,
 		"--test-hooks",
+		// Each node has a weights dir of its own (the weights command
+		// writes header-only models there), rescanned every second, and
+		// no hub: a scenario never reaches the internet.
+		"--weights-dir", n.weightsDir(),
+		"--weights-interval", "1s",
+		"--hub-url", "",
 	}
 	// Join a few running nodes (memberlist contacts every address given:
 	// thirty nodes each joining all others is hundreds of push/pulls), or
@@ -317,3 +323,6 @@ func logTail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// weightsDir is the node's --weights-dir.
+func (n *node) weightsDir() string { return n.dataDir + "-weights" }

@@ -45,6 +45,7 @@ func (n *Node) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/plan", n.handlePlan)
 	mux.HandleFunc("GET /v1/shards", n.handleShards)
 	mux.HandleFunc("GET /v1/shards/{shard}/logs", n.handleLogs)
+	mux.HandleFunc("GET /v1/weights/headers", n.handleWeightsHeaders)
 	if n.cfg.TestHooks {
 		mux.HandleFunc("POST /v1/test/partition", n.authorized(n.handlePartition))
 	}

@@ -205,6 +205,7 @@ func (n *Node) gpuLoop(ctx context.Context) {
 		}
 		local := n.cluster.Local()
 		gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), local.GPUs, local.Probes)
+		gpus = n.simulatedClaims(gpus)
 		n.mu.Lock()
 		n.gpuSnap = snap
 		n.mu.Unlock()
@@ -255,6 +256,22 @@ func (n *Node) GPUSnapshot() gpu.Snapshot {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.gpuSnap
+}
+
+// simulatedClaims fills simulated GPUs' used memory with what this node's
+// shards claimed, so nodes, the page and top read like a real cluster's.
+// Real GPUs report their own.
+func (n *Node) simulatedClaims(gpus []placement.GPU) []placement.GPU {
+	if !n.cfg.GPUsSimulated {
+		return gpus
+	}
+	var claims []gpu.Claim
+	for _, s := range n.runner.Shards() {
+		for _, g := range s.GPUs {
+			claims = append(claims, gpu.Claim{Index: g, Bytes: s.MemoryPerGPU})
+		}
+	}
+	return gpu.WithClaims(gpus, claims)
 }
 
 func (n *Node) foreignAdjusted(s gpu.Snapshot) []placement.GPU {

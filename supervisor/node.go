@@ -91,6 +91,14 @@ type Config struct {
 	TestHooks bool
 	// Extra registers additional HTTP handlers (MCP, metrics) on the mux.
 	Extra func(n *Node, mux *http.ServeMux)
+	// WeightsDir is the weights cache the weights probe scans (see
+	// weights.go), every WeightsInterval (default a minute). HubURL is
+	// where gpu_memory: auto reads headers of a model no node has (empty:
+	// nowhere), within FitTimeout (default 5 s).
+	WeightsDir      string
+	WeightsInterval time.Duration
+	HubURL          string
+	FitTimeout      time.Duration
 }
 
 // Node is one running llmgw agent.
@@ -137,6 +145,8 @@ type Node struct {
 	telemetryRead time.Time
 	// wake makes the control loop reconcile now (the node settled).
 	wake chan struct{}
+	// rescan makes the weights loop scan now.
+	rescan chan struct{}
 
 	cancel context.CancelFunc
 	// wg holds the control, join and GPU loops; serveWG the HTTP server.
@@ -193,7 +203,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
-		closed: make(chan struct{}), wake: make(chan struct{}, 1), published: make(chan struct{})}
+		closed: make(chan struct{}), wake: make(chan struct{}, 1), published: make(chan struct{}), rescan: make(chan struct{}, 1)}
 	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
 	n.runner = cfg.Runner
 	if n.runner == nil {
@@ -246,6 +256,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	// Faulted GPUs are marked from the first record on: placement must
 	// not use one in the seconds before the first GPU tick.
 	gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})
+	gpus = n.simulatedClaims(gpus)
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
 		API:          n.AdvertisedAPI(),
@@ -258,6 +269,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		Probes:       probes,
 		Shards:       n.runner.Shards(),
 		Runtime:      cfg.RuntimeName,
+		CachedModels: n.scanWeights(),
 	}
 	if initial.Runtime == "" {
 		initial.Runtime = "none"
@@ -281,7 +293,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.api = newHTTPServer(n.guard(mux))
 	lctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(3)
+	n.wg.Add(4)
 	n.serveWG.Add(1)
 	go func() {
 		defer n.serveWG.Done()
@@ -294,6 +306,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
 	go n.loop(lctx)
 	go n.gpuLoop(lctx)
+	go n.weightsLoop(lctx)
 	n.log.Info("node up", "api", n.APIAddr(), "gossip", n.cluster.Address(), "profile", cfg.Profile.Name, "gpus", len(snap.GPUs), "lease_ttl", cfg.LeaseTTL)
 	return n, nil
 }

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -20,6 +21,10 @@ var ErrNoDeployment = errors.New("no such deployment")
 // The answer says what runs already when the spec's version is running
 // (only replicas, or nothing, changed), and zeros for a new version.
 func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
+	spec, err := n.resolveAuto(context.Background(), spec)
+	if err != nil {
+		return status.DeploymentInfo{}, err
+	}
 	if err := spec.WithDefaults().Validate(); err != nil {
 		return status.DeploymentInfo{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
 	}

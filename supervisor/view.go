@@ -27,11 +27,13 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 		// and re-announced by the new agent).
 		current := m.Epoch == 0 || m.Record.Version.Epoch >= m.Epoch
 		n := placement.Node{
-			Name:         m.Name,
-			Alive:        alive && !m.Record.Leaving,
-			Labels:       m.Record.Labels,
-			GPUs:         m.Record.GPUs,
-			CachedModels: m.Record.CachedModels,
+			Name:   m.Name,
+			Alive:  alive && !m.Record.Leaving,
+			Labels: m.Record.Labels,
+			GPUs:   m.Record.GPUs,
+		}
+		for _, c := range m.Record.CachedModels {
+			n.CachedModels = append(n.CachedModels, c.Model)
 		}
 		for _, s := range m.Record.Shards {
 			n.Shards = append(n.Shards, placement.HeldShard{

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -43,7 +44,7 @@ func nodesCommand() *cli.Command {
 				}
 			}
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE\tWEIGHTS")
 			for _, m := range info.Members {
 				age := "-"
 				if !m.StartedAt.IsZero() {
@@ -56,7 +57,7 @@ func nodesCommand() *cli.Command {
 				if m.Isolated {
 					state += ", isolated"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age, cachedSummary(m.CachedModels))
 			}
 			return tw.Flush()
 		},
@@ -129,9 +130,11 @@ func placeCommand() *cli.Command {
 		&cli.StringFlag{Name: "model", Usage: "model id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"},
 		&cli.StringFlag{Name: "engine", Usage: "engine profile: " + strings.Join(placement.EngineProfiles(), ", ") + " (default vllm)"},
 		&cli.IntFlag{Name: "replicas", Value: 1, Usage: "serving endpoints"},
-		&cli.IntFlag{Name: "tp", Value: 1, Usage: "tensor parallel: GPUs of one node per shard"},
+		&cli.StringFlag{Name: "tp", Value: "1", Usage: "tensor parallel: GPUs of one node per shard, or auto (with --gpu-memory auto: the smallest that fits)"},
 		&cli.IntFlag{Name: "pp", Value: 1, Usage: "pipeline parallel: nodes per replica"},
-		&cli.StringFlag{Name: "gpu-memory", Usage: "memory per GPU, e.g. 70GiB (default: whole GPUs)"},
+		&cli.StringFlag{Name: "gpu-memory", Usage: "memory per GPU, e.g. 70GiB, or auto: computed from the model's files (default: whole GPUs)"},
+		&cli.IntFlag{Name: "max-model-len", Usage: "with --gpu-memory auto: the context each sequence gets (default: the model's own)"},
+		&cli.IntFlag{Name: "max-num-seqs", Usage: "with --gpu-memory auto: concurrent full-context sequences the KV cache holds (default 1)"},
 		&cli.StringFlag{Name: "gpu-type", Usage: "substring of the GPU name, e.g. H100"},
 		&cli.StringSliceFlag{Name: "label", Usage: "node label k=v the shards need (repeatable)"},
 		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
@@ -155,7 +158,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		}
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
-		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "gpu-type", "label", "image", "arg", "env"} {
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -177,21 +180,34 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	}
 	d := placement.Deployment{
 		Name: c.Args().First(), Model: c.String("model"), Engine: c.String("engine"), Image: c.String("image"),
-		Replicas: int(c.Int("replicas")), TensorParallel: int(c.Int("tp")), PipelineParallel: int(c.Int("pp")),
+		Replicas: int(c.Int("replicas")), PipelineParallel: int(c.Int("pp")),
 		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"),
+		MaxModelLen: int(c.Int("max-model-len")), MaxNumSeqs: int(c.Int("max-num-seqs")),
+	}
+	d.TensorParallelAuto = c.String("tp") == "auto"
+	if !d.TensorParallelAuto {
+		tp, err := strconv.Atoi(c.String("tp"))
+		if err != nil {
+			return nil, "", fmt.Errorf("--tp %q: want an integer from 1 to 64 or auto", c.String("tp"))
+		}
+		d.TensorParallel = tp
 	}
 	if d.Model == "" {
 		return nil, "", fmt.Errorf("--model: required, e.g. --model meta-llama/Llama-3.1-8B-Instruct")
 	}
 	// The spec leaves a zero out (omitempty), and the node would take the
 	// missing field for 1: a 0 must be refused here or it runs as 1.
-	if d.TensorParallel < 1 {
+	if d.TensorParallel < 1 && !d.TensorParallelAuto {
 		return nil, "", fmt.Errorf("--tp %d: want an integer from 1 to 64 (GPUs of one node per shard)", d.TensorParallel)
 	}
 	if d.PipelineParallel < 1 {
 		return nil, "", fmt.Errorf("--pp %d: want an integer from 1 to 64 (nodes per replica)", d.PipelineParallel)
 	}
-	if m := c.String("gpu-memory"); m != "" {
+	d.GPUMemoryAuto = c.String("gpu-memory") == "auto"
+	if (d.MaxModelLen != 0 || d.MaxNumSeqs != 0 || d.TensorParallelAuto) && !d.GPUMemoryAuto {
+		return nil, "", fmt.Errorf("--max-model-len, --max-num-seqs and --tp auto size a --gpu-memory auto deployment: add --gpu-memory auto")
+	}
+	if m := c.String("gpu-memory"); m != "" && !d.GPUMemoryAuto {
 		b, err := placement.ParseBytes(m)
 		if err != nil {
 			return nil, "", fmt.Errorf("--gpu-memory: %w", err)
@@ -205,7 +221,28 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	if d.Env, err = parseKV("--env", c.StringSlice("env")); err != nil {
 		return nil, "", err
 	}
+	return autoBody(d)
+}
+
+// autoBody writes d as the API reads it: "auto" where d says so, which
+// the struct's own encoding leaves out (the marks never travel in a
+// stored spec).
+func autoBody(d placement.Deployment) ([]byte, string, error) {
 	b, err := json.Marshal(d)
+	if err != nil || (!d.GPUMemoryAuto && !d.TensorParallelAuto) {
+		return b, "application/json", err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, "", err
+	}
+	if d.GPUMemoryAuto {
+		m["gpu_memory"] = "auto"
+	}
+	if d.TensorParallelAuto {
+		m["tensor_parallel"] = "auto"
+	}
+	b, err = json.Marshal(m)
 	return b, "application/json", err
 }
 

@@ -59,6 +59,7 @@ func newApp() *cli.Command {
 			overviewCommand(),
 			nodeCommand(),
 			placeCommand(),
+			fitCommand(),
 			unplaceCommand(),
 			nodesCommand(),
 			modelsCommand(),

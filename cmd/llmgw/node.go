@@ -23,6 +23,7 @@ import (
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
+	"github.com/llmgw/llmgw/probes/weights"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
@@ -64,11 +65,13 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "runtime", Value: "auto", Usage: "how engines run: containerd, process (host processes and the built-in fake engine), none (claim shards, run nothing), or auto (containerd when its socket answers, else process)", Sources: cli.EnvVars("LLMGW_RUNTIME")},
 		&cli.StringFlag{Name: "containerd-socket", Value: "/run/containerd/containerd.sock", Usage: "containerd's socket", Sources: cli.EnvVars("LLMGW_CONTAINERD_SOCKET")},
 		&cli.StringFlag{Name: "containerd-namespace", Value: "llmgw", Usage: "containerd namespace for engines", Sources: cli.EnvVars("LLMGW_CONTAINERD_NAMESPACE")},
-		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache, bind-mounted into engine containers", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
+		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache (hub cache layout, model dirs, .gguf files): scanned and published to the cluster, bind-mounted into engine containers", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
+		&cli.StringFlag{Name: "hub-url", Value: weights.DefaultHub, Usage: "where gpu_memory: auto reads the headers of a model no node has (HTTP range requests; empty: nowhere)", Sources: cli.EnvVars("LLMGW_HUB_URL")},
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
+		&cli.DurationFlag{Name: "weights-interval", Value: time.Minute, Hidden: true, Usage: "how often the weights dir is rescanned", Sources: cli.EnvVars("LLMGW_WEIGHTS_INTERVAL")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
 	}, gatewayFlags()...)
 }
@@ -78,7 +81,7 @@ func nodeFlags() []cli.Flag {
 func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	cfg := supervisor.Config{Name: c.String("name"), DataDir: c.String("data-dir"), Version: version, Logger: log, LeaseTTL: c.Duration("lease-ttl"), TestHooks: c.Bool("test-hooks"),
 		// One clock for the node and its engine runner.
-		Clock: clock.Real()}
+		Clock: clock.Real(), WeightsDir: c.String("weights-dir"), HubURL: c.String("hub-url"), WeightsInterval: c.Duration("weights-interval")}
 	if cfg.Name == "" || strings.ContainsAny(cfg.Name, " /\t\n") {
 		return cfg, fmt.Errorf("--name %q: want a non-empty name without spaces or '/'", cfg.Name)
 	}

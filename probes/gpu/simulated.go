@@ -135,3 +135,34 @@ func (s *Simulated) Close() error { return nil }
 // Telemetry reads nothing: simulated GPUs run no kernels and draw no
 // power, and a made-up reading would look like a real one on the page.
 func (s *Simulated) Telemetry(ctx context.Context) ([]Telemetry, error) { return nil, ctx.Err() }
+
+// Claim is memory an engine holds on one GPU: Bytes of it, or the whole
+// GPU when Bytes is 0.
+type Claim struct {
+	Index int
+	Bytes uint64
+}
+
+// WithClaims is what simulated GPUs read when engines hold what they
+// claimed: each GPU's used memory is the sum of its claims (a whole-GPU
+// claim fills it), at most its total. Real GPUs report what engines use;
+// simulated ones have nothing to report, and would always read as empty
+// in views that look like a real cluster's.
+func WithClaims(gpus []placement.GPU, claims []Claim) []placement.GPU {
+	out := cloneGPUs(gpus)
+	for i := range out {
+		var used uint64
+		for _, c := range claims {
+			if c.Index != out[i].Index {
+				continue
+			}
+			if c.Bytes == 0 {
+				used = out[i].MemoryTotal
+				break
+			}
+			used += c.Bytes
+		}
+		out[i].MemoryUsed = min(used, out[i].MemoryTotal)
+	}
+	return out
+}

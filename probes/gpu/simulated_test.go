@@ -96,3 +96,19 @@ func TestSimulatedDiscoverer(t *testing.T) {
 		t.Error("bad spec accepted")
 	}
 }
+
+func TestWithClaims(t *testing.T) {
+	gpus, err := ParseSimulated("3xH100-80GB", "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := WithClaims(gpus, []Claim{{Index: 0, Bytes: 20 << 30}, {Index: 0, Bytes: 30 << 30}, {Index: 1}, {Index: 2, Bytes: 100 << 30}})
+	for i, want := range []uint64{50 << 30, 80 << 30, 80 << 30} {
+		if got[i].MemoryUsed != want {
+			t.Errorf("GPU %d used %d, want %d", i, got[i].MemoryUsed, want)
+		}
+	}
+	if gpus[0].MemoryUsed != 0 {
+		t.Error("WithClaims changed its input")
+	}
+}

@@ -117,7 +117,7 @@ type loadOut struct {
 }
 
 type placeIn struct {
-	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel, pipeline_parallel, gpu_memory (e.g. \"70GiB\"), gpu_type, labels, image, args, env"`
+	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel (or \"auto\"), pipeline_parallel, gpu_memory (e.g. \"70GiB\", or \"auto\": sized from the model's files), max_model_len, max_num_seqs, gpu_type, labels, image, args, env"`
 }
 
 type placeOut struct {
@@ -384,7 +384,8 @@ func (s *Server) place(_ context.Context, in placeIn) (any, error) {
 		return nil, err
 	}
 	s.log.Info("deployment placed over MCP", "name", d.Name)
-	return placeOut{Placed: d.Name, SpecVersion: info.SpecVersion, Stamp: info.Stamp, Spec: d,
+	// The spec as stored: gpu_memory: auto resolved to its figures.
+	return placeOut{Placed: d.Name, SpecVersion: info.SpecVersion, Stamp: info.Stamp, Spec: info.Deployment,
 		Next: "every node now places it alike; call why_not with deployment " + d.Name + " to see where it runs"}, nil
 }
 

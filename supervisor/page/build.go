@@ -41,6 +41,9 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 		for k, v := range m.Labels {
 			row.Labels = append(row.Labels, k+"="+v)
 		}
+		for _, c := range m.CachedModels {
+			row.Weights = append(row.Weights, fmt.Sprintf("%s (%s)", c.Model, diskSize(c.Bytes)))
+		}
 		slices.Sort(row.Labels)
 		row.Faults, row.FaultsClass = faultCell(m.Probes, now)
 		for _, l := range m.Telemetry.Links {
@@ -125,6 +128,9 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 		}
 		if dep.GPUMemory > 0 {
 			r.Shape += ", " + dep.GPUMemory.String() + " each"
+		}
+		if dep.Fit != nil {
+			r.Shape += fmt.Sprintf(" (auto: %s; %d × %d tokens)", dep.Fit, max(dep.MaxNumSeqs, 1), dep.MaxModelLen)
 		}
 		switch {
 		case dep.Ready == dep.Replicas:

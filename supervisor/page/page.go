@@ -13,6 +13,7 @@ package page
 import (
 	"bytes"
 	_ "embed"
+	"fmt"
 	"html/template"
 	"net/http"
 	"time"
@@ -133,6 +134,8 @@ type nodeRow struct {
 	Faults               clipped
 	FaultsClass          string
 	Simulated            bool
+	// Weights are the models in the node's weights dir, with their size.
+	Weights []string
 }
 
 type gpuRow struct {
@@ -176,4 +179,15 @@ type shardRow struct {
 	Load, LoadAge              string
 	Restarts                   int
 	Reason                     clipped
+}
+
+// diskSize is a size on disk in GiB, or KiB or MiB below one GiB.
+func diskSize(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/placement/fit/fittest"
+	"github.com/llmgw/llmgw/probes/weights/weightstest"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/supervisortest"
 )
@@ -58,7 +60,13 @@ func place(t *testing.T, n *supervisor.Node, spec string) {
 func TestClusterPage(t *testing.T) {
 	// The gateways are only published, not served: the page draws what
 	// the records say. A wildcard host is published as the advertised one.
-	a, aport := startWith(t, "alpha", map[string]string{"rack": `<script>alert("r1")</script>`}, func(c *supervisor.Config) { c.GatewayAddr = "0.0.0.0:18000" })
+	weightsDir := t.TempDir()
+	if _, err := weightstest.WriteHubCache(weightsDir, "meta-llama/Llama-3.1-8B", fittest.Llama31_8B(), 1); err != nil {
+		t.Fatal(err)
+	}
+	a, aport := startWith(t, "alpha", map[string]string{"rack": `<script>alert("r1")</script>`}, func(c *supervisor.Config) {
+		c.GatewayAddr, c.WeightsDir = "0.0.0.0:18000", weightsDir
+	})
 	b, _ := startWith(t, "bravo", map[string]string{"zone": "b&w"}, func(c *supervisor.Config) { c.GatewayAddr, c.GatewayTLS = "127.0.0.1:18443", true }, aport)
 	place(t, a, `{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
 	place(t, a, `{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8,"gpu_memory":"70GiB"}`)
@@ -91,6 +99,8 @@ func TestClusterPage(t *testing.T) {
 		"<td>huge</td>", "0 / 0 / 1", "8 GPUs, 70GiB each", "needs 8 GPUs", // why not
 		"chat-0", "chat-1", `class="ok">valid</td>`, `class="bad">unplaced</td><td class="dim">none</td>`, `<span class="tag">chat-`, // shard rows
 		"simulated GPUs",
+		// What alpha's weights dir holds.
+		`weights cached:</span> <span class="tag">meta-llama/Llama-3.1-8B (`, " KiB)</span>",
 		// Each node's gateway, with its scheme, linking to its models;
 		// the line at the top names this node's.
 		`<a href="http://127.0.0.1:18000/v1/models">http://127.0.0.1:18000</a>`,

@@ -13,6 +13,11 @@ const (
 	hfHome    = "{{if .WeightsDir}}HF_HOME={{.WeightsDir}}{{end}}"
 	vllmUtil  = "{{if .GPUMemoryUtilization}}--gpu-memory-utilization={{.GPUMemoryUtilization}}{{end}}"
 	sglangMem = "{{if .GPUMemoryUtilization}}--mem-fraction-static={{.GPUMemoryUtilization}}{{end}}"
+	// The context and concurrency a gpu_memory: auto figure holds.
+	vllmLen    = "{{if .MaxModelLen}}--max-model-len={{.MaxModelLen}}{{end}}"
+	vllmSeqs   = "{{if .MaxNumSeqs}}--max-num-seqs={{.MaxNumSeqs}}{{end}}"
+	sglangLen  = "{{if .MaxModelLen}}--context-length={{.MaxModelLen}}{{end}}"
+	sglangSeqs = "{{if .MaxNumSeqs}}--max-running-requests={{.MaxNumSeqs}}{{end}}"
 	// apiKey makes the engine demand its key on its API. vLLM also reads
 	// VLLM_API_KEY, but the flag is the one spelling vLLM, SGLang and the
 	// fake engine share.
@@ -35,6 +40,8 @@ func Builtin() map[string]Profile {
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
 				vllmUtil,
+				vllmLen,
+				vllmSeqs,
 				apiKey,
 			},
 			Env:         []string{hfHome},
@@ -66,6 +73,8 @@ func Builtin() map[string]Profile {
 				// Without it SGLang serves no /metrics.
 				"--enable-metrics",
 				sglangMem,
+				sglangLen,
+				sglangSeqs,
 				apiKey,
 			},
 			Env:         []string{hfHome},

@@ -108,6 +108,11 @@ type Data struct {
 	Self                 string
 	// APIKey is Inputs.APIKey; empty when the engine runs without a key.
 	APIKey string
+	// MaxModelLen and MaxNumSeqs are the deployment's (0: unset), which a
+	// gpu_memory: auto figure was computed for: the engine must not cache
+	// more than that memory holds.
+	MaxModelLen int
+	MaxNumSeqs  int
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -125,6 +130,7 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 		Model: d.Model, ServedName: d.Name, Port: in.Port, Host: in.Host,
 		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
 		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
+		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
 	}
 	if data.Host == "" {
 		data.Host = "0.0.0.0"
@@ -243,7 +249,7 @@ func (p Profile) Validate() error {
 	if p.HealthPath == "" || p.ModelsPath == "" {
 		return fmt.Errorf("profile %q: health_path and models_path are required", p.Name)
 	}
-	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k"}
+	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k", MaxModelLen: 8192, MaxNumSeqs: 1}
 	if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
 		return err
 	}

@@ -37,6 +37,8 @@ type MemberInfo struct {
 	// elsewhere within the TTL; what it shows of others is old.
 	Isolated      bool      `json:"isolated,omitempty"`
 	IsolatedSince time.Time `json:"isolated_since,omitzero"`
+	// CachedModels are the models in the node's weights dir.
+	CachedModels []gossip.CachedModel `json:"cached_models,omitempty"`
 }
 
 // ClusterInfo is the body of /v1/cluster.

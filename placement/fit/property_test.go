@@ -1,0 +1,109 @@
+package fit_test
+
+import (
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/llmgw/llmgw/placement/fit"
+	"github.com/llmgw/llmgw/placement/fit/fittest"
+)
+
+func profiles(t *testing.T) []fit.Profile {
+	var out []fit.Profile
+	for _, f := range []fittest.Family{fittest.Llama31_8B(), fittest.Gemma2_9B(), fittest.Mixtral8x7B(), fittest.Qwen25_7B_AWQ(), fittest.Llama31_8B_Q4KM()} {
+		p, err := fit.Analyze(model(t, f), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// More context or more sequences never needs less memory; more GPUs never
+// need more per GPU for weights and KV; the total is always the sum of
+// the terms shown.
+func TestEstimateMonotone(t *testing.T) {
+	ps := profiles(t)
+	rapid.Check(t, func(t *rapid.T) {
+		p := ps[rapid.IntRange(0, len(ps)-1).Draw(t, "model")]
+		ctx := rapid.IntRange(1, p.Config.MaxContext-1).Draw(t, "ctx")
+		seqs := rapid.IntRange(1, 64).Draw(t, "seqs")
+		tp := rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "tp")
+		pp := rapid.IntRange(1, 4).Draw(t, "pp")
+		r := fit.Request{TensorParallel: tp, PipelineParallel: pp, MaxModelLen: ctx, MaxNumSeqs: seqs}
+		e, err := p.Estimate(r)
+		if err != nil {
+			t.Skip(err)
+		}
+		b := e.PerGPU
+		if b.Total != b.Weights+b.KVCache+b.Framework+b.Activations+b.CUDAGraphs {
+			t.Fatalf("total %d is not the sum of %+v", b.Total, b)
+		}
+		more := r
+		more.MaxModelLen++
+		more.MaxNumSeqs++
+		if e2, err := p.Estimate(more); err != nil || e2.PerGPU.KVCache < b.KVCache || e2.PerGPU.Total < b.Total {
+			t.Fatalf("one more token and sequence: %+v (err %v) after %+v", e2.PerGPU, err, b)
+		}
+		wider := r
+		wider.TensorParallel *= 2
+		if e3, err := p.Estimate(wider); err == nil && e3.PerGPU.Weights+e3.PerGPU.KVCache > b.Weights+b.KVCache {
+			t.Fatalf("TP %d needs more weights and KV per GPU than TP %d: %+v vs %+v", 2*tp, tp, e3.PerGPU, b)
+		}
+	})
+}
+
+// MaxModelLen and MaxSeqs are exact boundaries: the answer fits and one
+// more does not.
+func TestCapacityBoundaries(t *testing.T) {
+	ps := profiles(t)
+	rapid.Check(t, func(t *rapid.T) {
+		p := ps[rapid.IntRange(0, len(ps)-1).Draw(t, "model")]
+		gpu := uint64(rapid.IntRange(8, 200).Draw(t, "gib")) << 30
+		r := fit.Request{MaxNumSeqs: rapid.IntRange(1, 16).Draw(t, "seqs"), TensorParallel: rapid.SampledFrom([]int{1, 2}).Draw(t, "tp")}
+		n := p.MaxModelLen(r, gpu)
+		total := func(ctx, seqs int) uint64 {
+			q := r
+			q.MaxModelLen, q.MaxNumSeqs = ctx, seqs
+			e, err := p.Estimate(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e.PerGPU.Total
+		}
+		if n > 0 && total(n, r.MaxNumSeqs) > gpu {
+			t.Fatalf("MaxModelLen %d does not fit in %d", n, gpu)
+		}
+		if n < p.Config.MaxContext && total(n+1, r.MaxNumSeqs) <= gpu {
+			t.Fatalf("MaxModelLen %d, but %d fits too", n, n+1)
+		}
+		if n == 0 {
+			return
+		}
+		r.MaxModelLen = n
+		s := p.MaxSeqs(r, gpu)
+		if s < r.MaxNumSeqs || total(n, s) > gpu || total(n, s+1) <= gpu {
+			t.Fatalf("MaxSeqs %d at %d tokens is not the boundary", s, n)
+		}
+	})
+}
+
+func TestSmallestTP(t *testing.T) {
+	p, err := fit.Analyze(model(t, fittest.Mixtral8x7B()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := p.SmallestTP(fit.Request{MaxModelLen: 32768}, 80<<30, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 93.4 GB of weights: two 80 GiB GPUs hold it.
+	if e.Request.TensorParallel != 2 {
+		t.Errorf("smallest TP for Mixtral on 80 GiB = %d, want 2 (%+v)", e.Request.TensorParallel, e.PerGPU)
+	}
+	if _, err := p.SmallestTP(fit.Request{}, 8<<30, 8); err == nil {
+		t.Error("Mixtral on 8 GiB GPUs up to TP 8: no error")
+	}
+}
