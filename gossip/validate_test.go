@@ -238,6 +238,7 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 			r.Probes = ProbeSummary{DriverFaultsRecent: 3, DriverFaultsBoot: 9, LastDriverFault: "NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY]"}
 			r.Telemetry = Telemetry{GPUs: []GPUTelemetry{{Index: 0, UtilPct: 100, TempC: 58, PowerW: 690}, {Index: 1, NoPower: true}},
 				Links: []LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 12.5, RxMBps: 0.1}, {Device: "mlx5_1", Port: 1}}}
+		})},
 		{"cached models", rec(func(r *NodeRecord) {
 			r.CachedModels = []CachedModel{{Model: "meta-llama/Llama-3.1-8B", Bytes: 16 << 30}, {Model: "m.gguf"}}
 		})},
