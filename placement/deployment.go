@@ -122,6 +122,9 @@ func (d Deployment) Validate() error {
 	if d.PipelineParallel < 1 || d.PipelineParallel > 64 {
 		return bad("pipeline_parallel", strconv.Itoa(d.PipelineParallel), "an integer from 1 to 64 (nodes per replica)")
 	}
+	if d.Engine == "llamacpp" && d.PipelineParallel > 1 {
+		return bad("pipeline_parallel", strconv.Itoa(d.PipelineParallel), "1 with engine llamacpp: llama.cpp has no multi-node launch (it splits a model over one node's GPUs only); use engine vllm or sglang to span nodes")
+	}
 	if d.Replicas*d.PipelineParallel > maxShards {
 		return bad("replicas", strconv.Itoa(d.Replicas), fmt.Sprintf("replicas × pipeline_parallel at most %d shards", maxShards))
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -206,14 +207,11 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 	return nil
 }
 
-// shardIndex is the index of d's shard within its replica (the replica's
-// "-s<j>" suffix), 0 for a replica of one shard.
+// shardIndex is the index of d's shard within its replica: its rank in
+// its gang, 0 for a replica of one shard.
 func shardIndex(d Desired) int {
-	var j int
-	if _, err := fmt.Sscanf(d.ShardID[len(d.ReplicaID):], "-s%d", &j); err == nil {
-		return j
-	}
-	return 0
+	j, _ := placement.ShardIndex(d.ShardID, d.ReplicaID)
+	return j
 }
 
 // clipError keeps an error message short enough for a node record.

@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -117,7 +116,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		if si.Node == "" {
 			continue // unplaced
 		}
-		idx, ok := shardIndex(si.ShardID, si.ReplicaID)
+		idx, ok := placement.ShardIndex(si.ShardID, si.ReplicaID)
 		if !ok {
 			continue
 		}
@@ -184,23 +183,6 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		slices.Sort(ns)
 	}
 	return t
-}
-
-// shardIndex is a shard's position in its replica: 0 for a replica of one
-// shard, j for "<replica>-s<j>".
-func shardIndex(shard, replica string) (int, bool) {
-	if shard == replica {
-		return 0, true
-	}
-	rest, ok := strings.CutPrefix(shard, replica+"-s")
-	if !ok {
-		return 0, false
-	}
-	j, err := strconv.Atoi(rest)
-	if err != nil || j < 0 {
-		return 0, false
-	}
-	return j, true
 }
 
 // maxWhy bounds the reasons quoted in one error: a deployment of many
