@@ -23,8 +23,9 @@ func MainForTests(args []string) (int, bool) {
 	failHealth := fs.Bool("fail-health", false, "")
 	apiKey := fs.String("api-key", "", "")
 	tokenDelay := fs.Duration("token-delay", 0, "")
+	g := gangFlags(fs)
 	_ = fs.Parse(args[2:])
-	err := Run(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth,
-		APIKey: *apiKey, TokenDelay: *tokenDelay})
+	err := RunMaybeGang(context.Background(), Config{Model: *model, Port: *port, Host: *host, CrashAfter: *crash, ExitCode: *code, FailHealth: *failHealth,
+		APIKey: *apiKey, TokenDelay: *tokenDelay}, g)
 	return ExitCode(err), true
 }
