@@ -140,6 +140,9 @@ func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) ado
 	if st.Spec.HTTPPort > 0 {
 		r.ports[st.Spec.HTTPPort] = id
 	}
+	if g := st.Gang; g != nil && g.Rank == 0 && g.MasterPort > 0 {
+		r.ports[g.MasterPort] = id // rank 0's rendezvous
+	}
 	r.mu.Unlock()
 	return adoptedEngine{e, ctx}
 }

@@ -35,6 +35,9 @@ type watchState struct {
 	everReady bool
 	// unknowns counts "unknown" runtime states in a row.
 	unknowns int
+	// lastGen is the gang generation a member's engine last ran against
+	// (see memberStopped): it starts again only for another one.
+	lastGen int64
 }
 
 // watch drives one engine: start it (unless adopted), then check it every
@@ -51,9 +54,18 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 			r.finish(e)
 			return
 		}
-		if !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e) {
+		var gs *shardstate.Gang
+		mayStart := !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e)
+		if mayStart && r.isGang(e) {
+			var note string
+			if gs, note = r.gangStart(e, w); gs == nil {
+				r.setGangNote(e, note)
+				mayStart = false
+			}
+		}
+		if mayStart {
 			w.attemptAt, w.everReady = r.cfg.Clock.Now(), false
-			if err := r.start(ctx, e); err != nil {
+			if err := r.start(ctx, e, gs); err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
 				}
@@ -71,6 +83,9 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		if w.started {
 			r.check(ctx, e, w)
+		}
+		if w.started && r.isGang(e) {
+			r.checkGang(e, w)
 		}
 		select {
 		case <-ctx.Done():
@@ -102,21 +117,39 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		w.unknowns++
 	case err != nil || st.State != runtime.StateRunning:
 		code := st.ExitCode
-		r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+		member := r.isMember(e)
+		if member {
+			r.log.Warn("gang member exited; waiting for rank 0 to restart the gang", "shard", e.state.ShardID, "exit_code", code)
+		} else {
+			r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+		}
 		// Remove the dead engine so its GPUs are free while we wait.
 		if err := r.cfg.Runtime.Stop(context.Background(), e.id, 0); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 			r.log.Warn("remove exited engine", "shard", e.state.ShardID, "err", err)
 		}
-		w.retryAt = r.crashed(e, &code)
 		w.started = false
+		if member {
+			r.memberStopped(e, w, fmt.Sprintf("exited with code %d; waiting for rank 0's next generation", code), &code)
+			return
+		}
+		if r.isGang(e) {
+			r.setGangNote(e, fmt.Sprintf("rank 0 exited with code %d; gang restarting", code))
+		}
+		w.retryAt = r.crashed(e, &code)
 	default:
 		w.unknowns = 0
-		ready := r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
+		member := r.isMember(e)
+		var ready bool
+		if member {
+			ready = r.memberReady(e)
+		} else {
+			ready = r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
+		}
 		w.everReady = w.everReady || ready
 		r.setReady(e, ready, st.PID)
-		if ready {
+		if ready && !member {
 			r.scrapeLoad(ctx, e)
-		} else if !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
+		} else if !ready && !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
 			r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
 			if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				// Still running: starting it again would clash with
@@ -124,13 +157,18 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 				r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
 				return
 			}
-			w.retryAt = r.crashed(e, nil)
 			w.started = false
+			if member {
+				r.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
+				return
+			}
+			w.retryAt = r.crashed(e, nil)
 		}
 	}
 }
 
-func (r *Runner) start(engineCtx context.Context, e *managed) error {
+// start starts e's engine; gs is its gang start (nil: not a gang).
+func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gang) error {
 	// Runtime calls end when the engine is no longer wanted or when the
 	// agent closes the runner.
 	ctx, cancel := context.WithCancel(r.base)
@@ -146,7 +184,10 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 		return err
 	}
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
-		APIKey: r.engineKey(e.id)}
+		APIKey: r.engineKey(e.id), Gang: r.gangInputs(gs)}
+	if gs != nil {
+		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
+	}
 	var uuids []string
 	if r.cfg.GPUs != nil {
 		gpus := r.cfg.GPUs()
@@ -171,6 +212,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 		LogPath: r.logPath(e.id), WeightsDir: r.cfg.WeightsDir,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	st.Gang = gs
 	// Container images are pulled before the engine starts (vLLM's are
 	// 12-28 GB; the runtime logs progress). The engine stays "starting"
 	// meanwhile, holding its claim.
@@ -198,6 +240,10 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 	e.state = st
 	e.readySince = time.Time{}
 	e.startErr = ""
+	e.gangNote = ""
+	if gs != nil && gs.Rank == 0 {
+		e.gangNote = fmt.Sprintf("waiting for %d other ranks to connect", gs.Size-1)
+	}
 	if e.status != gossip.ShardStopping {
 		e.status = gossip.ShardStarting
 	}

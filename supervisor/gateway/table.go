@@ -132,7 +132,8 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		g.maxIndex = max(g.maxIndex, idx)
 		g.single = g.single || si.ShardID == si.ReplicaID
 		ms := state[si.Node]
-		if si.Lease == placement.LeaseValid && si.Status == gossip.ShardReady && si.URL != "" &&
+		// Only rank 0 of a gang serves HTTP: the other ranks have no URL.
+		if si.Lease == placement.LeaseValid && si.Status == gossip.ShardReady && (si.URL != "" || idx > 0) &&
 			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] &&
 			(ms == gossip.StateAlive || ms == gossip.StateSuspect) {
 			g.valid[idx] = si
@@ -153,7 +154,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 				continue
 			}
 			r0, ok := g.valid[0]
-			if !ok {
+			if !ok || r0.URL == "" || !sameGeneration(g.valid) {
 				continue
 			}
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
@@ -183,6 +184,22 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		slices.Sort(ns)
 	}
 	return t
+}
+
+// sameGeneration reports whether every member of a gang runs against
+// rank 0's generation: a member still in the one before (rank 0 restarted
+// the gang and its record has not caught up) makes the gang not whole.
+func sameGeneration(members map[int]status.ShardInfo) bool {
+	r0 := members[0]
+	if r0.Gang == nil {
+		return true
+	}
+	for _, si := range members {
+		if si.Gang == nil || si.Gang.Generation != r0.Gang.Generation {
+			return false
+		}
+	}
+	return true
 }
 
 // maxWhy bounds the reasons quoted in one error: a deployment of many
