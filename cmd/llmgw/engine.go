@@ -40,10 +40,11 @@ func engineCommand() *cli.Command {
 				&cli.StringFlag{Name: "master-addr", Usage: "rank 0's rendezvous address"},
 				&cli.IntFlag{Name: "master-port", Usage: "rank 0's rendezvous port"},
 				&cli.BoolFlag{Name: "headless", Usage: "serve no HTTP (every rank above 0)"},
+				&cli.BoolFlag{Name: "hang-on-peer-loss", Usage: "keep running when a gang peer is lost, as vLLM's ranks hang (only llmgw's gang teardown stops it)"},
 			},
 			Action: func(ctx context.Context, c *cli.Command) error {
 				g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
-					MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port"))}
+					MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
 				err := fakeengine.RunMaybeGang(ctx, fakeengine.Config{
 					Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
 					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),

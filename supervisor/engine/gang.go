@@ -67,6 +67,13 @@ func (r *Runner) gangStart(e *managed, w *watchState) (*shardstate.Gang, string)
 		nodes[j] = p.Node
 	}
 	if g.Rank == 0 {
+		// A lost member would never connect: starting now would only be
+		// torn down again when the plan moves it.
+		for j, p := range g.Peers {
+			if j > 0 && p.Lost {
+				return nil, fmt.Sprintf("waiting for rank %d: its node %s is lost", j, p.Node)
+			}
+		}
 		gen := r.cfg.Clock.Now().UnixNano()
 		port := 0
 		if prev := e.state.Gang; prev != nil {
@@ -215,6 +222,11 @@ func (r *Runner) memberReady(e *managed) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	g, st := e.desired.Gang, e.state.Gang
+	if g == nil && st != nil {
+		// Adopted, and no plan yet (the agent has not settled): it ran
+		// in its gang before the agent restarted; the first plan judges.
+		return e.ready
+	}
 	if g == nil || st == nil || len(g.Peers) == 0 {
 		return false
 	}

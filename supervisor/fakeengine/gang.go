@@ -33,6 +33,12 @@ type Gang struct {
 	// DialFor bounds how long a rank above 0 keeps dialing rank 0 before
 	// it gives up (rank 0 may start after it). Default: 2 min.
 	DialFor time.Duration
+	// HangOnPeerLoss makes a rank that loses a peer keep running instead
+	// of exiting: rank 0 keeps answering (healthy) and the others keep
+	// idling, as vLLM's multi-node ranks hang when one dies (vllm#48720)
+	// and SGLang's rank 0 runs on after a peer's NCCL timeout
+	// (sglang#3099). Only llmgw's own gang teardown stops such a gang.
+	HangOnPeerLoss bool
 	// Listener, when set, is rank 0's master listener (tests bind port 0).
 	Listener net.Listener
 }
@@ -155,14 +161,20 @@ func runRank0(ctx context.Context, cfg Config, g Gang) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- Run(gctx, cfg) }()
-	select {
-	case err := <-served:
-		return err
-	case err := <-lost:
-		logf("%v; exiting", err)
-		cancel()
-		<-served
-		return err
+	for {
+		select {
+		case err := <-served:
+			return err
+		case err := <-lost:
+			if g.HangOnPeerLoss {
+				logf("%v; hanging on (--hang-on-peer-loss)", err)
+				continue
+			}
+			logf("%v; exiting", err)
+			cancel()
+			<-served
+			return err
+		}
 	}
 }
 
@@ -251,6 +263,11 @@ func runMember(ctx context.Context, cfg Config, g Gang) error {
 			if _, err = fmt.Fprintf(c, "%s %d %d\n", hello, g.NodeRank, g.NNodes); err == nil {
 				logf("connected to rank 0 at %s", addr)
 				if err := hold(ctx, c, g); err != nil {
+					if g.HangOnPeerLoss {
+						logf("lost rank 0: %v; hanging on (--hang-on-peer-loss)", err)
+						<-ctx.Done()
+						return nil
+					}
 					logf("lost rank 0: %v; exiting", err)
 					return fmt.Errorf("%w: rank 0 at %s: %w", ErrPeerLost, addr, err)
 				}
@@ -282,5 +299,6 @@ func gangFlags(fs *flag.FlagSet) *Gang {
 	fs.StringVar(&g.MasterAddr, "master-addr", "", "")
 	fs.IntVar(&g.MasterPort, "master-port", 0, "")
 	fs.Bool("headless", false, "")
+	fs.BoolVar(&g.HangOnPeerLoss, "hang-on-peer-loss", false, "")
 	return g
 }

@@ -161,3 +161,51 @@ func TestGangFlagsChecked(t *testing.T) {
 		}
 	}
 }
+
+// With HangOnPeerLoss a rank that loses its peer keeps running, as vLLM's
+// ranks hang: rank 0 still answers /health, and the member idles until it
+// is stopped. Only the supervisor's gang teardown ends such a gang.
+func TestGangHangOnPeerLoss(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r0ctx, stop0 := context.WithCancel(ctx)
+	url, master, done0 := gangRank0(t, r0ctx, 2, Gang{HangOnPeerLoss: true})
+	m1ctx, stop1 := context.WithCancel(ctx)
+	done1 := member(m1ctx, 2, 1, master, Gang{HangOnPeerLoss: true})
+	testwait.Until(t, 5*time.Second, "rank 0 healthy", func() (bool, string) {
+		c := healthCode(url)
+		return c == http.StatusOK, fmt.Sprint(c)
+	})
+	stop0()
+	if err := <-done0; err != nil {
+		t.Fatalf("rank 0 returned %v", err)
+	}
+	select {
+	case err := <-done1:
+		t.Fatalf("rank 1 exited (%v) after losing rank 0; want it to hang on", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	stop1()
+	if err := <-done1; err != nil {
+		t.Fatalf("rank 1 stopped by its context returned %v", err)
+	}
+
+	// Rank 0 hangs on too: healthy after its member left.
+	url, master, done0 = gangRank0(t, ctx, 2, Gang{HangOnPeerLoss: true})
+	m2ctx, stop2 := context.WithCancel(ctx)
+	done2 := member(m2ctx, 2, 1, master, Gang{})
+	testwait.Until(t, 5*time.Second, "rank 0 healthy", func() (bool, string) {
+		c := healthCode(url)
+		return c == http.StatusOK, fmt.Sprint(c)
+	})
+	stop2()
+	<-done2
+	testwait.StaysTrue(t, 700*time.Millisecond, "rank 0 still healthy after losing rank 1", func() (bool, string) {
+		c := healthCode(url)
+		return c == http.StatusOK, fmt.Sprint(c)
+	})
+	cancel()
+	if err := <-done0; err != nil {
+		t.Fatalf("rank 0 returned %v", err)
+	}
+}
