@@ -343,7 +343,7 @@ func shardsCommand() *cli.Command {
 			}
 			sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SHARD\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
+			fmt.Fprintln(tw, "SHARD\tRANK\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
 			for _, s := range shards {
 				who := "-"
 				if s.Container != "" {
@@ -362,11 +362,30 @@ func shardsCommand() *cli.Command {
 				if s.LastExit != nil {
 					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
+				note = strings.TrimSpace(note + " " + gangNote(s))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, gangRank(s), dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// gangRank is a gang member's rank of its gang's size ("1/2"); "-" for
+// a replica of one shard.
+func gangRank(s status.ShardInfo) string {
+	if s.Gang == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", s.Gang.Rank, s.Gang.Size)
+}
+
+// gangNote is what holds a gang member back, while it does not serve:
+// "rank 1 on n3: waiting for rank 0's address".
+func gangNote(s status.ShardInfo) string {
+	if s.Gang == nil || s.Gang.Note == "" || s.Lease == placement.LeaseValid {
+		return ""
+	}
+	return fmt.Sprintf("rank %d on %s: %s", s.Gang.Rank, dash(s.Node), s.Gang.Note)
 }
 
 func dash(s string) string {

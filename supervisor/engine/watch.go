@@ -242,7 +242,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	e.startErr = ""
 	e.gangNote = ""
 	if gs != nil && gs.Rank == 0 {
-		e.gangNote = fmt.Sprintf("waiting for %d other ranks to connect", gs.Size-1)
+		e.gangNote = fmt.Sprintf("waiting for %d more rank(s) to connect", gs.Size-1)
 	}
 	if e.status != gossip.ShardStopping {
 		e.status = gossip.ShardStarting

@@ -132,6 +132,9 @@ type shardRow struct {
 	Load                       string
 	Restarts                   int
 	Reason                     string
+	// Rank is a gang member's "rank/size" ("" for a replica of one
+	// shard); Reason then also says what holds the gang back.
+	Rank string
 }
 
 func build(snap *status.Snapshot, now time.Time) data {
@@ -224,6 +227,12 @@ func build(snap *status.Snapshot, now time.Time) data {
 			Restarts: s.Restarts, Reason: s.Reason, Load: loadText(s.Load, s.Status)}
 		if len(s.GPUs) > 0 {
 			r.GPUs = strings.Trim(fmt.Sprint(s.GPUs), "[]")
+		}
+		if g := s.Gang; g != nil {
+			r.Rank = fmt.Sprintf("%d/%d", g.Rank, g.Size)
+			if g.Note != "" && s.Lease != placement.LeaseValid {
+				r.Reason = strings.TrimSpace(r.Reason + " " + fmt.Sprintf("rank %d on %s: %s", g.Rank, s.Node, g.Note))
+			}
 		}
 		r.StatusClass = statusClass(s.Status)
 		r.LeaseClass = leaseClass(s.Lease)
