@@ -31,12 +31,20 @@ type gangHarness struct {
 	lost map[string]bool
 	stop chan struct{}
 	done chan struct{}
+	// mutate adjusts each node's runner config (another runtime).
+	mutate func(node string, c *Config)
 }
 
 func newGangHarness(t *testing.T, pp int, nodes ...string) *gangHarness {
-	spec := placement.Deployment{Name: "big", Model: "m/big", Engine: "fake", Replicas: 1, PipelineParallel: pp}.WithDefaults()
+	return newGangHarnessWith(t, pp, "", func(string, *Config) {}, nodes...)
+}
+
+// newGangHarnessWith runs the gang's engines from image (none: the host's
+// binary) through the runtime mutate puts in each node's config.
+func newGangHarnessWith(t *testing.T, pp int, image string, mutate func(node string, c *Config), nodes ...string) *gangHarness {
+	spec := placement.Deployment{Name: "big", Model: "m/big", Engine: "fake", Image: image, Replicas: 1, PipelineParallel: pp}.WithDefaults()
 	h := &gangHarness{t: t, spec: spec, envs: map[string]*runnerEnv{}, run: map[string]*Runner{}, lost: map[string]bool{},
-		plan: slices.Clone(nodes[:pp]), stop: make(chan struct{}), done: make(chan struct{})}
+		plan: slices.Clone(nodes[:pp]), stop: make(chan struct{}), done: make(chan struct{}), mutate: mutate}
 	for _, n := range nodes {
 		h.envs[n] = newRunnerEnv(t)
 		h.run[n] = h.open(n)
@@ -62,7 +70,7 @@ func newGangHarness(t *testing.T, pp int, nodes ...string) *gangHarness {
 }
 
 func (h *gangHarness) open(node string) *Runner {
-	return h.envs[node].openWith(func(c *Config) { c.Node = node })
+	return h.envs[node].openWith(func(c *Config) { c.Node = node; h.mutate(node, c) })
 }
 
 func (h *gangHarness) shard(j int) string {
