@@ -378,6 +378,12 @@ func (p *planner) judgeOne(h holder) {
 	if !h.node.alive || !liveLease(hs.Lease) {
 		return
 	}
+	if r.dep.d.Update == UpdateRecreate {
+		// Recreate: the old version is not kept at all, so its
+		// supervisors stop it, and the new one takes its GPUs once they
+		// are free (held shards reserve theirs until then).
+		return
+	}
 	if s != nil {
 		// Surge onto another node if one fits: an old and a new engine of
 		// one shard ID on one node are harder on its supervisor.

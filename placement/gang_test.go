@@ -116,3 +116,67 @@ func TestLlamaCppPipelineRefused(t *testing.T) {
 		t.Fatalf("plan = %+v", p)
 	}
 }
+
+// A TP 4 × PP 2 gang on three 4-GPU nodes cannot surge: the new version
+// needs two free nodes while the old holds two. The reason says so, and
+// how to do without; with update: recreate the old version is stopped
+// first and the new one takes its place once its GPUs are free.
+func TestGangUpdateSurgeOrRecreate(t *testing.T) {
+	nodes := func() []Node {
+		return []Node{mkNode("n1", hgpus(4, "H100", 80, true)), mkNode("n2", hgpus(4, "H100", 80, true)), mkNode("n3", hgpus(4, "H100", 80, true))}
+	}
+	old := mkDep("big", pp(2), tp(4))
+	v0 := View{Nodes: nodes(), Deployments: []Deployment{old}}
+	running := heldFromPlan(v0, Compute(v0), LeaseValid)
+
+	for _, strategy := range []string{"", UpdateSurge, UpdateRecreate} {
+		upd := mkDep("big", pp(2), tp(4), args("--max-model-len", "8192"))
+		upd.Update = strategy
+		if upd.SpecVersion() != mkDep("big", pp(2), tp(4), args("--max-model-len", "8192")).SpecVersion() {
+			t.Fatalf("update %q changes the spec version", strategy)
+		}
+		v := running
+		v.Deployments = []Deployment{upd}
+		p := Compute(v)
+		u, ok := unplaced(p, "big-0-s0")
+		if !ok {
+			t.Fatalf("update %q: the new gang was placed with no room: %+v", strategy, p.Assignments)
+		}
+		var olds int
+		for _, a := range p.Assignments {
+			if a.SpecVersion == old.SpecVersion() {
+				olds++
+				if !a.Draining {
+					t.Errorf("update %q: old copy %s kept, not draining", strategy, a.ShardID)
+				}
+			}
+		}
+		if strategy == UpdateRecreate {
+			if olds != 0 {
+				t.Errorf("recreate keeps %d old shards serving; want them stopped first", olds)
+			}
+			if strings.Contains(u.Reason, "keeps serving") {
+				t.Errorf("recreate reason %q", u.Reason)
+			}
+			// Once the old engines are gone from the records, the new
+			// gang takes their nodes.
+			gone := View{Nodes: nodes(), Deployments: []Deployment{upd}}
+			if p := Compute(gone); len(p.Unplaced) != 0 || len(p.Assignments) != 2 {
+				t.Errorf("recreate after the old stopped: %+v", p)
+			}
+			continue
+		}
+		if olds != 2 {
+			t.Errorf("update %q: %d old shards draining, want 2 (surge keeps the old serving)", strategy, olds)
+		}
+		if !strings.Contains(u.Reason, "keeps serving meanwhile") || !strings.Contains(u.Reason, "update: recreate") {
+			t.Errorf("update %q: reason %q does not say the surge waits, nor how to do without", strategy, u.Reason)
+		}
+	}
+	bad := mkDep("big")
+	bad.Update = "rolling"
+	var fe *FieldError
+	if err := bad.WithDefaults().Validate(); !errors.As(err, &fe) || fe.Field != "update" || !strings.Contains(err.Error(), "recreate") {
+		t.Errorf("update rolling: %v", err)
+	}
+}

@@ -128,6 +128,7 @@ func placeCommand() *cli.Command {
 		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
 		&cli.StringSliceFlag{Name: "arg", Usage: "extra engine argument (repeatable)"},
 		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
+		&cli.StringFlag{Name: "update", Usage: "how a new version replaces the old: surge (default: beside it, the old serving until the new is ready) or recreate (the old stops first: a planned gap, for replicas too large to surge)"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -163,7 +164,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		}
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
-		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "gpu-type", "label", "image", "arg", "env"} {
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "gpu-type", "label", "image", "arg", "env", "update"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -186,7 +187,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	d := placement.Deployment{
 		Name: c.Args().First(), Model: c.String("model"), Engine: c.String("engine"), Image: c.String("image"),
 		Replicas: int(c.Int("replicas")), TensorParallel: int(c.Int("tp")), PipelineParallel: int(c.Int("pp")),
-		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"),
+		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"), Update: c.String("update"),
 	}
 	if d.Model == "" {
 		return nil, "", fmt.Errorf("--model: required, e.g. --model meta-llama/Llama-3.1-8B-Instruct")

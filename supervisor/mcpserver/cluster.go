@@ -121,7 +121,7 @@ type loadOut struct {
 }
 
 type placeIn struct {
-	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel, pipeline_parallel, gpu_memory (e.g. \"70GiB\"), gpu_type, labels, image, args, env"`
+	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel, pipeline_parallel, gpu_memory (e.g. \"70GiB\"), gpu_type, labels, image, args, env, update (surge or recreate)"`
 }
 
 type placeOut struct {
