@@ -103,7 +103,7 @@
 // Deployments (cmd_deployments.go):
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N] [pp=N] [gpu-memory=70GiB] [gpu-type=H100]
-//	      [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
+//	      [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply.
 //	unplace NAME [via=NODE]    DELETE the deployment.

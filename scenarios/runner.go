@@ -117,7 +117,7 @@ func commandTable() map[string]cmdSpec {
 		"thaw":         {"", (*runner).cmdThaw},
 		"partition":    {"", (*runner).cmdPartition},
 		"heal":         {"", (*runner).cmdHeal},
-		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env via", (*runner).cmdPlace},
+		"place":        {"model engine replicas tp pp gpu-memory gpu-type labels args env update via", (*runner).cmdPlace},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
 		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by", (*runner).cmdWaitUntil},
