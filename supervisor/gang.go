@@ -16,8 +16,12 @@ import (
 // starts, stops and judges gang members from it (see engine/gang.go).
 func gangViews(mine []engine.Desired, plan placement.Plan, members []gossip.Member, now time.Time, ttl time.Duration) {
 	byName := map[string]gossip.Member{}
+	var lost []string
 	for _, m := range members {
 		byName[m.Name] = m
+		if memberLost(m, now, ttl) {
+			lost = append(lost, m.Name)
+		}
 	}
 	for i := range mine {
 		d := &mine[i]
@@ -27,7 +31,7 @@ func gangViews(mine []engine.Desired, plan placement.Plan, members []gossip.Memb
 			continue
 		}
 		pg := plan.GangOf(d.ReplicaID, d.SpecVersion, size)
-		g := &engine.Gang{Size: size, Rank: rank, Peers: make([]engine.GangPeer, size)}
+		g := &engine.Gang{Size: size, Rank: rank, Peers: make([]engine.GangPeer, size), LostNodes: lost}
 		for j, node := range pg.Nodes {
 			g.Peers[j] = gangPeer(byName, node, placement.ShardID(d.ReplicaID, j, size), d.SpecVersion, now, ttl)
 		}
@@ -49,8 +53,7 @@ func gangPeer(byName map[string]gossip.Member, node, shard, spec string, now tim
 		p.Lost = !ok
 		return p
 	}
-	alive := (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) && !m.Record.Leaving
-	p.Lost = !alive || now.Sub(m.SeenAt) > ttl
+	p.Lost = memberLost(m, now, ttl)
 	for _, s := range m.Record.Shards {
 		if s.ShardID == shard && s.SpecVersion == spec {
 			p.Held, p.Ready, p.Status = true, s.Ready, s.Status
@@ -61,4 +64,11 @@ func gangPeer(byName map[string]gossip.Member, node, shard, spec string, now tim
 		}
 	}
 	return p
+}
+
+// memberLost: the node is dead or left, says it is leaving, or its
+// renewals stopped arriving within the TTL.
+func memberLost(m gossip.Member, now time.Time, ttl time.Duration) bool {
+	alive := (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) && (m.Record == nil || !m.Record.Leaving)
+	return !alive || (m.Record != nil && now.Sub(m.SeenAt) > ttl)
 }

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -63,6 +64,9 @@ func TestGangViews(t *testing.T) {
 		}
 		if p := g.Peers[2]; p.Node != "n3" || !p.Held || p.Lost != tc.lost {
 			t.Errorf("%s: rank 2 %+v, want lost=%v", tc.name, p, tc.lost)
+		}
+		if got := slices.Contains(g.LostNodes, "n3"); got != tc.lost || slices.Contains(g.LostNodes, "n1") {
+			t.Errorf("%s: lost nodes %v", tc.name, g.LostNodes)
 		}
 	}
 	// A replica of one shard has no gang.

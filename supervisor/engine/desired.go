@@ -24,6 +24,10 @@ type Gang struct {
 	// Peers[j] is rank j as the plan places it (Peers[Rank] is this
 	// member itself).
 	Peers []GangPeer
+	// LostNodes are the nodes this node judges lost (see GangPeer.Lost):
+	// a rank the plan moved away from a lost node tears the gang down at
+	// once, where a move alone waits (see gangMoveGrace).
+	LostNodes []string
 }
 
 // GangPeer is one rank as its planned holder reports it.

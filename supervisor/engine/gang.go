@@ -122,38 +122,53 @@ func (r *Runner) setGangNote(e *managed, note string) {
 	}
 }
 
+// gangMoveGrace is how long a rank must stay moved in the plan, its old
+// holder not lost, before the gang is torn down for it. A holder whose
+// agent restarts is judged lapsed by the cluster until its new record
+// arrives (its older boot's record claims nothing), and a plan of that
+// moment may move its rank elsewhere; the adopted engine's claim then wins
+// it back. Tearing the gang down for that blink would restart every member
+// for an agent restart. A lost holder tears the gang down at once.
+const gangMoveGrace = time.Second
+
 // gangBroken says why the gang e runs in (generation st) can no longer
-// work, or "" while it can.
-func gangBroken(g *Gang, st *shardstate.Gang) string {
+// work, or "" while it can; moved says the reason is only a rank the plan
+// moved (see gangMoveGrace).
+func gangBroken(g *Gang, st *shardstate.Gang) (why string, moved bool) {
 	if g == nil || st == nil || len(g.Peers) != st.Size || len(st.Members) != st.Size {
-		return ""
+		return "", false
 	}
+	gone := func(node string) bool { return slices.Contains(g.LostNodes, node) }
 	if g.Rank == 0 {
 		for j := 1; j < len(g.Peers); j++ {
 			p := g.Peers[j]
 			switch {
-			case p.Node != st.Members[j]:
-				return fmt.Sprintf("rank %d moved from %s to %s", j, st.Members[j], orNone(p.Node))
+			case gone(st.Members[j]) && p.Node != st.Members[j]:
+				return fmt.Sprintf("rank %d on %s lost", j, st.Members[j]), false
 			case p.Lost:
-				return fmt.Sprintf("rank %d on %s lost", j, p.Node)
+				return fmt.Sprintf("rank %d on %s lost", j, p.Node), false
+			case p.Node != st.Members[j]:
+				return fmt.Sprintf("rank %d moved from %s to %s", j, st.Members[j], orNone(p.Node)), true
 			case p.Held && p.Gang.Generation == st.Generation && stopped(p.Status):
-				return fmt.Sprintf("rank %d on %s %s", j, p.Node, p.Status)
+				return fmt.Sprintf("rank %d on %s %s", j, p.Node, p.Status), false
 			}
 		}
-		return ""
+		return "", false
 	}
 	r0 := g.Peers[0]
 	switch {
-	case r0.Node != st.Members[0]:
-		return fmt.Sprintf("rank 0 moved from %s to %s", st.Members[0], orNone(r0.Node))
+	case gone(st.Members[0]) && r0.Node != st.Members[0]:
+		return fmt.Sprintf("rank 0 on %s lost", st.Members[0]), false
 	case r0.Lost:
-		return fmt.Sprintf("rank 0 on %s lost", r0.Node)
+		return fmt.Sprintf("rank 0 on %s lost", r0.Node), false
+	case r0.Node != st.Members[0]:
+		return fmt.Sprintf("rank 0 moved from %s to %s", st.Members[0], orNone(r0.Node)), true
 	case r0.Held && r0.Gang.Generation != 0 && r0.Gang.Generation != st.Generation:
-		return fmt.Sprintf("rank 0 on %s restarted the gang", r0.Node)
+		return fmt.Sprintf("rank 0 on %s restarted the gang", r0.Node), false
 	case r0.Held && r0.Gang.Generation == st.Generation && stopped(r0.Status):
-		return fmt.Sprintf("rank 0 on %s %s", r0.Node, r0.Status)
+		return fmt.Sprintf("rank 0 on %s %s", r0.Node, r0.Status), false
 	}
-	return ""
+	return "", false
 }
 
 func orNone(n string) string {
@@ -170,10 +185,23 @@ func (r *Runner) checkGang(e *managed, w *watchState) {
 	r.mu.Lock()
 	g, st := e.desired.Gang, e.state.Gang
 	r.mu.Unlock()
-	why := gangBroken(g, st)
+	why, moved := gangBroken(g, st)
+	now := r.cfg.Clock.Now()
+	if why == "" || !moved {
+		w.movedSince = time.Time{}
+	}
 	if why == "" {
 		return
 	}
+	if moved {
+		if w.movedSince.IsZero() {
+			w.movedSince = now
+		}
+		if now.Sub(w.movedSince) < gangMoveGrace {
+			return
+		}
+	}
+	w.movedSince = time.Time{}
 	r.log.Warn("gang broken; stopping this member", "shard", e.state.ShardID, "why", why, "generation", st.Generation)
 	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		r.log.Error("stop gang member", "shard", e.state.ShardID, "err", err)

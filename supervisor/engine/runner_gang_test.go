@@ -29,6 +29,9 @@ type gangHarness struct {
 	// plan[j] is the node of rank j; lost marks nodes the cluster lost.
 	plan []string
 	lost map[string]bool
+	// deaf marks nodes whose agent hears no plan (restarting, not yet
+	// settled) but which the cluster has not lost.
+	deaf map[string]bool
 	stop chan struct{}
 	done chan struct{}
 	// mutate adjusts each node's runner config (another runtime).
@@ -43,7 +46,7 @@ func newGangHarness(t *testing.T, pp int, nodes ...string) *gangHarness {
 // binary) through the runtime mutate puts in each node's config.
 func newGangHarnessWith(t *testing.T, pp int, image string, mutate func(node string, c *Config), nodes ...string) *gangHarness {
 	spec := placement.Deployment{Name: "big", Model: "m/big", Engine: "fake", Image: image, Replicas: 1, PipelineParallel: pp}.WithDefaults()
-	h := &gangHarness{t: t, spec: spec, envs: map[string]*runnerEnv{}, run: map[string]*Runner{}, lost: map[string]bool{},
+	h := &gangHarness{t: t, spec: spec, envs: map[string]*runnerEnv{}, run: map[string]*Runner{}, lost: map[string]bool{}, deaf: map[string]bool{},
 		plan: slices.Clone(nodes[:pp]), stop: make(chan struct{}), done: make(chan struct{}), mutate: mutate}
 	for _, n := range nodes {
 		h.envs[n] = newRunnerEnv(t)
@@ -106,6 +109,12 @@ func (h *gangHarness) pass() {
 		}
 		peers[j] = p
 	}
+	var lost []string
+	for n, l := range h.lost {
+		if l {
+			lost = append(lost, n)
+		}
+	}
 	for node, r := range h.run {
 		var mine []Desired
 		for j, n := range h.plan {
@@ -114,10 +123,10 @@ func (h *gangHarness) pass() {
 			}
 			mine = append(mine, Desired{Assignment: placement.Assignment{ShardID: h.shard(j), ReplicaID: "big-0", Deployment: "big",
 				SpecVersion: h.spec.SpecVersion(), Node: node, GPUs: []int{0}}, Spec: h.spec,
-				Gang: &Gang{Size: size, Rank: j, Peers: slices.Clone(peers)}})
+				Gang: &Gang{Size: size, Rank: j, Peers: slices.Clone(peers), LostNodes: lost}})
 		}
-		if h.lost[node] {
-			continue // a lost node's agent hears nothing; its engines keep running
+		if h.lost[node] || h.deaf[node] {
+			continue // a lost or restarting node's agent acts on nothing; its engines keep running
 		}
 		r.Reconcile(context.Background(), mine)
 	}
@@ -276,6 +285,23 @@ func TestGangLostMemberTearsTheGangDown(t *testing.T) {
 	h.mu.Lock()
 	h.plan[1] = "n3" // the plan moves rank 1 to a survivor
 	h.mu.Unlock()
+	// And when the plan moves the rank in the very pass that finds its
+	// node lost (what a real plan does), the gang goes down at once, not
+	// after the grace a move alone gets.
+	gen1 := h.waitServing("the gang serving on n1 and n3", gen)
+	pid0 = h.rec(0).PID
+	h.mu.Lock()
+	h.lost["n3"], h.plan[1] = true, "n2"
+	h.lost["n2"] = false
+	h.mu.Unlock()
+	testwait.Until(t, gangMoveGrace/2, "rank 0 torn down at once", func() (bool, string) {
+		s := h.rec(0)
+		return s.PID != pid0 || !s.Ready, h.describe()
+	})
+	gen = gen1
+	h.mu.Lock()
+	h.lost["n3"], h.plan[1] = false, "n3"
+	h.mu.Unlock()
 	gen2 := h.waitServing("the gang serving on n1 and n3", gen)
 	if g := h.rec(0).Gang; !slices.Equal(g.Members, []string{"n1", "n3"}) || gen2 <= gen {
 		t.Errorf("rank 0's gang after the move %+v (generation was %d)", g, gen)
@@ -300,5 +326,40 @@ func TestGangAgentRestartOnAMemberRestartsNoMember(t *testing.T) {
 	})
 	if got := h.waitServing("the member ready again", 0); got != gen {
 		t.Errorf("generation %d after the agent restart, want %d", got, gen)
+	}
+}
+
+// A plan that moves a rank for a moment while its holder is not lost (an
+// agent restarting is judged lapsed until its new record arrives) tears
+// nothing down; a move that stays does, after gangMoveGrace, and the gang
+// forms again where the plan put the rank.
+func TestGangMoveBlinkTearsNothingDown(t *testing.T) {
+	h := newGangHarness(t, 2, "n1", "n2", "n3")
+	gen := h.waitServing("the gang serving", 0)
+	pid0 := h.rec(0).PID
+	h.mu.Lock()
+	h.deaf["n2"], h.plan[1] = true, "n3"
+	h.mu.Unlock()
+	// The blink lasts until n3 has acted on it (it claims rank 1 and waits
+	// for rank 0 to name it), well within the grace.
+	testwait.Until(t, gangMoveGrace/2, "n3 acting on the blink", func() (bool, string) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		s, ok := h.record("n3", 1)
+		return ok && s.Gang != nil && strings.Contains(s.Gang.Note, "to name this node"), fmt.Sprintf("%+v", s.Gang)
+	})
+	h.mu.Lock()
+	h.deaf["n2"], h.plan[1] = false, "n2"
+	h.mu.Unlock()
+	testwait.StaysTrue(t, 2*gangMoveGrace, "the gang untouched by the blink", func() (bool, string) {
+		s := h.rec(0)
+		return s.PID == pid0 && s.Gang != nil && s.Gang.Generation == gen, h.describe()
+	})
+	h.mu.Lock()
+	h.plan[1] = "n3"
+	h.mu.Unlock()
+	gen2 := h.waitServing("the gang formed again on n1 and n3", gen)
+	if g := h.rec(0).Gang; !slices.Equal(g.Members, []string{"n1", "n3"}) || gen2 <= gen {
+		t.Errorf("rank 0's gang after the move %+v", g)
 	}
 }

@@ -36,6 +36,9 @@ type watchState struct {
 	// lastGen is the gang generation a member's engine last ran against
 	// (see memberStopped): it starts again only for another one.
 	lastGen int64
+	// movedSince is when the plan first moved a peer of this gang member
+	// away from the generation's member (see gangMoveGrace).
+	movedSince time.Time
 }
 
 // watch drives one engine: start it (unless adopted), then check it every
