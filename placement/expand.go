@@ -301,6 +301,7 @@ func (p *planner) judgeHeld() {
 			p.judgeOne(h)
 		}
 	}
+	p.moveFailingGangs()
 	// A current-version copy on a faulted GPU drains only while no healthy
 	// copy of its shard serves: beside a kept copy with a valid lease (a
 	// duplicate holder after a partition) it is the loser of a duplicate,

@@ -69,3 +69,33 @@ func (p Plan) GangOf(replica, spec string, size int) Gang {
 func (g Gang) Equal(o Gang) bool {
 	return g.ReplicaID == o.ReplicaID && g.SpecVersion == o.SpecVersion && slices.Equal(g.Nodes, o.Nodes)
 }
+
+// moveFailingGangs re-places a gang as a whole when one of its members
+// keeps crashing: a gang lives and dies together, so its crashes are
+// counted on the member that restarts it (rank 0), and moving that member
+// alone would leave the rest on nodes that may be the cause. Every kept
+// member becomes a failing claim, excluded from its node: the whole gang
+// moves if it fits elsewhere, and if it does not, fail keeps every member
+// where it is after all.
+func (p *planner) moveFailingGangs() {
+	for _, d := range p.deps {
+		if d.d.PipelineParallel <= 1 {
+			continue
+		}
+		for _, r := range d.replicas {
+			failing := false
+			for _, s := range r.shards {
+				failing = failing || (s.failing.ok() && s.failing.held.Failing)
+			}
+			if !failing {
+				continue
+			}
+			for _, s := range r.shards {
+				if s.kept.ok() && !s.failing.ok() {
+					s.failing, s.kept = s.kept, holder{}
+					s.exclude = appendUnique(s.exclude, s.failing.node)
+				}
+			}
+		}
+	}
+}

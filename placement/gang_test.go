@@ -180,3 +180,27 @@ func TestGangUpdateSurgeOrRecreate(t *testing.T) {
 		t.Errorf("update rolling: %v", err)
 	}
 }
+
+// A gang whose member keeps crashing (rank 0 reports Failing for the gang)
+// is re-placed as a whole where another set of nodes fits, and kept where
+// it is, every member, where none does.
+func TestFailingGangMovesAsAWhole(t *testing.T) {
+	dep := mkDep("big", pp(2), tp(4))
+	v := dep.SpecVersion()
+	failing := hold("big-0-s0", v, LeaseStarting, 1, 0, 1, 2, 3)
+	failing.Failing = true
+	member := hold("big-0-s1", v, LeaseStarting, 2, 0, 1, 2, 3)
+	four := []Node{
+		mkNode("n1", hgpus(4, "H100", 80, true), holding(failing)), mkNode("n2", hgpus(4, "H100", 80, true), holding(member)),
+		mkNode("n3", hgpus(4, "H100", 80, true)), mkNode("n4", hgpus(4, "H100", 80, true)),
+	}
+	p := Compute(View{Nodes: four, Deployments: []Deployment{dep}})
+	g := p.GangOf("big-0", v, 2)
+	if slices.Contains(g.Nodes, "n1") || slices.Contains(g.Nodes, "n2") || slices.Contains(g.Nodes, "") {
+		t.Fatalf("failing gang placed on %v, want both ranks on n3 and n4", g.Nodes)
+	}
+	p = Compute(View{Nodes: four[:2], Deployments: []Deployment{dep}})
+	if g := p.GangOf("big-0", v, 2); !slices.Equal(g.Nodes, []string{"n1", "n2"}) {
+		t.Fatalf("with nowhere else to go the gang is on %v, want kept on n1 and n2", g.Nodes)
+	}
+}
