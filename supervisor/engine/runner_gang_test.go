@@ -363,3 +363,18 @@ func TestGangMoveBlinkTearsNothingDown(t *testing.T) {
 		t.Errorf("rank 0's gang after the move %+v", g)
 	}
 }
+
+// A gang's collective traffic is bound to the interface that carries the
+// advertised address (loopback here); a name or an address no interface
+// has gives no interface, and the engine's own default stands.
+func TestHostInterface(t *testing.T) {
+	if ip, iface := hostInterface("127.0.0.1"); ip != "127.0.0.1" || iface == "" {
+		t.Errorf("127.0.0.1: %q on %q, want loopback's interface", ip, iface)
+	}
+	if ip, iface := hostInterface("192.0.2.77"); ip != "192.0.2.77" || iface != "" {
+		t.Errorf("an address no interface has: %q on %q", ip, iface)
+	}
+	if ip, iface := hostInterface("gpu-1.example"); ip != "" || iface != "" {
+		t.Errorf("a host name: %q on %q", ip, iface)
+	}
+}
