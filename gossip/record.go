@@ -86,6 +86,35 @@ type ShardRecord struct {
 	// binary), until a start succeeds: without it a shard in backoff says
 	// nothing about why.
 	Error string `json:"error,omitempty"`
+	// Gang is set for a member of a replica that spans nodes
+	// (pipeline_parallel above 1); see GangRecord.
+	Gang *GangRecord `json:"gang,omitempty"`
+}
+
+// GangRecord is one member's part of its gang, as its holder reports it.
+// There is no leader: rank 0's holder picks the rendezvous port and
+// publishes it here with a generation; the other members start their
+// engines once they see it, and stop theirs when it changes.
+type GangRecord struct {
+	// Rank is the member's shard index and Size the gang's
+	// pipeline_parallel.
+	Rank int `json:"rank"`
+	Size int `json:"size"`
+	// Generation, in rank 0's record, is the gang's current start (Unix
+	// ns when rank 0 started it; every restart of the gang takes a larger
+	// one, so no member dials a stale rendezvous); 0 until it started. In
+	// another member's record it is the generation its engine runs
+	// against, 0 while it waits.
+	Generation int64 `json:"generation,omitempty"`
+	// Addr is rank 0's rendezvous, host:port at its holder's advertised
+	// host (rank 0 only).
+	Addr string `json:"addr,omitempty"`
+	// Members, in rank 0's record, is the node of every rank in this
+	// generation; a member starts only where it is named.
+	Members []string `json:"members,omitempty"`
+	// Note says what holds this member, or the gang, back ("waiting for
+	// rank 0's address", "rank 1 on n3 crashed; gang restarting").
+	Note string `json:"note,omitempty"`
 }
 
 // ProbeSummary is what the node's probes found worth telling the cluster.

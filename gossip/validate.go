@@ -187,6 +187,59 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 				return bad(field+".url", "%v", err)
 			}
 		}
+		if s.Gang != nil {
+			if f, err := checkGang(s, hosts); err != nil {
+				return bad(field+".gang."+f, "%v", err)
+			}
+		}
+	}
+	return "", nil
+}
+
+// checkGang checks one shard's gang part: a rank that is the shard's own
+// index, a size within placement's bound, and a rendezvous only from rank
+// 0, at its holder's own host (other members dial it, so a record must not
+// point them at some other host), naming valid nodes.
+func checkGang(s ShardRecord, hosts map[string]bool) (string, error) {
+	g := s.Gang
+	if g.Size < 2 || g.Size > maxGangSize {
+		return "size", fmt.Errorf("%d, want 2 to %d", g.Size, maxGangSize)
+	}
+	if j, ok := placement.ShardIndex(s.ShardID, s.ReplicaID); !ok || g.Rank != j || g.Rank >= g.Size {
+		return "rank", fmt.Errorf("%d, want the shard's index in its replica, below the size %d", g.Rank, g.Size)
+	}
+	if g.Generation < 0 {
+		return "generation", fmt.Errorf("%d, want 0 or more", g.Generation)
+	}
+	if len(g.Note) > maxGangNote || strings.IndexFunc(g.Note, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return "note", fmt.Errorf("want at most %d printable characters", maxGangNote)
+	}
+	if g.Rank > 0 {
+		if g.Addr != "" || len(g.Members) > 0 {
+			return "addr", fmt.Errorf("rank %d publishes a rendezvous; only rank 0 does", g.Rank)
+		}
+		return "", nil
+	}
+	if g.Addr != "" {
+		h, p, err := net.SplitHostPort(g.Addr)
+		port, perr := strconv.Atoi(p)
+		if err != nil || perr != nil || port < 1 || port > 65535 {
+			return "addr", fmt.Errorf("%q, want host:port", g.Addr)
+		}
+		if ip := net.ParseIP(h); (ip != nil && ip.IsUnspecified()) || !hosts[strings.ToLower(h)] {
+			return "addr", fmt.Errorf("%q is not at the node's advertised address", g.Addr)
+		}
+	}
+	if len(g.Members) != 0 && len(g.Members) != g.Size {
+		return "members", fmt.Errorf("%d nodes, want one per rank (%d)", len(g.Members), g.Size)
+	}
+	for _, m := range g.Members {
+		if m == "" {
+			continue
+		}
+		if err := ValidateNodeName(m); err != nil {
+			return "members", err
+		}
 	}
 	return "", nil
 }
@@ -284,6 +337,9 @@ const (
 	// and any port (800 Gb/s is 100,000 MB/s).
 	maxGPUWatts = 100_000
 	maxLinkMBps = 10_000_000
+	// maxGangSize is placement's bound on pipeline_parallel.
+	maxGangSize = 64
+	maxGangNote = 300
 )
 
 // maxNodeName bounds a node name; memberlist carries it in every packet.

@@ -174,6 +174,9 @@ func (p *planner) fail(g gang, why string) {
 		if h.held.SpecVersion != g.rep.dep.version {
 			why = fmt.Sprintf("new version %s: %s; version %s keeps serving meanwhile",
 				g.rep.dep.version, why, h.held.SpecVersion)
+			// A surge needs room for two copies at once; say how to do
+			// without rather than wait for room silently.
+			why += "; if the old version holds the room it needs, update: recreate stops the old version first (a planned gap)"
 			break
 		}
 	}

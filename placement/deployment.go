@@ -56,7 +56,19 @@ type Deployment struct {
 	Labels  map[string]string `json:"labels,omitempty"`
 	Args    []string          `json:"args,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
+	// Update is how a new spec version replaces the old: "surge" (the
+	// default, also when empty) starts the new version beside the old,
+	// which serves until its replacement is ready; "recreate" stops the old
+	// version first, a planned gap, for a replica too large to have two
+	// copies at once (a TP 4 × PP 2 gang on 3 nodes).
+	Update string `json:"update,omitempty"`
 }
+
+// The update strategies a deployment may name.
+const (
+	UpdateSurge    = "surge"
+	UpdateRecreate = "recreate"
+)
 
 // WithDefaults returns d with unset optional fields filled in.
 //
@@ -136,6 +148,12 @@ func (d Deployment) Validate() error {
 	if d.PipelineParallel < 1 || d.PipelineParallel > 64 {
 		return bad("pipeline_parallel", strconv.Itoa(d.PipelineParallel), "an integer from 1 to 64 (nodes per replica)")
 	}
+	if d.Update != "" && d.Update != UpdateSurge && d.Update != UpdateRecreate {
+		return bad("update", d.Update, "surge (the default: the new version starts beside the old, which serves until it is ready) or recreate (the old version stops first: a planned gap, for replicas too large to surge)")
+	}
+	if d.Engine == "llamacpp" && d.PipelineParallel > 1 {
+		return bad("pipeline_parallel", strconv.Itoa(d.PipelineParallel), "1 with engine llamacpp: llama.cpp has no multi-node launch (it splits a model over one node's GPUs only); use engine vllm or sglang to span nodes")
+	}
 	if d.Replicas*d.PipelineParallel > maxShards {
 		return bad("replicas", strconv.Itoa(d.Replicas), fmt.Sprintf("replicas × pipeline_parallel at most %d shards", maxShards))
 	}
@@ -194,7 +212,9 @@ func (d Deployment) Validate() error {
 // that already serve.
 func (d Deployment) SpecVersion() string {
 	d = d.WithDefaults()
-	d.Replicas = 0
+	// How a version is replaced does not change how it runs: switching
+	// to recreate must not itself recreate everything.
+	d.Replicas, d.Update = 0, ""
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
 	if err != nil {

@@ -301,6 +301,7 @@ func (p *planner) judgeHeld() {
 			p.judgeOne(h)
 		}
 	}
+	p.moveFailingGangs()
 	// A current-version copy on a faulted GPU drains only while no healthy
 	// copy of its shard serves: beside a kept copy with a valid lease (a
 	// duplicate holder after a partition) it is the loser of a duplicate,
@@ -376,6 +377,12 @@ func (p *planner) judgeOne(h holder) {
 		return // not a shard ID of ours
 	}
 	if !h.node.alive || !liveLease(hs.Lease) {
+		return
+	}
+	if r.dep.d.Update == UpdateRecreate {
+		// Recreate: the old version is not kept at all, so its
+		// supervisors stop it, and the new one takes its GPUs once they
+		// are free (held shards reserve theirs until then).
 		return
 	}
 	if s != nil {

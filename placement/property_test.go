@@ -400,15 +400,20 @@ func TestPropertyPermutation(t *testing.T) {
 // Adding a node or a deployment that has nothing to do with a held shard
 // never moves it. (A shard that keeps failing, or sits on a GPU with recent
 // faults, is kept only for want of a better place, so a new node may take
-// it.)
+// it; so is every member of a gang with a failing member, which moves as a
+// whole.)
 func TestPropertyStability(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		v := genView(t)
 		failing := map[string]bool{}
+		failingGang := map[string]bool{}
 		for _, n := range v.Nodes {
 			for _, h := range n.Shards {
 				if h.Failing || onFaultedGPUs(n, h.GPUs) {
 					failing[n.Name+"/"+h.ShardID] = true
+				}
+				if i := strings.LastIndex(h.ShardID, "-s"); h.Failing && i > 0 {
+					failingGang[h.ShardID[:i]] = true
 				}
 			}
 		}
@@ -421,7 +426,7 @@ func TestPropertyStability(t *testing.T) {
 		}
 		after := Compute(w)
 		for _, a := range before.Assignments {
-			if !a.Kept || failing[a.Node+"/"+a.ShardID] {
+			if !a.Kept || failing[a.Node+"/"+a.ShardID] || failingGang[a.ReplicaID] {
 				continue
 			}
 			found := false

@@ -54,7 +54,7 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 			spec[field] = v
 		}
 	}
-	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type"} {
+	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update"} {
 		if d.has(key) {
 			if spec[field], err = d.str(key, ""); err != nil {
 				return "", time.Time{}, err

@@ -347,6 +347,17 @@ func (r *runner) loopNoneFrom(d *directive, l *requestLoop) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// before=EVENT ends the window: only answers begun before it count
+	// (a gang torn down and formed again serves from the same node later).
+	var until time.Time
+	window := afterRef
+	beforeRef, hasBefore := d.kvRaw("before")
+	if hasBefore {
+		if until, err = r.eventAt("before", beforeRef); err != nil {
+			return "", err
+		}
+		window += " (until " + beforeRef + ")"
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	answered, from := 0, 0
@@ -355,7 +366,7 @@ func (r *runner) loopNoneFrom(d *directive, l *requestLoop) (string, error) {
 		if q.err == "" && q.node == ns[0].name && q.sent.After(last) {
 			last = q.sent
 		}
-		if q.err != "" || !q.sent.After(cut) {
+		if q.err != "" || !q.sent.After(cut) || (hasBefore && !q.first.Before(until)) {
 			continue
 		}
 		answered++
@@ -368,11 +379,11 @@ func (r *runner) loopNoneFrom(d *directive, l *requestLoop) (string, error) {
 	}
 	switch {
 	case answered == 0:
-		return "no request sent after " + afterRef + " was answered", nil
+		return "no request sent after " + window + " was answered", nil
 	case from > 0:
-		return fmt.Sprintf("%d of the %d requests answered since %s were served by %s", from, answered, afterRef, labels[0]), nil
+		return fmt.Sprintf("%d of the %d requests answered since %s were served by %s", from, answered, window, labels[0]), nil
 	}
-	return "none of the requests sent after " + afterRef + " was served by " + labels[0], nil
+	return "none of the requests sent after " + window + " was served by " + labels[0], nil
 }
 
 // runRequestLoop is one worker of the loop.

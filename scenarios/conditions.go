@@ -229,6 +229,9 @@ func (r *runner) condServing(n *node, name string) (bool, string) {
 		if row.Deployment != name || row.Lease != "valid" {
 			continue
 		}
+		if j, ok := gangRank(row); ok && j > 0 {
+			continue // a gang member above rank 0 serves no HTTP; its gang is reached through rank 0
+		}
 		if row.URL == "" {
 			return false, row.ShardID + " has a valid lease but no engine URL (runtime " + r.cfg.runtime + " runs no engines)"
 		}
@@ -377,4 +380,15 @@ func (r *runner) noOrphans() (bool, string, int) {
 		return false, fmt.Sprintf("%d of %d engine processes are held by no running node", orphans, len(procs)), len(procs)
 	}
 	return true, "", len(procs)
+}
+
+// gangRank is a shard's rank in its gang ("<replica>-s<j>"); false for a
+// replica of one shard.
+func gangRank(row shardRow) (int, bool) {
+	rest, ok := strings.CutPrefix(row.ShardID, row.ReplicaID+"-s")
+	if !ok {
+		return 0, false
+	}
+	j, err := strconv.Atoi(rest)
+	return j, err == nil
 }

@@ -103,7 +103,7 @@
 // Deployments (cmd_deployments.go):
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
-//	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [via=NODE]
+//	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply.
 //	weights NODE family=F [model=NAME]
@@ -157,10 +157,12 @@
 //	    was still in flight at the event. min-routable=N (via=engines)
 //	    also checks that no /v1/shards the loop read offered fewer than N
 //	    routable replicas (surge before drain in a rolling update).
-//	request-loop NAME expect-none-from NODE after=EVENT[+DURATION]
+//	request-loop NAME expect-none-from NODE after=EVENT[+DURATION] [before=EVENT]
 //	    No request sent after that moment was served by NODE (name it by
 //	    name or alias: "@SHARD" would be resolved now), and at least one
-//	    was answered (by others).
+//	    was answered (by others). before=EVENT counts only answers begun
+//	    before that event (a gang torn down and formed again serves from
+//	    the same node afterwards).
 //
 // Its counters go to the summary: answered, errors, the share answered
 // when some failed, and how many requests each node served.

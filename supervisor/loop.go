@@ -110,6 +110,7 @@ func (n *Node) reconcile(ctx context.Context) {
 			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment]})
 		}
 	}
+	gangViews(mine, plan, members, now, n.cfg.LeaseTTL)
 	n.runner.Reconcile(ctx, mine)
 	shards := n.runner.Shards()
 	if n.recordNeedsShards(shards) {

@@ -141,6 +141,7 @@ func placeCommand() *cli.Command {
 		&cli.StringSliceFlag{Name: "arg", Usage: "extra engine argument (repeatable)"},
 		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
 		waitFlag(),
+		&cli.StringFlag{Name: "update", Usage: "how a new version replaces the old: surge (default: beside it, the old serving until the new is ready) or recreate (the old stops first: a planned gap, for replicas too large to surge)"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -158,7 +159,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		}
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
-		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env"} {
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -181,7 +182,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	d := placement.Deployment{
 		Name: c.Args().First(), Model: c.String("model"), Engine: c.String("engine"), Image: c.String("image"),
 		Replicas: int(c.Int("replicas")), PipelineParallel: int(c.Int("pp")),
-		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"),
+		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"), Update: c.String("update"),
 		MaxModelLen: int(c.Int("max-model-len")), MaxNumSeqs: int(c.Int("max-num-seqs")),
 	}
 	d.TensorParallelAuto = c.String("tp") == "auto"
@@ -372,7 +373,7 @@ func shardsCommand() *cli.Command {
 			}
 			sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SHARD\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
+			fmt.Fprintln(tw, "SHARD\tRANK\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
 			for _, s := range shards {
 				who := "-"
 				if s.Container != "" {
@@ -391,11 +392,30 @@ func shardsCommand() *cli.Command {
 				if s.LastExit != nil {
 					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
+				note = strings.TrimSpace(note + " " + gangNote(s))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, gangRank(s), dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// gangRank is a gang member's rank of its gang's size ("1/2"); "-" for
+// a replica of one shard.
+func gangRank(s status.ShardInfo) string {
+	if s.Gang == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", s.Gang.Rank, s.Gang.Size)
+}
+
+// gangNote is what holds a gang member back, while it does not serve:
+// "rank 1 on n3: waiting for rank 0's address".
+func gangNote(s status.ShardInfo) string {
+	if s.Gang == nil || s.Gang.Note == "" || s.Lease == placement.LeaseValid {
+		return ""
+	}
+	return fmt.Sprintf("rank %d on %s: %s", s.Gang.Rank, dash(s.Node), s.Gang.Note)
 }
 
 func dash(s string) string {

@@ -42,9 +42,18 @@ func engineCommand() *cli.Command {
 				// passes vLLM's --api-key. No environment variable: the
 				// runtimes strip LLMGW_* from engines.
 				&cli.StringFlag{Name: "api-key", Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
+				// Gang mode, with vLLM's multi-node flags (see fakeengine.Gang).
+				&cli.IntFlag{Name: "nnodes", Value: 1, Usage: "nodes of the gang; above 1, rank 0 listens on the master port and the others connect"},
+				&cli.IntFlag{Name: "node-rank", Usage: "this member's rank in the gang"},
+				&cli.StringFlag{Name: "master-addr", Usage: "rank 0's rendezvous address"},
+				&cli.IntFlag{Name: "master-port", Usage: "rank 0's rendezvous port"},
+				&cli.BoolFlag{Name: "headless", Usage: "serve no HTTP (every rank above 0)"},
+				&cli.BoolFlag{Name: "hang-on-peer-loss", Usage: "keep running when a gang peer is lost, as vLLM's ranks hang (only llmgw's gang teardown stops it)"},
 			},
 			Action: func(ctx context.Context, c *cli.Command) error {
-				err := fakeengine.Run(ctx, fakeengine.Config{
+				g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
+					MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
+				err := fakeengine.RunMaybeGang(ctx, fakeengine.Config{
 					Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
 					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
 					ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
@@ -53,7 +62,7 @@ func engineCommand() *cli.Command {
 					MaxRunning: int(c.Int("max-num-seqs")), BlockSize: int(c.Int("block-size")),
 					KVCacheBlocks: int(c.Int("num-gpu-blocks-override")), NoPrefixCaching: c.Bool("no-enable-prefix-caching"),
 					Log: os.Stderr, Now: time.Now,
-				})
+				}, g)
 				if code := fakeengine.ExitCode(err); code != 0 {
 					return codedError{msg: err.Error(), code: code}
 				}

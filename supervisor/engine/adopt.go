@@ -112,6 +112,15 @@ func (r *Runner) probeAdopted(ctx context.Context, adopted []adoptedEngine) {
 			r.mu.Lock()
 			pid := a.e.state.PID
 			r.mu.Unlock()
+			// A gang member above rank 0 has no HTTP: found running, it
+			// served in its gang before the agent restarted, and stays
+			// ready until the first plan shows its gang (memberReady).
+			// Taken for "starting", it could lose its shard to a
+			// replacement, and the whole gang would restart for it.
+			if r.isMember(a.e) {
+				r.setReady(a.e, true, pid)
+				return
+			}
 			r.setReady(a.e, r.probeReady(ctx, a.e) && r.ownsPort(a.e, pid), pid)
 		})
 	}
@@ -139,6 +148,9 @@ func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) ado
 	r.engines[id] = e
 	if st.Spec.HTTPPort > 0 {
 		r.ports[st.Spec.HTTPPort] = id
+	}
+	if g := st.Gang; g != nil && g.Rank == 0 && g.MasterPort > 0 {
+		r.ports[g.MasterPort] = id // rank 0's rendezvous
 	}
 	r.mu.Unlock()
 	return adoptedEngine{e, ctx}

@@ -1,9 +1,47 @@
 package engine
 
-import "github.com/llmgw/llmgw/placement"
+import (
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+)
 
 // Desired is one shard the plan gives this node, with the spec it runs.
 type Desired struct {
 	placement.Assignment
 	Spec placement.Deployment
+	// Gang is set for a member of a replica that spans nodes: what this
+	// node, in this pass, knows of the rest of its gang.
+	Gang *Gang
+}
+
+// Gang is one member's view of its gang in one reconcile pass: where the
+// plan puts every rank, and what each rank's planned holder reports, as
+// this node judges it. The runner reads it to start, stop and judge the
+// member; it is rebuilt at every pass.
+type Gang struct {
+	// Size is the deployment's pipeline_parallel and Rank this member's.
+	Size, Rank int
+	// Peers[j] is rank j as the plan places it (Peers[Rank] is this
+	// member itself).
+	Peers []GangPeer
+	// LostNodes are the nodes this node judges lost (see GangPeer.Lost):
+	// a rank the plan moved away from a lost node tears the gang down at
+	// once, where a move alone waits (see gangMoveGrace).
+	LostNodes []string
+}
+
+// GangPeer is one rank as its planned holder reports it.
+type GangPeer struct {
+	// Node is where the plan puts the rank ("" if it does not).
+	Node string
+	// Held: the node's record reports the shard at this spec version.
+	Held bool
+	// Lost: the holder is gone, not alive, leaving, or renewing no more
+	// within the lease TTL. A record of an older boot, while the node's
+	// agent restarts, is not lost: the new agent adopts the engine.
+	Lost   bool
+	Ready  bool
+	Status gossip.ShardStatus
+	// Gang is the rank's gang part of its record (zero if none).
+	Gang gossip.GangRecord
 }

@@ -43,6 +43,8 @@ type managed struct {
 	portForeign bool
 	// startErr is why the last start failed; cleared by a start that works.
 	startErr string
+	// gangNote says what holds a gang member back (see gang.go).
+	gangNote string
 	// drain: it served when it was told to stop, so it keeps serving for
 	// Config.DrainDelay first (see finish).
 	drain bool

@@ -332,7 +332,9 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment
 		}
-		if st.Spec.HTTPPort > 0 {
+		rec.Gang = r.gangRecordLocked(e)
+		// Only rank 0 of a gang serves HTTP; the other ranks publish no URL.
+		if st.Spec.HTTPPort > 0 && (rec.Gang == nil || rec.Gang.Rank == 0) {
 			rec.URL = "http://" + net.JoinHostPort(r.cfg.Host, strconv.Itoa(st.Spec.HTTPPort))
 		}
 		out = append(out, rec)

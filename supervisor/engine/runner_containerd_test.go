@@ -23,13 +23,19 @@ import (
 // adopts the same container and task untouched, an orphan container
 // labelled ours is stopped, and an unplanned shard is removed. It skips
 // only where no containerd answers (CI starts one with .ci/containerd.sh).
-func TestRunnerOverContainerd(t *testing.T) {
+// containerdWithImage connects to the test daemon in namespace ns (and
+// skips the test where none answers) and imports an image tagged tag that
+// holds a static llmgw as /llmgw: the fake profile runs `<self> engine
+// fake ...`, and self is that path inside the image. open makes another
+// connection, as a restarted agent would.
+func containerdWithImage(t *testing.T, ns, tag string) (open func() *containerd.Runtime) {
+	t.Helper()
 	sock := os.Getenv("LLMGW_TEST_CONTAINERD_SOCKET")
 	if sock == "" {
 		sock = "/run/containerd/containerd.sock"
 	}
-	open := func() *containerd.Runtime {
-		rt, err := containerd.New(containerd.WithSocket(sock), containerd.WithNamespace("llmgw-runner-test"), containerd.WithShmSize(64<<20))
+	open = func() *containerd.Runtime {
+		rt, err := containerd.New(containerd.WithSocket(sock), containerd.WithNamespace(ns), containerd.WithShmSize(64<<20))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,9 +49,6 @@ func TestRunnerOverContainerd(t *testing.T) {
 		return rt
 	}
 	rt := open()
-
-	// An image with a static llmgw as /llmgw: the fake profile runs
-	// `<self> engine fake ...`, and self is that path inside the image.
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "llmgw")
 	root, _ := filepath.Abs("../..") // the module root, from supervisor/engine
@@ -59,13 +62,19 @@ func TestRunnerOverContainerd(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tarball bytes.Buffer
-	if err := ctrtest.WriteDockerArchive(&tarball, ctrtest.Image{RepoTag: "llmgw/runner-test:1", Entrypoint: []string{"/llmgw"},
+	if err := ctrtest.WriteDockerArchive(&tarball, ctrtest.Image{RepoTag: tag, Entrypoint: []string{"/llmgw"},
 		Files: []ctrtest.File{{Path: "/llmgw", Mode: 0o755, Data: data}}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rt.ImportImage(ctx, &tarball); err != nil {
 		t.Fatal(err)
 	}
+	return open
+}
+
+func TestRunnerOverContainerd(t *testing.T) {
+	open := containerdWithImage(t, "llmgw-runner-test", "llmgw/runner-test:1")
+	rt := open()
 
 	dataDir := datadir.New(t.TempDir())
 	newRunner := func(rt runtime.Runtime) *Runner {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -34,6 +33,12 @@ type watchState struct {
 	everReady bool
 	// unknowns counts "unknown" runtime states in a row.
 	unknowns int
+	// lastGen is the gang generation a member's engine last ran against
+	// (see memberStopped): it starts again only for another one.
+	lastGen int64
+	// movedSince is when the plan first moved a peer of this gang member
+	// away from the generation's member (see gangMoveGrace).
+	movedSince time.Time
 }
 
 // watch drives one engine: start it (unless adopted), then check it every
@@ -50,9 +55,18 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 			r.finish(e)
 			return
 		}
-		if !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e) {
+		var gs *shardstate.Gang
+		mayStart := !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e)
+		if mayStart && r.isGang(e) {
+			var note string
+			if gs, note = r.gangStart(e, w); gs == nil {
+				r.setGangNote(e, note)
+				mayStart = false
+			}
+		}
+		if mayStart {
 			w.attemptAt, w.everReady = r.cfg.Clock.Now(), false
-			if err := r.start(ctx, e); err != nil {
+			if err := r.start(ctx, e, gs); err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
 				}
@@ -70,6 +84,9 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		if w.started {
 			r.check(ctx, e, w)
+		}
+		if w.started && r.isGang(e) {
+			r.checkGang(e, w)
 		}
 		select {
 		case <-ctx.Done():
@@ -101,21 +118,39 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		w.unknowns++
 	case err != nil || st.State != runtime.StateRunning:
 		code := st.ExitCode
-		r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+		member := r.isMember(e)
+		if member {
+			r.log.Warn("gang member exited; waiting for rank 0 to restart the gang", "shard", e.state.ShardID, "exit_code", code)
+		} else {
+			r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
+		}
 		// Remove the dead engine so its GPUs are free while we wait.
 		if err := r.cfg.Runtime.Stop(context.Background(), e.id, 0); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 			r.log.Warn("remove exited engine", "shard", e.state.ShardID, "err", err)
 		}
-		w.retryAt = r.crashed(e, &code)
 		w.started = false
+		if member {
+			r.memberStopped(e, w, fmt.Sprintf("exited with code %d; waiting for rank 0's next generation", code), &code)
+			return
+		}
+		if r.isGang(e) {
+			r.setGangNote(e, fmt.Sprintf("rank 0 exited with code %d; gang restarting", code))
+		}
+		w.retryAt = r.crashed(e, &code)
 	default:
 		w.unknowns = 0
-		ready := r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
+		member := r.isMember(e)
+		var ready bool
+		if member {
+			ready = r.memberReady(e)
+		} else {
+			ready = r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
+		}
 		w.everReady = w.everReady || ready
 		r.setReady(e, ready, st.PID)
-		if ready {
+		if ready && !member {
 			r.scrapeLoad(ctx, e)
-		} else if !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
+		} else if !ready && !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
 			r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
 			if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				// Still running: starting it again would clash with
@@ -123,13 +158,18 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 				r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
 				return
 			}
-			w.retryAt = r.crashed(e, nil)
 			w.started = false
+			if member {
+				r.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
+				return
+			}
+			w.retryAt = r.crashed(e, nil)
 		}
 	}
 }
 
-func (r *Runner) start(engineCtx context.Context, e *managed) error {
+// start starts e's engine; gs is its gang start (nil: not a gang).
+func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gang) error {
 	// Runtime calls end when the engine is no longer wanted or when the
 	// agent closes the runner.
 	ctx, cancel := context.WithCancel(r.base)
@@ -145,7 +185,10 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 		return err
 	}
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
-		APIKey: r.engineKey(e.id)}
+		APIKey: r.engineKey(e.id), Gang: r.gangInputs(gs)}
+	if gs != nil {
+		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
+	}
 	var uuids []string
 	if r.cfg.GPUs != nil {
 		gpus := r.cfg.GPUs()
@@ -170,6 +213,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 		LogPath: r.logPath(e.id), WeightsDir: r.cfg.WeightsDir,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	st.Gang = gs
 	// Container images are pulled before the engine starts (vLLM's are
 	// 12-28 GB; the runtime logs progress). The engine stays "starting"
 	// meanwhile, holding its claim.
@@ -197,6 +241,10 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 	e.state = st
 	e.readySince = time.Time{}
 	e.startErr = ""
+	e.gangNote = ""
+	if gs != nil && gs.Rank == 0 {
+		e.gangNote = fmt.Sprintf("waiting for %d more rank(s) to connect", gs.Size-1)
+	}
 	if e.status != gossip.ShardStopping {
 		e.status = gossip.ShardStarting
 	}
@@ -206,14 +254,11 @@ func (r *Runner) start(engineCtx context.Context, e *managed) error {
 	return nil
 }
 
-// shardIndex is the index of d's shard within its replica (the replica's
-// "-s<j>" suffix), 0 for a replica of one shard.
+// shardIndex is the index of d's shard within its replica: its rank in
+// its gang, 0 for a replica of one shard.
 func shardIndex(d Desired) int {
-	var j int
-	if _, err := fmt.Sscanf(d.ShardID[len(d.ReplicaID):], "-s%d", &j); err == nil {
-		return j
-	}
-	return 0
+	j, _ := placement.ShardIndex(d.ShardID, d.ReplicaID)
+	return j
 }
 
 // clipError keeps an error message short enough for a node record.
@@ -278,98 +323,4 @@ func (r *Runner) setReady(e *managed, ready bool, pid int) {
 		}
 		r.notifyLocked()
 	}
-}
-
-// awaitIdle waits until e, already routed around, reports no running or
-// waiting request on its /metrics (the profile's names), polled every Poll:
-// the requests and streams in flight finish instead of being cut by the
-// stop. It gives up waiting after DrainMax, and at once for an engine
-// whose load it cannot read. It returns false if the agent closes meanwhile.
-func (r *Runner) awaitIdle(e *managed) bool {
-	prof, err := r.profileOf(e)
-	if err != nil || prof.MetricsPath == "" || (prof.Metrics.Running == "" && prof.Metrics.Waiting == "") {
-		return true
-	}
-	r.mu.Lock()
-	port := e.state.Spec.HTTPPort
-	r.mu.Unlock()
-	scraper := r.scraperOf(e, prof)
-	url := "http://127.0.0.1:" + strconv.Itoa(port) + prof.MetricsPath
-	deadline := r.cfg.Clock.Now().Add(r.cfg.DrainMax)
-	tick := time.NewTicker(r.cfg.Poll)
-	defer tick.Stop()
-	for {
-		ctx, cancel := context.WithTimeout(r.base, statusTimeout)
-		s, err := scraper.Scrape(ctx, url)
-		cancel()
-		if err != nil || s.Running+s.Waiting == 0 {
-			return true
-		}
-		if !r.cfg.Clock.Now().Before(deadline) {
-			r.log.Warn("engine still busy at the drain bound; stopping it", "engine", e.id, "running", s.Running, "waiting", s.Waiting, "bound", r.cfg.DrainMax)
-			return true
-		}
-		select {
-		case <-r.quit:
-			return false
-		case <-tick.C:
-		}
-	}
-}
-
-// finish stops the engine and forgets it. One that served when it was told
-// to stop keeps serving for DrainDelay first, then until the requests it
-// has in hand are done (at most DrainMax; see awaitIdle). A stop that fails is tried
-// again with backoff: forgetting an engine that still runs would leave its
-// GPUs busy under no one's claim. If the agent closes meanwhile, the state
-// file stays, and the next agent adopts the engine and stops it.
-func (r *Runner) finish(e *managed) {
-	r.mu.Lock()
-	drain := e.drain
-	r.mu.Unlock()
-	if drain {
-		t := time.NewTimer(r.cfg.DrainDelay)
-		select {
-		case <-r.quit:
-			t.Stop()
-			return // the next agent adopts it and decides
-		case <-t.C:
-		}
-		if !r.awaitIdle(e) {
-			return // the agent is closing: the next one decides
-		}
-	}
-	for delay := r.cfg.BackoffMin; ; delay = min(2*delay, r.cfg.BackoffMax) {
-		err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace)
-		if err == nil || errors.Is(err, runtime.ErrNotFound) {
-			break
-		}
-		r.log.Error("stop engine failed; trying again", "engine", e.id, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-r.quit:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-	_ = shardstate.Remove(r.cfg.DataDir.ShardsDir(), shardstate.FileID(e.state))
-	r.tracker.Forget(e.id)
-	// Its log goes with it: engine IDs change with every spec version, so
-	// kept logs would pile up with each rolling update. Under logMu, and
-	// after the engine leaves r.engines, so a cap cannot bring .1 back.
-	r.logMu.Lock()
-	r.mu.Lock()
-	delete(r.engines, e.id)
-	for p, id := range r.ports {
-		if id == e.id {
-			delete(r.ports, p)
-		}
-	}
-	r.notifyLocked()
-	r.mu.Unlock()
-	_ = os.Remove(r.logPath(e.id))
-	_ = os.Remove(r.logPath(e.id) + ".1")
-	r.logMu.Unlock()
-	r.log.Info("engine stopped", "shard", e.state.ShardID, "engine", e.id)
 }

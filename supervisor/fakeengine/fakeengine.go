@@ -116,6 +116,9 @@ type Config struct {
 	Listener net.Listener
 	// Now is the clock StartupDelay is measured on; nil means time.Now.
 	Now func() time.Time
+	// Healthy, when set, must also say true for /health to answer 200
+	// (gang mode: every other rank connected; see RunGang).
+	Healthy func() bool
 	// Log receives one line per lifecycle event (listening, ready, crash);
 	// nil discards them. The CLI passes stderr, which the runtime sends to
 	// the engine's log file.

@@ -159,6 +159,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "engine unhealthy (scripted)", http.StatusServiceUnavailable)
 	case !s.loaded():
 		http.Error(w, "engine loading", http.StatusServiceUnavailable)
+	case s.cfg.Healthy != nil && !s.cfg.Healthy():
+		http.Error(w, "waiting for the gang's other ranks", http.StatusServiceUnavailable)
 	default:
 		// vLLM answers 200 with an empty body.
 		w.WriteHeader(http.StatusOK)

@@ -30,8 +30,9 @@ func MainForTests(args []string) (int, bool) {
 	fs.IntVar(&m.BlockSize, "block-size", 0, "")
 	fs.IntVar(&m.KVCacheBlocks, "num-gpu-blocks-override", 0, "")
 	fs.BoolVar(&m.NoPrefixCaching, "no-enable-prefix-caching", false, "")
+	g := gangFlags(fs)
 	_ = fs.Parse(args[2:])
 	m.Model, m.Port, m.Host, m.CrashAfter, m.ExitCode, m.FailHealth, m.APIKey = *model, *port, *host, *crash, *code, *failHealth, *apiKey
-	err := Run(context.Background(), m)
+	err := RunMaybeGang(context.Background(), m, g)
 	return ExitCode(err), true
 }

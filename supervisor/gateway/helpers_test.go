@@ -93,6 +93,7 @@ type cp struct {
 	drain   bool
 	planned *bool // true when nil
 	load    gossip.ShardLoad
+	gang    *gossip.GangRecord
 }
 
 func (w *world) hold(c cp) {
@@ -116,7 +117,7 @@ func (w *world) hold(c cp) {
 	sid := placement.ShardID(rid, c.shard, c.pp)
 	m := w.members[c.node]
 	m.Record.Shards = append(m.Record.Shards, gossip.ShardRecord{ShardID: sid, ReplicaID: rid, Deployment: d.Name,
-		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Load: c.load, GPUs: []int{0}})
+		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Load: c.load, GPUs: []int{0}, Gang: c.gang})
 	n := w.nodes[c.node]
 	n.Shards = append(n.Shards, placement.HeldShard{ShardID: sid, SpecVersion: c.spec, Lease: c.lease})
 	if c.planned == nil || *c.planned {

@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -122,7 +121,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		if si.Node == "" {
 			continue // unplaced
 		}
-		idx, ok := shardIndex(si.ShardID, si.ReplicaID)
+		idx, ok := placement.ShardIndex(si.ShardID, si.ReplicaID)
 		if !ok {
 			continue
 		}
@@ -138,7 +137,8 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		g.maxIndex = max(g.maxIndex, idx)
 		g.single = g.single || si.ShardID == si.ReplicaID
 		ms := state[si.Node]
-		if si.Lease == placement.LeaseValid && si.Status == gossip.ShardReady && si.URL != "" &&
+		// Only rank 0 of a gang serves HTTP: the other ranks have no URL.
+		if si.Lease == placement.LeaseValid && si.Status == gossip.ShardReady && (si.URL != "" || idx > 0) &&
 			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] &&
 			(ms == gossip.StateAlive || ms == gossip.StateSuspect) {
 			g.valid[idx] = si
@@ -159,7 +159,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 				continue
 			}
 			r0, ok := g.valid[0]
-			if !ok {
+			if !ok || r0.URL == "" || !sameGeneration(g.valid) {
 				continue
 			}
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
@@ -191,21 +191,20 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	return t
 }
 
-// shardIndex is a shard's position in its replica: 0 for a replica of one
-// shard, j for "<replica>-s<j>".
-func shardIndex(shard, replica string) (int, bool) {
-	if shard == replica {
-		return 0, true
+// sameGeneration reports whether every member of a gang runs against
+// rank 0's generation: a member still in the one before (rank 0 restarted
+// the gang and its record has not caught up) makes the gang not whole.
+func sameGeneration(members map[int]status.ShardInfo) bool {
+	r0 := members[0]
+	if r0.Gang == nil {
+		return true
 	}
-	rest, ok := strings.CutPrefix(shard, replica+"-s")
-	if !ok {
-		return 0, false
+	for _, si := range members {
+		if si.Gang == nil || si.Gang.Generation != r0.Gang.Generation {
+			return false
+		}
 	}
-	j, err := strconv.Atoi(rest)
-	if err != nil || j < 0 {
-		return 0, false
-	}
-	return j, true
+	return true
 }
 
 // maxWhy bounds the reasons quoted in one error: a deployment of many

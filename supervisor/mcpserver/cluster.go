@@ -72,6 +72,10 @@ type shardWhy struct {
 	GPUs        []int                `json:"gpus,omitempty"`
 	Status      gossip.ShardStatus   `json:"status"`
 	Lease       placement.LeaseState `json:"lease,omitempty"`
+	// Rank and GangSize are a gang member's place in its gang (absent for
+	// a replica of one shard).
+	Rank     *int `json:"rank,omitempty"`
+	GangSize int  `json:"gang_size,omitempty"`
 	// Why is one sentence: where it runs and how it is doing, or why it
 	// runs nowhere.
 	Why string `json:"why"`
@@ -117,7 +121,7 @@ type loadOut struct {
 }
 
 type placeIn struct {
-	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel (or \"auto\"), pipeline_parallel, gpu_memory (e.g. \"70GiB\", or \"auto\": sized from the model's files), max_model_len, max_num_seqs, gpu_type, labels, image, args, env"`
+	Spec map[string]any `json:"spec" jsonschema:"the deployment, as llmgw place takes it: name, model, engine (vllm, sglang, llama.cpp, fake), replicas, tensor_parallel (or \"auto\"), pipeline_parallel, gpu_memory (e.g. \"70GiB\", or \"auto\": sized from the model's files), max_model_len, max_num_seqs, gpu_type, labels, image, args, env, update (surge or recreate)"`
 }
 
 type placeOut struct {
@@ -168,7 +172,8 @@ func (s *Server) addClusterTools() {
 	addCluster(s, &mcp.Tool{Name: "shards", Annotations: readOnly(), Description: "Every shard: planned, held or " +
 		"unplaced. For each: deployment, replica, spec version, node and GPU indices, lease (valid, starting, " +
 		"lapsed, or none when nobody holds it; only a valid lease is routable), engine status, URL, PID or container, restarts and last exit " +
-		"code, the engine's load, and a reason when it is unplaced or being stopped."}, s.shards)
+		"code, the engine's load, a reason when it is unplaced or being stopped, and for a member of a gang (a " +
+		"replica across nodes) its rank, the gang's generation and what holds it back."}, s.shards)
 	addCluster(s, &mcp.Tool{Name: "why_not", Annotations: readOnly(), Description: "Why a deployment (or one shard) " +
 		"is or is not running: for each shard, the node and GPUs it was placed on with its lease and engine " +
 		"status, or placement's reason for placing it nowhere (e.g. \"needs 4 GPUs with 70 GiB free; best " +
@@ -311,6 +316,15 @@ func explain(sh status.ShardInfo) shardWhy {
 	}
 	if sh.Draining {
 		w.Why += "; draining: an older spec version or a replica scaled away, kept serving until the current replicas are ready"
+	}
+	if g := sh.Gang; g != nil {
+		rank := g.Rank
+		w.Rank, w.GangSize = &rank, g.Size
+		// What holds the gang back: a gang serves only when every member
+		// does, so the one that does not is the answer.
+		if g.Note != "" && sh.Lease != placement.LeaseValid {
+			w.Why += fmt.Sprintf("; gang rank %d of %d on %s: %s", g.Rank, g.Size, sh.Node, g.Note)
+		}
 	}
 	return w
 }

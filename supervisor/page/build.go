@@ -154,6 +154,12 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 		if len(s.GPUs) > 0 {
 			r.GPUs = strings.Trim(fmt.Sprint(s.GPUs), "[]")
 		}
+		if g := s.Gang; g != nil {
+			r.Rank = fmt.Sprintf("%d/%d", g.Rank, g.Size)
+			if g.Note != "" && s.Lease != placement.LeaseValid {
+				r.Reason = clip(strings.TrimSpace(s.Reason+" "+fmt.Sprintf("rank %d on %s: %s", g.Rank, s.Node, g.Note)), maxReason)
+			}
+		}
 		r.StatusClass = statusClass(s.Status)
 		r.LeaseClass = leaseClass(s.Lease)
 		d.Shards = append(d.Shards, r)

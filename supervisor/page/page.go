@@ -179,6 +179,9 @@ type shardRow struct {
 	Load, LoadAge              string
 	Restarts                   int
 	Reason                     clipped
+	// Rank is a gang member's "rank/size" ("" for a replica of one
+	// shard); Reason then also says what holds the gang back.
+	Rank string
 }
 
 // diskSize is a size on disk in GiB, or KiB or MiB below one GiB.

@@ -24,6 +24,25 @@ const (
 	apiKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
 )
 
+// gang writes a multi-node flag only for a replica that spans nodes:
+// `--name=<field>` when NNodes is above 1, nothing otherwise, so a
+// replica of one shard starts exactly as before.
+func gang(name, field string) string {
+	return "{{if gt .NNodes 1}}--" + name + "={{." + field + "}}{{end}}"
+}
+
+// gangEnv binds a gang's collective traffic to the interface that carries
+// the node's advertised address. A deployment's own env wins over these
+// (see Resolve), for an operator who knows better (an InfiniBand HCA).
+var gangEnv = []string{
+	"{{if and (gt .NNodes 1) .HostIP}}VLLM_HOST_IP={{.HostIP}}{{end}}",
+	"{{if and (gt .NNodes 1) .NetIface}}NCCL_SOCKET_IFNAME={{.NetIface}}{{end}}",
+	"{{if and (gt .NNodes 1) .NetIface}}GLOO_SOCKET_IFNAME={{.NetIface}}{{end}}",
+}
+
+// headless marks the members above rank 0, which serve no HTTP.
+const headless = "{{if .Headless}}--headless{{end}}"
+
 // Builtin returns the profiles llmgw ships, keyed by name. Every call builds
 // fresh values, so callers may change what they get.
 func Builtin() map[string]Profile {
@@ -43,8 +62,17 @@ func Builtin() map[string]Profile {
 				vllmLen,
 				vllmSeqs,
 				apiKey,
+				// A gang: vLLM's own multi-node launch (no Ray). Every
+				// rank runs `vllm serve` with the same model and sizes;
+				// ranks above 0 are headless workers that dial rank 0.
+				gang("pipeline-parallel-size", "PP"),
+				gang("nnodes", "NNodes"),
+				gang("node-rank", "NodeRank"),
+				gang("master-addr", "MasterAddr"),
+				gang("master-port", "MasterPort"),
+				headless,
 			},
-			Env:         []string{hfHome},
+			Env:         append([]string{hfHome}, gangEnv...),
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",
@@ -67,7 +95,8 @@ func Builtin() map[string]Profile {
 				"python3", "-m", "sglang.launch_server",
 				"--model-path", "{{.Model}}",
 				"--served-model-name", "{{.ServedName}}",
-				"--tp-size", "{{.TP}}",
+				// SGLang counts every GPU of the gang in its TP size.
+				"--tp-size", "{{.TPTotal}}",
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
 				// Without it SGLang serves no /metrics.
@@ -76,8 +105,11 @@ func Builtin() map[string]Profile {
 				sglangLen,
 				sglangSeqs,
 				apiKey,
+				gang("nnodes", "NNodes"),
+				gang("node-rank", "NodeRank"),
+				"{{if gt .NNodes 1}}--dist-init-addr={{.MasterAddr}}:{{.MasterPort}}{{end}}",
 			},
-			Env:         []string{hfHome},
+			Env:         append([]string{hfHome}, gangEnv...),
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",
@@ -132,6 +164,12 @@ func Builtin() map[string]Profile {
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
 				apiKey,
+				// The fake engine's gang mode takes vLLM's flags.
+				gang("nnodes", "NNodes"),
+				gang("node-rank", "NodeRank"),
+				gang("master-addr", "MasterAddr"),
+				gang("master-port", "MasterPort"),
+				headless,
 			},
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",

@@ -88,6 +88,28 @@ type Inputs struct {
 	// internal/secret.EngineKey): whoever calls the engine's /v1/* presents
 	// it as a bearer token. Empty: the engine runs without a key.
 	APIKey string
+	// Gang is set for a member of a replica that spans nodes
+	// (pipeline_parallel above 1); nil for a replica of one shard.
+	Gang *GangInputs
+	// HostIP is the node's advertised address and NetIface the interface
+	// that carries it ("" when none does): a gang's engines bind their
+	// collective traffic to it (VLLM_HOST_IP, NCCL_SOCKET_IFNAME,
+	// GLOO_SOCKET_IFNAME), or NCCL may pick an interface peers cannot
+	// reach.
+	HostIP   string
+	NetIface string
+}
+
+// GangInputs is one member's place in its gang: the engines' own
+// multi-node flags are written from it.
+type GangInputs struct {
+	// NNodes is the gang's size and Rank this member's rank (its shard
+	// index; rank 0 serves HTTP and hosts the rendezvous).
+	NNodes, Rank int
+	// MasterAddr and MasterPort are rank 0's rendezvous address, as rank
+	// 0's node published it.
+	MasterAddr string
+	MasterPort int
 }
 
 // Data is what templates see.
@@ -113,6 +135,21 @@ type Data struct {
 	// more than that memory holds.
 	MaxModelLen int
 	MaxNumSeqs  int
+	// NNodes is the number of nodes the replica spans (1 for a replica of
+	// one shard; the gang fields below are then zero), NodeRank this
+	// member's rank, MasterAddr and MasterPort rank 0's rendezvous, and
+	// Headless whether this member serves no HTTP (every rank but 0).
+	NNodes     int
+	NodeRank   int
+	MasterAddr string
+	MasterPort int
+	Headless   bool
+	// TPTotal is TP × NNodes: the tensor-parallel size of an engine that
+	// counts every GPU of the gang in it (SGLang's --tp-size).
+	TPTotal int
+	// HostIP and NetIface are Inputs.HostIP and Inputs.NetIface.
+	HostIP   string
+	NetIface string
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -131,6 +168,16 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
 		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
 		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
+		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
+	}
+	if d.PipelineParallel > 1 {
+		g := in.Gang
+		if g == nil || g.NNodes != d.PipelineParallel || g.Rank < 0 || g.Rank >= g.NNodes || g.MasterAddr == "" || g.MasterPort <= 0 || g.MasterPort > 65535 {
+			return nil, nil, "", fmt.Errorf("profile %q: pipeline_parallel %d needs the gang's size, this member's rank and rank 0's rendezvous address (got %+v)", p.Name, d.PipelineParallel, g)
+		}
+		data.NNodes, data.NodeRank, data.MasterAddr, data.MasterPort = g.NNodes, g.Rank, g.MasterAddr, g.MasterPort
+		data.Headless = g.Rank > 0
+		data.TPTotal = d.TensorParallel * g.NNodes
 	}
 	if data.Host == "" {
 		data.Host = "0.0.0.0"
@@ -249,12 +296,19 @@ func (p Profile) Validate() error {
 	if p.HealthPath == "" || p.ModelsPath == "" {
 		return fmt.Errorf("profile %q: health_path and models_path are required", p.Name)
 	}
-	sample := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k", MaxModelLen: 8192, MaxNumSeqs: 1}
-	if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
-		return err
-	}
-	if _, err := render(p.Name+" env", p.Env, 0, sample); err != nil {
-		return err
+	// Both a single engine and a gang member, so that a template that
+	// only a gang takes (an {{if gt .NNodes 1}} branch) is checked too.
+	single := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k",
+		MaxModelLen: 8192, MaxNumSeqs: 1, NNodes: 1, TPTotal: 1, HostIP: "10.0.0.1", NetIface: "eth0"}
+	member := single
+	member.PP, member.NNodes, member.NodeRank, member.MasterAddr, member.MasterPort, member.Headless, member.TPTotal = 2, 2, 1, "10.0.0.2", 29500, true, 2
+	for _, sample := range []Data{single, member} {
+		if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
+			return err
+		}
+		if _, err := render(p.Name+" env", p.Env, 0, sample); err != nil {
+			return err
+		}
 	}
 	return nil
 }

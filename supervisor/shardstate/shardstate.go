@@ -90,6 +90,23 @@ type State struct {
 	// ClaimStamp orders duplicate holders after a partition heals (see
 	// placement.HeldShard).
 	ClaimStamp int64 `json:"claim_stamp"`
+	// Gang is the engine's place in a replica that spans nodes; nil for a
+	// replica of one shard. An agent restarted on a member node finds the
+	// generation its engine runs against here, so it keeps the engine
+	// rather than restart it for a generation it forgot.
+	Gang *Gang `json:"gang,omitempty"`
+}
+
+// Gang is one gang member's start: its rank and the gang's size, the
+// generation it was started for, rank 0's rendezvous, and the node of
+// every rank in that generation.
+type Gang struct {
+	Rank       int      `json:"rank"`
+	Size       int      `json:"size"`
+	Generation int64    `json:"generation"`
+	MasterAddr string   `json:"master_addr"`
+	MasterPort int      `json:"master_port"`
+	Members    []string `json:"members,omitempty"`
 }
 
 // BadFile is a file Read or Load could not use.

@@ -22,6 +22,8 @@ func TestDecodeSpecRefusesWhatItWouldHalfApply(t *testing.T) {
 		{"a JSON key twice", `{"name":"a","model":"m","replicas":1,"replicas":2}`, "application/json", "replicas: given more than once"},
 		{"YAML tensor_parallel: 0", "name: a\nmodel: m\ntensor_parallel: 0\n", "application/yaml", `tensor_parallel: invalid value "0": an integer from 1 to 64`},
 		{"YAML pipeline_parallel: 0", "name: a\nmodel: m\npipeline_parallel: 0\n", "application/yaml", `pipeline_parallel: invalid value "0": an integer from 1 to 64`},
+		{"llama.cpp across nodes", "name: a\nmodel: /w/m.gguf\nengine: llamacpp\npipeline_parallel: 2\n", "application/yaml", "llama.cpp has no multi-node launch"},
+		{"an unknown update strategy", `{"name":"a","model":"m","update":"rolling"}`, "application/json", `update: invalid value "rolling"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Decode([]byte(tc.body), tc.ctype)
@@ -104,6 +106,16 @@ func TestDecodeSpecAcceptsOrdinarySpecs(t *testing.T) {
 	for _, body := range []string{y.String(), j.String()} {
 		if d, err := Decode([]byte(body), ""); err != nil || len(d.Env) != 1024 || len(d.Labels) != 256 || len(d.Args) != 256 {
 			t.Errorf("the largest valid spec (%.20q…): %d labels, %d env, %d args, %v", body, len(d.Labels), len(d.Env), len(d.Args), err)
+		}
+	}
+}
+
+// A gang that cannot surge says update: recreate, in YAML as in JSON.
+func TestDecodeSpecUpdateRecreate(t *testing.T) {
+	for _, body := range []string{"name: big\nmodel: m\npipeline_parallel: 2\nupdate: recreate\n", `{"name":"big","model":"m","pipeline_parallel":2,"update":"recreate"}`} {
+		d, err := Decode([]byte(body), "")
+		if err != nil || d.Update != placement.UpdateRecreate || d.PipelineParallel != 2 {
+			t.Errorf("%q: %+v, %v", body, d, err)
 		}
 	}
 }

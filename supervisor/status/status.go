@@ -130,7 +130,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	fill := func(sh *shard, r gossip.ShardRecord) {
 		si := &sh.info
 		si.Status, si.URL, si.PID, si.Container = r.Status, r.URL, r.PID, r.Container
-		si.Restarts, si.LastExit, si.StartedAt = r.Restarts, r.LastExit, r.StartedAt
+		si.Restarts, si.LastExit, si.StartedAt, si.Gang = r.Restarts, r.LastExit, r.StartedAt, r.Gang
 		sh.load = r.Load
 		if r.Error != "" && si.Reason == "" {
 			si.Reason = "start failed: " + r.Error
@@ -243,6 +243,11 @@ func (s *Snapshot) buildDeployments(in Input) {
 			// version's, would keep an error that no longer holds.
 			if si.Reason != "" {
 				starts = append(starts, failed{si.Node, si.ShardID, si.Reason})
+			}
+			// A gang member that is not serving says what holds the
+			// gang back ("waiting for rank 0's address").
+			if g := si.Gang; g != nil && g.Note != "" && si.Lease != placement.LeaseValid && si.Reason == "" {
+				starts = append(starts, failed{si.Node, fmt.Sprintf("%s (rank %d)", si.ShardID, g.Rank), g.Note})
 			}
 		}
 		for r, sv := range live {

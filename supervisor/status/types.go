@@ -115,6 +115,10 @@ type ShardInfo struct {
 	StartedAt    time.Time          `json:"started_at,omitzero"`
 	Load         gossip.ShardLoad   `json:"load,omitzero"`
 	Reason       string             `json:"reason,omitempty"`
+	// Gang is the member's part of its gang (rank, size, generation, rank
+	// 0's rendezvous, what holds it back) as its holder reports it; nil
+	// for a replica of one shard.
+	Gang *gossip.GangRecord `json:"gang,omitempty"`
 }
 
 // GatewayURL is where clients reach the member's gateway, scheme included:

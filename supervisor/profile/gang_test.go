@@ -1,0 +1,113 @@
+package profile
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmgw/llmgw/placement"
+)
+
+// Every rank of a gang gets the engine's own multi-node flags from its
+// inputs: the size, its rank, rank 0's rendezvous, and --headless above
+// rank 0; collective traffic is bound to the advertised interface.
+func TestResolveGangEveryRank(t *testing.T) {
+	d := placement.Deployment{Name: "big", Model: "org/big", TensorParallel: 8, PipelineParallel: 2}
+	for _, tc := range []struct {
+		profile string
+		rank    int
+		wantCmd []string
+	}{
+		{"vllm", 0, []string{"vllm", "serve", "org/big", "--served-model-name", "big", "--tensor-parallel-size", "8",
+			"--host", "0.0.0.0", "--port", "8100", "--pipeline-parallel-size=2", "--nnodes=2", "--node-rank=0",
+			"--master-addr=10.0.0.1", "--master-port=8123"}},
+		{"vllm", 1, []string{"vllm", "serve", "org/big", "--served-model-name", "big", "--tensor-parallel-size", "8",
+			"--host", "0.0.0.0", "--port", "8100", "--pipeline-parallel-size=2", "--nnodes=2", "--node-rank=1",
+			"--master-addr=10.0.0.1", "--master-port=8123", "--headless"}},
+		{"sglang", 0, []string{"python3", "-m", "sglang.launch_server", "--model-path", "org/big", "--served-model-name", "big",
+			"--tp-size", "16", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=0",
+			"--dist-init-addr=10.0.0.1:8123"}},
+		{"sglang", 1, []string{"python3", "-m", "sglang.launch_server", "--model-path", "org/big", "--served-model-name", "big",
+			"--tp-size", "16", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=1",
+			"--dist-init-addr=10.0.0.1:8123"}},
+		{"fake", 1, []string{"/llmgw", "engine", "fake", "--model", "big", "--host", "0.0.0.0", "--port", "8100",
+			"--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=8123", "--headless"}},
+	} {
+		p, err := Lookup(tc.profile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := Inputs{Port: 8100, Self: "/llmgw", ShardIndex: tc.rank, HostIP: "10.0.0.2", NetIface: "eth1",
+			Gang: &GangInputs{NNodes: 2, Rank: tc.rank, MasterAddr: "10.0.0.1", MasterPort: 8123}}
+		cmd, env, _, err := Resolve(p, d, in)
+		if err != nil {
+			t.Fatalf("%s rank %d: %v", tc.profile, tc.rank, err)
+		}
+		if !slices.Equal(cmd, tc.wantCmd) {
+			t.Errorf("%s rank %d:\n got %q\nwant %q", tc.profile, tc.rank, cmd, tc.wantCmd)
+		}
+		if tc.profile == "fake" {
+			continue
+		}
+		for _, kv := range []string{"VLLM_HOST_IP=10.0.0.2", "NCCL_SOCKET_IFNAME=eth1", "GLOO_SOCKET_IFNAME=eth1"} {
+			if !slices.Contains(env, kv) {
+				t.Errorf("%s rank %d: env %q lacks %s", tc.profile, tc.rank, env, kv)
+			}
+		}
+	}
+}
+
+// An operator's env wins over what llmgw derives from the interface.
+func TestResolveGangOperatorEnvWins(t *testing.T) {
+	p, _ := Lookup("vllm")
+	d := placement.Deployment{Name: "big", Model: "m", PipelineParallel: 2, Env: map[string]string{"NCCL_SOCKET_IFNAME": "ib0"}}
+	_, env, _, err := Resolve(p, d, Inputs{Port: 1, HostIP: "10.0.0.2", NetIface: "eth1",
+		Gang: &GangInputs{NNodes: 2, Rank: 0, MasterAddr: "10.0.0.2", MasterPort: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(env, "NCCL_SOCKET_IFNAME=ib0") || slices.Contains(env, "NCCL_SOCKET_IFNAME=eth1") {
+		t.Errorf("env = %q, want the operator's NCCL_SOCKET_IFNAME", env)
+	}
+	if !slices.Contains(env, "GLOO_SOCKET_IFNAME=eth1") {
+		t.Errorf("env = %q, want GLOO_SOCKET_IFNAME from the interface", env)
+	}
+}
+
+// A replica of one shard starts exactly as before: no gang flag, no gang
+// env, whatever interface the node has.
+func TestResolveSingleHasNoGangFlags(t *testing.T) {
+	for _, name := range []string{"vllm", "sglang", "fake", "llamacpp"} {
+		p, _ := Lookup(name)
+		cmd, env, _, err := Resolve(p, placement.Deployment{Name: "s", Model: "m"}, Inputs{Port: 1, Self: "/llmgw", HostIP: "10.0.0.2", NetIface: "eth1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range append(cmd, env...) {
+			if strings.Contains(a, "nnodes") || strings.Contains(a, "headless") || strings.Contains(a, "SOCKET_IFNAME") || strings.Contains(a, "VLLM_HOST_IP") {
+				t.Errorf("%s: single-shard engine got %q", name, a)
+			}
+		}
+	}
+}
+
+// A gang member without its gang facts is refused rather than started as
+// an unrelated single engine.
+func TestResolveGangNeedsRendezvous(t *testing.T) {
+	p, _ := Lookup("vllm")
+	d := placement.Deployment{Name: "big", Model: "m", PipelineParallel: 2}
+	for _, g := range []*GangInputs{nil, {NNodes: 3, Rank: 0, MasterAddr: "a", MasterPort: 1}, {NNodes: 2, Rank: 2, MasterAddr: "a", MasterPort: 1},
+		{NNodes: 2, Rank: 1, MasterPort: 1}, {NNodes: 2, Rank: 1, MasterAddr: "a"}} {
+		if _, _, _, err := Resolve(p, d, Inputs{Port: 1, Gang: g}); err == nil || !strings.Contains(err.Error(), "pipeline_parallel 2 needs") {
+			t.Errorf("gang %+v: err = %v", g, err)
+		}
+	}
+}
+
+func TestBuiltinGangTemplatesValidate(t *testing.T) {
+	for name, p := range Builtin() {
+		if err := p.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
