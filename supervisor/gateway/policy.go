@@ -109,6 +109,11 @@ func NewPolicy(name string, prefixBytes int, balance float64) (Policy, error) {
 // LeastLoad picks the candidate with the lowest load. Ties are broken by a
 // rotating start, so equally idle replicas share sequential traffic instead
 // of the first one taking all of it.
+//
+// Like Prefix, it counts its own unscraped requests once per gateway in
+// the view: every gateway reads the same scrapes, and if each counted only
+// its own requests since, all of them would pick the same replica until
+// the next scrape, a herd.
 type LeastLoad struct {
 	next atomic.Uint64
 }
@@ -119,21 +124,30 @@ var _ Policy = (*LeastLoad)(nil)
 func (p *LeastLoad) Name() string { return "least-load" }
 
 // Choose implements Policy.
-func (p *LeastLoad) Choose(_ *Request, cands []Candidate) Choice {
-	return Choice{Index: p.least(cands)}
+func (p *LeastLoad) Choose(req *Request, cands []Candidate) Choice {
+	return Choice{Index: p.least(cands, gatewaysOf(req))}
 }
 
-func (p *LeastLoad) least(cands []Candidate) int {
+func (p *LeastLoad) least(cands []Candidate, gateways int) int {
+	extra := float64(gateways - 1)
 	n := len(cands)
 	start := int(p.next.Add(1) % uint64(n))
 	best := start
 	for i := 1; i < n; i++ {
 		j := (start + i) % n
-		if cands[j].Load < cands[best].Load {
+		if cands[j].Load+extra*cands[j].Own < cands[best].Load+extra*cands[best].Own {
 			best = j
 		}
 	}
 	return best
+}
+
+// gatewaysOf is how many gateways may be sending unseen (at least 1).
+func gatewaysOf(req *Request) int {
+	if req == nil || req.Gateways < 1 {
+		return 1
+	}
+	return req.Gateways
 }
 
 // RoundRobin takes the candidates in turn, blind to load and prompt: the
@@ -201,13 +215,9 @@ func (p *Prefix) Choose(req *Request, cands []Candidate) Choice {
 		key, ok = req.PrefixKey(nbytes)
 	}
 	if !ok {
-		return Choice{Index: p.fallback.least(cands), Outcome: AffinityUnkeyed}
+		return Choice{Index: p.fallback.least(cands, gatewaysOf(req)), Outcome: AffinityUnkeyed}
 	}
-	gws := 1
-	if req.Gateways > 1 {
-		gws = req.Gateways
-	}
-	i, spilled := boundedChoice(key, cands, gws, p.balance())
+	i, spilled := boundedChoice(key, cands, gatewaysOf(req), p.balance())
 	out := AffinityTaken
 	if spilled {
 		out = AffinitySpilled

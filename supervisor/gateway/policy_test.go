@@ -100,3 +100,17 @@ func TestEjection(t *testing.T) {
 		t.Fatal("still ejected after the ejection time")
 	}
 }
+
+// With other gateways in the view, this gateway's own requests since the
+// scrape count once for each: they stand for what the others sent unseen,
+// so the gateways do not all herd onto the replica the scrape showed idle.
+func TestLeastLoadCountsOwnRequestsForEveryGateway(t *testing.T) {
+	p := &LeastLoad{}
+	cands := []Candidate{{Load: 3, Own: 2}, {Load: 4}}
+	if got := p.Choose(&Request{Gateways: 1}, cands).Index; got != 0 {
+		t.Fatalf("one gateway: chose %d, want 0 (load 3 against 4)", got)
+	}
+	if got := p.Choose(&Request{Gateways: 3}, cands).Index; got != 1 {
+		t.Fatalf("three gateways: chose %d, want 1 (3 + 2x2 = 7 against 4)", got)
+	}
+}
