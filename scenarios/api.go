@@ -279,10 +279,13 @@ func (r *runner) chat(ctx context.Context, row shardRow) error {
 // streamed, events that end with [DONE] and carry no error. It returns the
 // node that served it (the gateway's Llmgw-Node header) and when the
 // answer's head arrived (zero when none did).
-func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool) (served string, head time.Time, err error) {
+// Each request of a loop asks something of its own (seq numbers it), as
+// clients do: with one prompt for all, the prefix policy would send every
+// request to the one replica that prompt prefers.
+func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool, seq int) (served string, head time.Time, err error) {
 	body := map[string]any{
 		"model":      deployment,
-		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
+		"messages":   []map[string]string{{"role": "user", "content": fmt.Sprintf("ping %d", seq)}},
 		"max_tokens": 4,
 		"stream":     stream,
 	}

@@ -409,7 +409,7 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 		if l.viaGateway {
 			// The gateway routes and retries; the loop is only a client.
 			var err error
-			q.node, q.first, err = r.chatThroughGateway(r.ctx, n.gateway(), l.deployment, l.stream)
+			q.node, q.first, err = r.chatThroughGateway(r.ctx, n.gateway(), l.deployment, l.stream, next)
 			q.end = time.Now()
 			if q.first.IsZero() {
 				q.first = q.end
