@@ -245,7 +245,8 @@ func (r *Runner) memberStopped(e *managed, w *watchState, note string, code *int
 }
 
 // memberReady is a member's readiness: it has no HTTP, so it is ready
-// while it runs and rank 0's record, at its generation, says ready.
+// while it runs and rank 0's record, at its generation, says ready (or
+// said so, see below).
 func (r *Runner) memberReady(e *managed) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -259,7 +260,16 @@ func (r *Runner) memberReady(e *managed) bool {
 		return false
 	}
 	r0 := g.Peers[0]
-	return r0.Held && !r0.Lost && r0.Ready && r0.Gang.Generation == st.Generation
+	if !r0.Held || r0.Lost || r0.Gang.Generation != st.Generation {
+		return false
+	}
+	// Once ready in this generation it stays so while rank 0 holds it: a
+	// rank-0 agent that restarts reports its engine starting until its
+	// probe passes, and a member that followed would make the gang
+	// unroutable for that blink. The gateway judges rank 0's own
+	// readiness anyway; a real failure changes the generation or tears the
+	// member down.
+	return r0.Ready || e.ready
 }
 
 // gangInputs are the profile inputs of a gang start.
