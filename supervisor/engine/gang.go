@@ -131,6 +131,13 @@ func (r *Runner) setGangNote(e *managed, note string) {
 // for an agent restart. A lost holder tears the gang down at once.
 const gangMoveGrace = time.Second
 
+// gangTeardownGrace is what a broken gang's engine gets between SIGTERM and
+// SIGKILL, far less than a draining engine's Grace: its requests in hand
+// can never complete without the lost rank, and a rank hung on its peer
+// (as vLLM's are) may not heed SIGTERM at all, so waiting would only delay
+// the gang's re-forming.
+const gangTeardownGrace = 500 * time.Millisecond
+
 // gangBroken says why the gang e runs in (generation st) can no longer
 // work, or "" while it can; moved says the reason is only a rank the plan
 // moved (see gangMoveGrace).
@@ -203,7 +210,7 @@ func (r *Runner) checkGang(e *managed, w *watchState) {
 	}
 	w.movedSince = time.Time{}
 	r.log.Warn("gang broken; stopping this member", "shard", e.state.ShardID, "why", why, "generation", st.Generation)
-	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+	if err := r.cfg.Runtime.Stop(context.Background(), e.id, min(r.cfg.Grace, gangTeardownGrace)); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		r.log.Error("stop gang member", "shard", e.state.ShardID, "err", err)
 		return // still running: try again at the next poll
 	}
