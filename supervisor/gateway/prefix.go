@@ -18,8 +18,12 @@ import (
 //     the key of what came before.
 //   - completions: the prompt.
 //
-// Only the first maxBytes of that form count. Embeddings, and a prompt with
-// nothing in it, have no key.
+// Only the first maxBytes of that form count. Embeddings have no key, and
+// neither has a prefix shorter than minPrefixBytes: an engine caches whole
+// blocks of tokens (16 in vLLM), so a few dozen characters in common save it
+// next to nothing, while pinning them to one replica costs balance (a
+// workload of short unique questions would queue on hash collisions that
+// least-load avoids).
 func prefixKey(body []byte, ep endpoint, maxBytes int) (uint64, bool) {
 	if ep == embeddingsEndpoint || maxBytes <= 0 {
 		return 0, false
@@ -49,11 +53,15 @@ func prefixKey(body []byte, ep endpoint, maxBytes int) (uint64, bool) {
 			writeMessage(h, raw[m.start:m.end])
 		}
 	}
-	if h.n == 0 {
+	if h.n < min(minPrefixBytes, maxBytes) {
 		return 0, false
 	}
 	return h.h.Sum64(), true
 }
+
+// minPrefixBytes is the shortest prefix worth affinity: about 64 tokens, four
+// of vLLM's blocks.
+const minPrefixBytes = 256
 
 // cappedHash hashes at most left bytes.
 type cappedHash struct {

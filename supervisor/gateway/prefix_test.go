@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"strings"
 	"math"
 	"testing"
 
@@ -19,6 +20,9 @@ func messagesBody(msgs ...string) []byte {
 	return append(b, `]}`...)
 }
 
+// long makes s a prompt prefix worth affinity (minPrefixBytes or more).
+func long(s string) string { return strings.Repeat(s+" ", minPrefixBytes/len(s)+1) }
+
 func key(t *testing.T, body string, ep endpoint, n int) uint64 {
 	t.Helper()
 	k, ok := prefixKey([]byte(body), ep, n)
@@ -29,28 +33,30 @@ func key(t *testing.T, body string, ep endpoint, n int) uint64 {
 }
 
 func TestPrefixKeyIsCanonicalAndLeavesOutTheNewTurn(t *testing.T) {
-	base := key(t, string(messagesBody("system", "You are tenant 7's assistant.", "user", "what is 2+2?")), chatEndpoint, 4096)
+	sys7 := long("You are tenant 7's assistant.")
+	base := key(t, string(messagesBody("system", sys7, "user", "what is 2+2?")), chatEndpoint, 4096)
+	escaped := strings.ReplaceAll(sys7, "'", `\u0027`)
 	same := map[string]string{
-		"spacing and key order": `{ "messages" : [ {"content":"You are tenant 7's assistant.", "role":"system"} , {"role":"user","content":"hi"} ], "model":"m", "stream":true }`,
-		"escaped characters":    `{"model":"m","messages":[{"role":"system","content":"You are tenant 7\u0027s assistant."},{"role":"user","content":"x"}]}`,
-		"another question":      string(messagesBody("system", "You are tenant 7's assistant.", "user", "tell me a joke")),
+		"spacing and key order": `{ "messages" : [ {"content":"` + sys7 + `", "role":"system"} , {"role":"user","content":"hi"} ], "model":"m", "stream":true }`,
+		"escaped characters":    `{"model":"m","messages":[{"role":"system","content":"` + escaped + `"},{"role":"user","content":"x"}]}`,
+		"another question":      string(messagesBody("system", sys7, "user", "tell me a joke")),
 	}
 	for name, b := range same {
 		if k := key(t, b, chatEndpoint, 4096); k != base {
 			t.Errorf("%s: key %x, want %x (same prefix)", name, k, base)
 		}
 	}
-	other := key(t, string(messagesBody("system", "You are tenant 8's assistant.", "user", "what is 2+2?")), chatEndpoint, 4096)
+	other := key(t, string(messagesBody("system", long("You are tenant 8's assistant."), "user", "what is 2+2?")), chatEndpoint, 4096)
 	if other == base {
 		t.Error("another system prompt gave the same key")
 	}
-	swapped := key(t, string(messagesBody("user", "You are tenant 7's assistant.", "user", "what is 2+2?")), chatEndpoint, 4096)
+	swapped := key(t, string(messagesBody("user", sys7, "user", "what is 2+2?")), chatEndpoint, 4096)
 	if swapped == base {
 		t.Error("another role gave the same key")
 	}
 	// One message alone is its own prefix.
-	one := key(t, string(messagesBody("user", "hello")), chatEndpoint, 4096)
-	if one == key(t, string(messagesBody("user", "goodbye")), chatEndpoint, 4096) {
+	one := key(t, string(messagesBody("user", long("hello"))), chatEndpoint, 4096)
+	if one == key(t, string(messagesBody("user", long("goodbye"))), chatEndpoint, 4096) {
 		t.Error("single messages that differ gave the same key")
 	}
 	// Only the first maxBytes count.
@@ -66,6 +72,10 @@ func TestPrefixKeyIsCanonicalAndLeavesOutTheNewTurn(t *testing.T) {
 	}{
 		{`{"model":"m","input":"embed me"}`, embeddingsEndpoint},
 		{`{"model":"m","prompt":""}`, completionsEndpoint},
+		// Too short to be worth affinity: a question alone, or a short
+		// system prompt before it.
+		{`{"model":"m","messages":[{"role":"user","content":"what is 2+2?"}]}`, chatEndpoint},
+		{string(messagesBody("system", "Be terse.", "user", long("a long question"))), chatEndpoint},
 		{`{"model":"m","messages":"not a list"}`, chatEndpoint},
 		{`not json`, chatEndpoint},
 	} {
@@ -102,7 +112,7 @@ func TestPrefixSameReplicaOnEveryGatewayWithTheSameView(t *testing.T) {
 	g1, g2 := &Prefix{}, &Prefix{}
 	used := map[string]bool{}
 	for i := range 200 {
-		body := messagesBody("system", fmt.Sprintf("tenant %d", i), "user", "q")
+		body := messagesBody("system", long(fmt.Sprintf("tenant %d", i)), "user", "q")
 		c1 := cands(rs, 3, 1, 4, 1, 5)
 		c2 := cands(rev, 5, 1, 4, 1, 3)
 		a := c1[g1.Choose(&Request{Body: body, ep: chatEndpoint}, c1).Index].Route.EngineID
@@ -127,7 +137,7 @@ func TestPrefixReplicaLeavingMovesOnlyItsOwnPrefixes(t *testing.T) {
 	p := &Prefix{}
 	moved, onC := 0, 0
 	for i := range 2000 {
-		req := func() *Request { return &Request{Body: messagesBody("user", fmt.Sprint("p", i)), ep: chatEndpoint} }
+		req := func() *Request { return &Request{Body: messagesBody("user", long(fmt.Sprint("p", i))), ep: chatEndpoint} }
 		ca := cands(all)
 		before := ca[p.Choose(req(), ca).Index].Route.EngineID
 		cw := cands(without)
@@ -153,7 +163,7 @@ func TestPrefixReplicaLeavingMovesOnlyItsOwnPrefixes(t *testing.T) {
 func TestPrefixSpillsPastTheLoadBound(t *testing.T) {
 	rs := routes("a", "b", "c", "d")
 	p := &Prefix{}
-	req := &Request{Body: messagesBody("user", "hot tenant"), ep: chatEndpoint}
+	req := &Request{Body: messagesBody("user", long("hot tenant")), ep: chatEndpoint}
 	idle := cands(rs)
 	ch := p.Choose(req, idle)
 	if ch.Outcome != AffinityTaken {
@@ -270,7 +280,7 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 				o := own[g][rs[i].EngineID]
 				cs[i] = Candidate{Route: &rs[i], Load: reported[rs[i].EngineID] + o, Own: o}
 			}
-			body := messagesBody("user", fmt.Sprint("tenant ", rapid.IntRange(0, 5).Draw(t, "tenant")))
+			body := messagesBody("user", long(fmt.Sprint("tenant ", rapid.IntRange(0, 5).Draw(t, "tenant"))))
 			ch := p.Choose(&Request{Body: body, ep: chatEndpoint, Gateways: gws}, cs)
 			id := rs[ch.Index].EngineID
 			own[g][id]++
