@@ -2,8 +2,8 @@ package gateway
 
 import (
 	"fmt"
-	"strings"
 	"math"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -137,7 +137,9 @@ func TestPrefixReplicaLeavingMovesOnlyItsOwnPrefixes(t *testing.T) {
 	p := &Prefix{}
 	moved, onC := 0, 0
 	for i := range 2000 {
-		req := func() *Request { return &Request{Body: messagesBody("user", long(fmt.Sprint("p", i))), ep: chatEndpoint} }
+		req := func() *Request {
+			return &Request{Body: messagesBody("user", long(fmt.Sprint("p", i))), ep: chatEndpoint}
+		}
 		ca := cands(all)
 		before := ca[p.Choose(req(), ca).Index].Route.EngineID
 		cw := cands(without)
