@@ -232,27 +232,34 @@ func (p *Prefix) balance() float64 {
 	return p.Balance
 }
 
+// affinityFloor is the load under which a replica takes its prefixes'
+// requests whatever the mean. An engine runs many sequences at once, so so
+// small a load queues nothing; and at loads that small the mean's rounding
+// and a scrape a moment old (another gateway's request, finished since)
+// would otherwise scatter a tenant over replicas for no gain.
+const affinityFloor = 4
+
 // boundedChoice is the bounded-load rule over the rendezvous order of key:
 // the first candidate whose load, counting this request, is at most
-// ceil(balance x (total + 1) / n) takes it, where total is the sum of the
-// candidates' loads as reported plus this gateway's own since.
+// ceil(balance x (total + 1) / n), or affinityFloor when that is more,
+// takes it; total is the sum of the candidates' loads as reported plus this
+// gateway's own since.
 //
 // A candidate's own requests since its scrape count gateways times when it
 // is judged: the other gateways may each have sent as many unseen. (They
 // count once in total: inflating the total would raise the bound for
 // everyone.) When that judgement leaves no one, a burst outran the
-// scrapes; the plain loads are judged instead, and failing that the least
-// loaded takes it. spilled says the first in the order did not.
+// scrapes, and the least loaded as judged takes it. spilled says the first
+// in the order did not.
 func boundedChoice(key uint64, cands []Candidate, gateways int, balance float64) (int, bool) {
 	extra := float64(gateways - 1)
 	total := 0.0
 	for _, c := range cands {
 		total += c.Load
 	}
-	bound := math.Ceil(balance * (total + 1) / float64(len(cands)))
+	bound := max(math.Ceil(balance*(total+1)/float64(len(cands))), affinityFloor)
 	first, firstScore := -1, uint64(0)
-	shared, sharedScore := -1, uint64(0) // within the bound with the others' share
-	plain, plainScore := -1, uint64(0)   // within it on this gateway's view alone
+	best, bestScore := -1, uint64(0)
 	least, leastLoad := 0, math.Inf(1)
 	for i, c := range cands {
 		judged := c.Load + extra*c.Own
@@ -263,20 +270,11 @@ func boundedChoice(key uint64, cands []Candidate, gateways int, balance float64)
 		if first < 0 || s > firstScore {
 			first, firstScore = i, s
 		}
-		if judged+1 <= bound && (shared < 0 || s > sharedScore) {
-			shared, sharedScore = i, s
-		}
-		if c.Load+1 <= bound && (plain < 0 || s > plainScore) {
-			plain, plainScore = i, s
+		if judged+1 <= bound && (best < 0 || s > bestScore) {
+			best, bestScore = i, s
 		}
 	}
-	best := shared
 	if best < 0 {
-		best = plain
-	}
-	if best < 0 {
-		// Unreachable with balance >= 1 (the least loaded is at most the
-		// mean), kept so a rounding edge cannot leave a request unrouted.
 		best = least
 	}
 	return best, best != first

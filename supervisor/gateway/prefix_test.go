@@ -188,7 +188,8 @@ func TestPrefixSpillsPastTheLoadBound(t *testing.T) {
 // own requests since. Between scrapes each gateway knows nothing of the
 // others' new requests; at an instant that alone can put one request per
 // gateway on one replica, so the bound shared-nothing gateways can keep is
-// ceil(balance x mean) + (gateways - 1); with one gateway it is exact.
+// max(ceil(balance x mean), affinityFloor) + (gateways - 1); with one
+// gateway it is exact.
 func TestBoundedLoadHoldsWithGatewaysInterleaving(t *testing.T) {
 	for _, gws := range []int{1, 3} {
 		t.Run(fmt.Sprint(gws, "gateways"), func(t *testing.T) {
@@ -303,7 +304,7 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 			for _, x := range ids {
 				total += load(x)
 			}
-			bound := math.Ceil(balance*total/float64(len(ids))) + float64(gws-1)
+			bound := max(math.Ceil(balance*total/float64(len(ids))), affinityFloor) + float64(gws-1)
 			if load(id) > bound {
 				t.Fatalf("step %d: gateway %d put %s at load %v, over the bound %v (total %v over %d replicas)",
 					s, g, id, load(id), bound, total, len(ids))
