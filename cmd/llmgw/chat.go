@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/llmgw/llmgw/supervisor/loadgen"
 )
 
 // chatCommand streams one chat completion through a node's gateway: the
@@ -56,7 +57,7 @@ func chat(ctx context.Context, c *cli.Command) error {
 		return failure(fmt.Sprintf("gateway: HTTP %d: %s", resp.StatusCode, openAIError(resp.Body)))
 	}
 	w := c.Root().Writer
-	err = readEvents(resp.Body, func(data []byte) error {
+	err = loadgen.ReadEvents(resp.Body, func(data []byte) error {
 		var ev struct {
 			Choices []struct {
 				Delta struct {
@@ -83,30 +84,6 @@ func chat(ctx context.Context, c *cli.Command) error {
 		return failure(err.Error())
 	}
 	return nil
-}
-
-// readEvents calls each with the data of every server-sent event of r
-// until "[DONE]" or the end.
-func readEvents(r io.Reader, each func(data []byte) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
-		if !ok {
-			continue
-		}
-		data = bytes.TrimSpace(data)
-		if string(data) == "[DONE]" {
-			return nil
-		}
-		if err := each(data); err != nil {
-			return err
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("the answer broke off: %w", err)
-	}
-	return fmt.Errorf("the answer ended without [DONE]")
 }
 
 // openAIError is the message of an OpenAI-shaped error body, or the body.

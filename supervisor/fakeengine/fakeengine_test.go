@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -21,6 +22,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/llmgw/llmgw/internal/testwait"
 )
 
 // testClock is a settable clock for the startup delay.
@@ -392,32 +395,21 @@ func TestLoadShowsInGauges(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	gauges := func() (r, w, kv float64) {
 		fams := scrape(t, ts.URL)
-		r, w, kv := value(t, fams, MetricRunning, "m1"), value(t, fams, MetricWaiting, "m1"), value(t, fams, MetricKVCache, "m1")
-		// One block of 16 tokens of the 8192 is held.
-		if r == 1 && w == 1 && kv == 1.0/8192 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("running %v waiting %v kv %v, want 1 1 1/8192", r, w, kv)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return value(t, fams, MetricRunning, "m1"), value(t, fams, MetricWaiting, "m1"), value(t, fams, MetricKVCache, "m1")
 	}
+	// One block of 16 tokens of the 8192 is held.
+	testwait.Until(t, 10*time.Second, "one running, one waiting, one block held", func() (bool, string) {
+		r, w, kv := gauges()
+		return r == 1 && w == 1 && kv == 1.0/8192, fmt.Sprintf("running %v waiting %v kv %v, want 1 1 1/8192", r, w, kv)
+	})
 	cancel()
 	wg.Wait()
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		fams := scrape(t, ts.URL)
-		if value(t, fams, MetricRunning, "m1") == 0 && value(t, fams, MetricWaiting, "m1") == 0 && value(t, fams, MetricKVCache, "m1") == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("gauges did not return to 0 after clients left")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.Until(t, 10*time.Second, "gauges back to 0 after the clients left", func() (bool, string) {
+		r, w, kv := gauges()
+		return r == 0 && w == 0 && kv == 0, fmt.Sprintf("running %v waiting %v kv %v", r, w, kv)
+	})
 }
 
 func TestRunServesAndStops(t *testing.T) {

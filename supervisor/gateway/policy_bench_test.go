@@ -60,7 +60,7 @@ var benchScrape = flag.Duration("gwbench.scrape", time.Second, "the gateways' sc
 
 var benchBlocks = flag.Int("gwbench.blocks", 2048, "each fake replica's KV cache in blocks of 16 tokens in BenchmarkPolicies")
 
-var benchRate2 = flag.Float64("gwbench.rate", policyRate, "requests/s of BenchmarkPolicies, over all gateways")
+var benchPolicyRate = flag.Float64("gwbench.rate", policyRate, "requests/s of BenchmarkPolicies, over all gateways")
 
 var benchBalance = flag.Float64("gwbench.balance", DefaultBalance, "the prefix policy's load bound in BenchmarkPolicies")
 
@@ -194,7 +194,7 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload) policyResult {
 		r.URL.Scheme, r.URL.Host, r.Host = g.Scheme, g.Host, g.Host
 		return http.DefaultTransport.RoundTrip(r)
 	})
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://gateways", Model: "chat", Rate: *benchRate2,
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://gateways", Model: "chat", Rate: *benchPolicyRate,
 		Duration: policyDuration, Stream: true, MaxTokens: policyAnswer, Workload: w, Rand: rand.New(rand.NewPCG(1, 2)),
 		Client: &http.Client{Transport: rotate}})
 	close(stop)

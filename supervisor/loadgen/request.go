@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -97,10 +99,14 @@ func readBody(r io.Reader, u *usage) string {
 	return ""
 }
 
-// readStream reads server-sent events up to [DONE], counting the content
-// chunks in case no usage chunk comes. A stream that breaks off, ends
-// without [DONE] or carries an error event failed mid-stream.
-func readStream(r io.Reader, u *usage, chunks *int) string {
+// ErrNoDone is ReadEvents' answer for a stream that ended without [DONE].
+var ErrNoDone = errors.New("the answer ended without [DONE]")
+
+// ReadEvents calls each with the data of every server-sent event of r until
+// "[DONE]" (nil) or the end (ErrNoDone, or the read error); an error from
+// each stops it and is returned. It is OpenAI's stream framing, shared by
+// the load generator and `llmgw chat`.
+func ReadEvents(r io.Reader, each func(data []byte) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
@@ -110,8 +116,28 @@ func readStream(r io.Reader, u *usage, chunks *int) string {
 		}
 		data = bytes.TrimSpace(data)
 		if string(data) == "[DONE]" {
-			return ""
+			return nil
 		}
+		if err := each(data); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("the answer broke off: %w", err)
+	}
+	return ErrNoDone
+}
+
+// errKindOf carries a failure kind out of ReadEvents' callback.
+type errKindOf string
+
+func (e errKindOf) Error() string { return string(e) }
+
+// readStream reads server-sent events up to [DONE], counting the content
+// chunks in case no usage chunk comes. A stream that breaks off, ends
+// without [DONE] or carries an error event failed mid-stream.
+func readStream(r io.Reader, u *usage, chunks *int) string {
+	err := ReadEvents(r, func(data []byte) error {
 		var ev struct {
 			Choices []struct {
 				Delta struct {
@@ -122,10 +148,10 @@ func readStream(r io.Reader, u *usage, chunks *int) string {
 			Error *json.RawMessage `json:"error"`
 		}
 		if json.Unmarshal(data, &ev) != nil {
-			return "bad body"
+			return errKindOf("bad body")
 		}
 		if ev.Error != nil {
-			return "mid-stream"
+			return errKindOf("mid-stream")
 		}
 		for _, c := range ev.Choices {
 			if c.Delta.Content != "" {
@@ -135,6 +161,14 @@ func readStream(r io.Reader, u *usage, chunks *int) string {
 		if ev.Usage != nil {
 			*u = *ev.Usage
 		}
+		return nil
+	})
+	var kind errKindOf
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &kind):
+		return string(kind)
 	}
 	return "mid-stream"
 }
