@@ -34,6 +34,7 @@ func gatewayFlags() []cli.Flag {
 		&cli.StringFlag{Name: "gateway-policy", Value: "prefix", Usage: "how the gateway picks a replica: prefix (the same replica for the same prompt prefix on every node, within a load bound), least-load or round-robin", Sources: cli.EnvVars("LLMGW_GATEWAY_POLICY")},
 		&cli.IntFlag{Name: "gateway-prefix-bytes", Value: gateway.DefaultPrefixBytes, Usage: "how much of a prompt the prefix policy hashes, in bytes of its messages' roles and contents", Sources: cli.EnvVars("LLMGW_GATEWAY_PREFIX_BYTES")},
 		&cli.FloatFlag{Name: "gateway-balance", Value: gateway.DefaultBalance, Usage: "the prefix policy's load bound: a replica takes a prefix's requests while its load is within this many times the mean", Sources: cli.EnvVars("LLMGW_GATEWAY_BALANCE")},
+		&cli.DurationFlag{Name: "gateway-scrape-interval", Value: gateway.DefaultScrapeInterval, Usage: "the least time between two reads of one engine's /metrics for routing; engines are read every tenth of their requests' duration, within this and 1s", Sources: cli.EnvVars("LLMGW_GATEWAY_SCRAPE_INTERVAL")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
 	}
 }
@@ -48,6 +49,7 @@ type gatewaySetup struct {
 	inflight  int
 	accessLog bool
 	policy    gateway.Policy
+	scrape    time.Duration
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -75,6 +77,10 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 		return s, fmt.Errorf("--gateway-policy: %w", err)
 	}
 	s.policy = pol
+	s.scrape = c.Duration("gateway-scrape-interval")
+	if s.scrape < 10*time.Millisecond || s.scrape > time.Minute {
+		return s, fmt.Errorf("--gateway-scrape-interval %v: want 10ms to 1m (default %v)", s.scrape, gateway.DefaultScrapeInterval)
+	}
 	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
 	switch {
 	case (cert == "") != (key == ""):
@@ -124,7 +130,7 @@ func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gat
 	if s.accessLog {
 		access = os.Stderr
 	}
-	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy,
+	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy, ScrapeInterval: s.scrape,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) }})

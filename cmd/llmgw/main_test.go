@@ -65,6 +65,8 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},
 		{[]string{"--runtime", "docker"}, []string{"--runtime"}},
+		{[]string{"--gateway-scrape-interval", "1ms"}, []string{"--gateway-scrape-interval", "10ms to 1m"}},
+		{[]string{"--gateway-balance", "0.5"}, []string{"--gateway-balance", "at least 1"}},
 	}
 	for _, c := range cases {
 		_, err := run(t, append(append([]string{}, base...), c.args...)...)

@@ -52,8 +52,9 @@ type Config struct {
 	// without one is weighed by its gossiped load only.
 	Profiles map[string]profile.Profile
 	// ScrapeInterval is the least time between two scrapes of one engine
-	// (1 s when zero). Only engines of deployments that see requests are
-	// scraped.
+	// (DefaultScrapeInterval when zero). Engines are read every tenth of
+	// their requests' mean duration within [ScrapeInterval, 1 s], and only
+	// those of deployments that see requests.
 	ScrapeInterval time.Duration
 	// EjectAfter connection failures in a row eject a replica for EjectFor
 	// (3 and 10 s when zero).
@@ -67,6 +68,10 @@ type Config struct {
 const (
 	DefaultMaxBodyBytes = 32 << 20
 	DefaultBodyTimeout  = 30 * time.Second
+	// DefaultScrapeInterval is as often as llm-d's endpoint picker reads
+	// its engines by default; only engines whose requests are short are
+	// read that often (see Config.ScrapeInterval).
+	DefaultScrapeInterval = 50 * time.Millisecond
 )
 
 // maxAttempts is one try and at most two retries.
@@ -149,7 +154,7 @@ func New(cfg Config) *Gateway {
 		cfg.AccessLogQueue = 4096
 	}
 	if cfg.ScrapeInterval <= 0 {
-		cfg.ScrapeInterval = time.Second
+		cfg.ScrapeInterval = DefaultScrapeInterval
 	}
 	if cfg.EjectAfter <= 0 {
 		cfg.EjectAfter = 3

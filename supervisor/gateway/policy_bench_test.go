@@ -6,17 +6,25 @@ package gateway
 //
 // Four fake replicas that behave like engines (50 ms to first token for an
 // uncached 1k-token prompt, 10 ms per token, 8 sequences at once, a KV
-// cache of 1,024 blocks of 16 tokens that doubles as the prefix cache)
+// cache of 3,072 blocks of 16 tokens that doubles as the prefix cache)
 // behind three gateways, each with its own policy instance and its own
 // scrapes, as on three nodes. One load generator sends Poisson arrivals
-// and spreads them over the three gateways in turn. Every policy starts
-// on fresh replicas, so no run inherits a warm cache from the one before.
+// and spreads them over the three gateways in turn.
+//
+// Every policy starts on fresh replicas, so no run inherits a warm cache
+// from the one before. It then sends 10 s unmeasured to warm its own
+// caches, so what is measured is the policy's steady state, not 64 tenants'
+// first prefills on every replica; the warm-up's questions are not the
+// measured ones.
 //
 // The workloads: "shared-prefix", 64 tenants with a 1k-token system prompt
-// each and a short question of every request's own, interleaved (together
-// their prompts are four times what one replica's cache holds, so the
-// cache pays only when a tenant keeps to few replicas); "unique", short
-// questions that share nothing (affinity cannot help; it must not hurt).
+// each and a short question of every request's own, interleaved; together
+// their system prompts are 4/3 of what one replica's cache holds, so a
+// replica that sees every tenant keeps evicting them, and the cache pays
+// only when a tenant keeps to few replicas. It runs at two loads: 70
+// requests/s (about half of what the replicas can serve) and 100 (about
+// 80%). "unique": short questions that share nothing (affinity cannot
+// help; it must not hurt), at 100 requests/s.
 //
 // Reported per policy: time to first byte p50/p90, requests/s, the
 // replicas' prefix-cache hit rate, the busiest replica's requests over the
@@ -49,18 +57,21 @@ import (
 const (
 	policyReplicas = 4
 	policyGateways = 3
-	policyRate     = 100 // requests/s over all gateways: about 80% of what round-robin's replicas can serve
 	policyDuration = 20 * time.Second
 	policyTenants  = 64
 	policySystem   = 1000 // system prompt tokens
 	policyAnswer   = 20   // tokens per answer
 )
 
-var benchScrape = flag.Duration("gwbench.scrape", time.Second, "the gateways' scrape interval in BenchmarkPolicies")
+var benchScrape = flag.Duration("gwbench.scrape", DefaultScrapeInterval, "the gateways' least scrape interval in BenchmarkPolicies")
 
-var benchBlocks = flag.Int("gwbench.blocks", 2048, "each fake replica's KV cache in blocks of 16 tokens in BenchmarkPolicies")
+var benchBlocks = flag.Int("gwbench.blocks", 3072, "each fake replica's KV cache in blocks of 16 tokens in BenchmarkPolicies")
 
-var benchPolicyRate = flag.Float64("gwbench.rate", policyRate, "requests/s of BenchmarkPolicies, over all gateways")
+var benchPolicyRate = flag.Float64("gwbench.rate", 0, "requests/s of every workload of BenchmarkPolicies, over all gateways (0: each workload's own)")
+
+var benchPolicyDuration = flag.Duration("gwbench.duration", policyDuration, "how long BenchmarkPolicies sends for each policy and workload")
+
+var benchWarmup = flag.Duration("gwbench.warmup", 10*time.Second, "how long each policy sends, unmeasured, to fill its own replicas' caches before BenchmarkPolicies measures")
 
 var benchBalance = flag.Float64("gwbench.balance", DefaultBalance, "the prefix policy's load bound in BenchmarkPolicies")
 
@@ -72,13 +83,21 @@ func BenchmarkPolicies(b *testing.B) {
 	workloads := []struct {
 		name string
 		w    loadgen.Workload
-	}{{"shared-prefix", shared}, {"unique", loadgen.Unique(1)}}
+		rate float64 // requests/s over all gateways
+	}{
+		{"shared-prefix-70rps", shared, 70},
+		{"shared-prefix-100rps", shared, 100},
+		{"unique-100rps", loadgen.Unique(1), 100},
+	}
 	for _, wl := range workloads {
+		if *benchPolicyRate > 0 {
+			wl.rate = *benchPolicyRate
+		}
 		for _, pol := range []string{"round-robin", "least-load", "prefix"} {
 			b.Run(wl.name+"/"+pol, func(b *testing.B) {
 				var res policyResult
 				for range b.N {
-					res = runPolicy(b, pol, wl.w)
+					res = runPolicy(b, pol, wl.w, wl.rate)
 				}
 				b.ReportMetric(res.rep.TTFB.P50, "ttfb_p50_ms")
 				b.ReportMetric(res.rep.TTFB.P90, "ttfb_p90_ms")
@@ -102,7 +121,7 @@ type policyResult struct {
 	spilled   float64
 }
 
-func runPolicy(b *testing.B, policy string, w loadgen.Workload) policyResult {
+func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) policyResult {
 	b.Helper()
 	var engines []*httptest.Server
 	var urls []string
@@ -162,14 +181,55 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload) policyResult {
 			}
 		}
 	})
+	// One generator, its requests spread over the gateways in turn.
+	var next atomic.Uint64
+	rotate := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		g := gws[next.Add(1)%policyGateways]
+		r = r.Clone(r.Context())
+		r.URL.Scheme, r.URL.Host, r.Host = g.Scheme, g.Host, g.Host
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	send := func(d time.Duration, w loadgen.Workload, seed uint64) loadgen.Report {
+		rep, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://gateways", Model: "chat", Rate: rate,
+			Duration: d, Stream: true, MaxTokens: policyAnswer, Workload: w, Rand: rand.New(rand.NewPCG(seed, 2)),
+			Client: &http.Client{Transport: rotate}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rep
+	}
+	// The warm-up fills the policy's own caches from empty, so the
+	// measurement is of its steady state rather than of 64 tenants' first
+	// prefills on each replica. Its questions are not the measured ones,
+	// which must miss.
+	if *benchWarmup > 0 {
+		send(*benchWarmup, func(i int) []loadgen.Message { return w(i + 1<<30) }, 3)
+	}
+	var hits0, queries0 float64
+	for _, e := range engines {
+		s := scrapeEngine(b, e.URL)
+		hits0 += s.PrefixHits
+		queries0 += s.PrefixQueries
+	}
+	affinity := func() (taken, spilled float64) {
+		for _, gw := range gateways {
+			taken += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinityTaken)))
+			spilled += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinitySpilled)))
+		}
+		return taken, spilled
+	}
+	taken0, spilled0 := affinity()
+
 	var over atomic.Uint64 // math.Float64bits of the largest excess seen
 	over.Store(math.Float64bits(math.Inf(-1)))
-	wg.Go(func() {
+	sampling := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
 		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {
-			case <-stop:
+			case <-sampling:
 				return
 			case <-t.C:
 			}
@@ -186,34 +246,21 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload) policyResult {
 			}
 		}
 	})
-	// One generator, its requests spread over the gateways in turn.
-	var next atomic.Uint64
-	rotate := roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		g := gws[next.Add(1)%policyGateways]
-		r = r.Clone(r.Context())
-		r.URL.Scheme, r.URL.Host, r.Host = g.Scheme, g.Host, g.Host
-		return http.DefaultTransport.RoundTrip(r)
-	})
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://gateways", Model: "chat", Rate: *benchPolicyRate,
-		Duration: policyDuration, Stream: true, MaxTokens: policyAnswer, Workload: w, Rand: rand.New(rand.NewPCG(1, 2)),
-		Client: &http.Client{Transport: rotate}})
+	rep := send(*benchPolicyDuration, w, 1)
+	close(sampling)
+	sampler.Wait()
 	close(stop)
 	wg.Wait()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var hits, queries float64
 	for _, e := range engines {
 		s := scrapeEngine(b, e.URL)
 		hits += s.PrefixHits
 		queries += s.PrefixQueries
 	}
+	hits, queries = hits-hits0, queries-queries0
 	res := policyResult{rep: rep, overBound: math.Float64frombits(over.Load())}
-	var taken, spilled float64
-	for _, gw := range gateways {
-		taken += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinityTaken)))
-		spilled += value(b, gw.m.affinity.WithLabelValues("chat", string(AffinitySpilled)))
-	}
+	taken, spilled := affinity()
+	taken, spilled = taken-taken0, spilled-spilled0
 	if taken+spilled > 0 {
 		res.spilled = spilled / (taken + spilled)
 	}

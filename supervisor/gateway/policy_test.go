@@ -28,58 +28,131 @@ func TestLeastLoadChoosesLowestAndRotatesTies(t *testing.T) {
 // not counted again, and those it could not have seen are.
 func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	r := newReplica()
-	fresh := 3 * time.Second
+	floor := time.Second // no requests finished yet: scraped every second
 	// Two requests before any scrape: without a scrape, the gossiped 5
 	// wins over 2 in flight (they may be among the 5).
-	a, b := r.begin(), r.begin()
-	if got, _ := r.load(t0, fresh, 5); got != 5 {
+	a, b := r.begin(t0), r.begin(t0)
+	if got, _ := r.load(t0, floor, 5); got != 5 {
 		t.Fatalf("no scrape, gossip 5, 2 in flight: load %v, want 5", got)
 	}
-	if got, _ := r.load(t0, fresh, 1); got != 2 {
+	if got, _ := r.load(t0, floor, 1); got != 2 {
 		t.Fatalf("no scrape, gossip 1, 2 in flight: load %v, want 2", got)
 	}
 	// A scrape starts; one request arrives while it runs; it reads 7
 	// (the engine counts a and b among them).
-	e, due := r.scrapeDue(t0, time.Second)
+	e, due := r.scrapeDue(t0, floor)
 	if !due {
 		t.Fatal("first scrape not due")
 	}
-	c := r.begin()
-	r.scrapeDone(e, 7, t0, true)
-	if got, _ := r.load(t0, fresh, 0); got != 8 {
-		t.Fatalf("scraped 7, one request since: load %v, want 8", got)
+	c := r.begin(t0)
+	at := t0.Add(10 * time.Millisecond)
+	r.scrapeDue(at, floor) // not due: one at a time
+	r.scrapeDone(e, 7, at, true)
+	if got, own := r.load(at, floor, 0); got != 8 || own != 1 {
+		t.Fatalf("scraped 7, one request since: load %v own %v, want 8 and 1", got, own)
 	}
-	// a and b end: the scrape had them, nothing changes until the next.
+	// a is refused after the reading: the engine never held it, so the
+	// reading stands. b is served to its end after the reading: the
+	// engine held it and no longer does.
 	r.end(a)
-	r.end(b)
-	if got, _ := r.load(t0, fresh, 0); got != 8 {
-		t.Fatalf("after older requests ended: load %v, want 8", got)
+	if got, _ := r.load(at, floor, 0); got != 8 {
+		t.Fatalf("after a request the engine refused: load %v, want 8", got)
 	}
-	d := r.begin()
-	if got, _ := r.load(t0, fresh, 0); got != 9 {
-		t.Fatalf("two since the scrape: load %v, want 9", got)
+	r.finish(b, at.Add(time.Millisecond))
+	if got, own := r.load(at, floor, 0); got != 7 || own != 1 {
+		t.Fatalf("after a request the scrape counted finished: load %v own %v, want 7 and 1", got, own)
 	}
-	r.end(c)
-	if got, _ := r.load(t0, fresh, 0); got != 8 {
-		t.Fatalf("one since the scrape ended: load %v, want 8", got)
+	d := r.begin(at)
+	if got, _ := r.load(at, floor, 0); got != 8 {
+		t.Fatalf("two since the scrape: load %v, want 8", got)
 	}
-	// No second scrape within the interval; the next one resets the
-	// correction.
-	if _, due := r.scrapeDue(t0.Add(500*time.Millisecond), time.Second); due {
+	// c started after the scrape began: it was never in the reading, and
+	// finishing it takes it out of the requests since.
+	r.finish(c, at.Add(time.Millisecond))
+	if got, own := r.load(at, floor, 0); got != 7 || own != 1 {
+		t.Fatalf("one since the scrape finished: load %v own %v, want 7 and 1", got, own)
+	}
+	// No second scrape within the interval; the next one resets both
+	// corrections.
+	if _, due := r.scrapeDue(t0.Add(500*time.Millisecond), floor); due {
 		t.Fatal("a scrape within the interval")
 	}
-	e, _ = r.scrapeDue(t0.Add(time.Second), time.Second)
+	e, _ = r.scrapeDue(t0.Add(time.Second), floor)
 	r.scrapeDone(e, 1, t0.Add(time.Second), true)
-	if got, _ := r.load(t0.Add(time.Second), fresh, 0); got != 1 {
-		t.Fatalf("fresh scrape 1, nothing since: load %v, want 1", got)
+	if got, own := r.load(t0.Add(time.Second), floor, 0); got != 1 || own != 0 {
+		t.Fatalf("fresh scrape 1, nothing since: load %v own %v, want 1 and 0", got, own)
 	}
-	r.end(d)
-	// A stale scrape falls back to gossip.
-	if got, _ := r.load(t0.Add(time.Minute), fresh, 4); got != 4 {
-		t.Fatalf("stale scrape: load %v, want the gossiped 4", got)
+	r.finish(d, t0.Add(time.Second+time.Millisecond))
+	if got, _ := r.load(t0.Add(time.Second), floor, 0); got != 0 {
+		t.Fatalf("the one request the fresh scrape counted finished: load %v, want 0", got)
+	}
+	// A reading is chosen by for 3 s (three intervals when longer) even
+	// when scrapes are 50 ms apart: at a request a second, each finds the
+	// reading its predecessor started. Past that, scrapes fail, and the
+	// gossiped load is the better guess.
+	if got, _ := r.load(t0.Add(3900*time.Millisecond), 50*time.Millisecond, 4); got != 0 {
+		t.Fatalf("a reading 2.9 s old: load %v, want the reading's 0 over the gossiped 4", got)
+	}
+	if got, _ := r.load(t0.Add(4100*time.Millisecond), 50*time.Millisecond, 4); got != 4 {
+		t.Fatalf("a reading 3.1 s old: load %v, want the gossiped 4", got)
 	}
 	if r.inFlight() != 0 {
 		t.Fatalf("in flight %d", r.inFlight())
+	}
+}
+
+// Engines are read a tenth of their requests' duration apart, within the
+// floor and a second: staleness is relative to how long requests last.
+func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
+	const floor = 50 * time.Millisecond
+	serve := func(r *replica, d time.Duration, n int) {
+		for range n {
+			r.finish(r.begin(t0), t0.Add(d))
+		}
+	}
+	due := func(r *replica, after time.Duration) bool {
+		e, ok := r.scrapeDue(t0.Add(after), floor)
+		if ok {
+			r.scrapeDone(e, 0, time.Time{}, false)
+		}
+		return ok
+	}
+	for _, tc := range []struct {
+		name     string
+		dur      time.Duration
+		interval time.Duration
+	}{
+		{"no requests yet", 0, floor},
+		{"0.2 s answers", 200 * time.Millisecond, floor},
+		{"4 s answers", 4 * time.Second, 400 * time.Millisecond},
+		{"a minute's answers", time.Minute, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newReplica()
+			if tc.dur > 0 {
+				serve(r, tc.dur, 1)
+			}
+			if !due(r, 0) {
+				t.Fatal("the first scrape is not due")
+			}
+			if due(r, tc.interval-time.Millisecond) {
+				t.Fatalf("a scrape was due before %v", tc.interval)
+			}
+			if !due(r, tc.interval) {
+				t.Fatalf("no scrape due at %v", tc.interval)
+			}
+		})
+	}
+	// The mean moves with the answers: a replica whose answers shorten is
+	// read more often.
+	r := newReplica()
+	serve(r, 4*time.Second, 1)
+	serve(r, 100*time.Millisecond, 40)
+	r.mu.Lock()
+	got := r.interval(floor)
+	r.mu.Unlock()
+	if got != floor {
+		t.Fatalf("after 40 answers of 0.1 s: interval %v, want %v", got, floor)
 	}
 }
 

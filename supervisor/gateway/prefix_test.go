@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -209,49 +210,57 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 	for range rapid.IntRange(1, 6).Draw(t, "replicas") {
 		add()
 	}
-	reported := map[string]float64{} // engine-reported load at the last scrape
+	// A request in flight, and whether the last scrape counted it.
+	type request struct {
+		gw      int
+		id      string
+		counted bool
+	}
+	var inflight []request
 	for _, id := range ids {
-		reported[id] = float64(rapid.IntRange(0, 20).Draw(t, "initial-"+id))
+		for range rapid.IntRange(0, 20).Draw(t, "initial-"+id) {
+			inflight = append(inflight, request{gw: -1, id: id, counted: true})
+		}
 	}
-	// own[g][id]: gateway g's requests in flight to id since the scrape.
+	// What each gateway knows besides the scrape: own[g][id], its requests
+	// in flight to id since the scrape; gone[g][id], its requests the scrape
+	// counted that have finished since.
+	reported := map[string]float64{}
+	sent := 0 // requests sent since the scrape, finished or not
 	own := make([]map[string]float64, gws)
-	for g := range own {
-		own[g] = map[string]float64{}
+	gone := make([]map[string]float64, gws)
+	// refresh is a scrape by every gateway: the engines report what they
+	// hold, and no gateway has requests the engines have not seen.
+	refresh := func() {
+		clear(reported)
+		for i := range inflight {
+			reported[inflight[i].id]++
+			inflight[i].counted = true
+		}
+		for g := range own {
+			own[g], gone[g] = map[string]float64{}, map[string]float64{}
+		}
+		sent = 0
 	}
-	var inflight []struct {
-		gw int
-		id string
-	}
+	refresh()
 	p := &Prefix{Balance: balance}
 	steps := rapid.IntRange(1, 300).Draw(t, "steps")
 	for s := range steps {
-		// refresh is a scrape by every gateway: the engines report what
-		// they hold, and no gateway has requests the engines have not seen.
-		refresh := func() {
-			for _, id := range ids {
-				reported[id] = 0
-			}
-			for _, r := range inflight {
-				reported[r.id]++
-			}
-			for g := range own {
-				own[g] = map[string]float64{}
-			}
-		}
 		switch op := rapid.IntRange(0, 19).Draw(t, "op"); {
 		case op == 0: // a scrape: some requests finished
-			var keep []struct {
-				gw int
-				id string
-			}
-			for _, r := range inflight {
-				if rapid.Bool().Draw(t, "finish") {
-					continue
-				}
-				keep = append(keep, r)
-			}
-			inflight = keep
+			inflight = slices.DeleteFunc(inflight, func(request) bool { return rapid.Bool().Draw(t, "finish") })
 			refresh()
+		case op == 3 && len(inflight) > 0: // one request finishes between scrapes
+			i := rapid.IntRange(0, len(inflight)-1).Draw(t, "finished")
+			r := inflight[i]
+			inflight = slices.Delete(inflight, i, i+1)
+			switch {
+			case r.gw < 0: // a request of a gateway out of the model: nobody learns of it
+			case r.counted:
+				gone[r.gw][r.id]++
+			default:
+				own[r.gw][r.id]--
+			}
 		// Replicas come and go with a new view, which the model gives
 		// every gateway together with a scrape: a gateway that had a single
 		// replica to send to could not keep any bound, and one that learns
@@ -259,18 +268,8 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 		case op == 1 && len(ids) > 1: // a replica leaves
 			i := rapid.IntRange(0, len(ids)-1).Draw(t, "leave")
 			gone := ids[i]
-			ids = append(ids[:i:i], ids[i+1:]...)
-			delete(reported, gone)
-			var keep []struct {
-				gw int
-				id string
-			}
-			for _, r := range inflight {
-				if r.id != gone {
-					keep = append(keep, r)
-				}
-			}
-			inflight = keep
+			ids = slices.Delete(ids, i, i+1)
+			inflight = slices.DeleteFunc(inflight, func(r request) bool { return r.id == gone })
 			refresh()
 		case op == 2 && len(ids) < 8: // a replica joins, empty
 			add()
@@ -280,34 +279,31 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 			rs := routes(ids...)
 			cs := make([]Candidate, len(rs))
 			for i := range rs {
-				o := own[g][rs[i].EngineID]
-				cs[i] = Candidate{Route: &rs[i], Load: reported[rs[i].EngineID] + o, Own: o}
+				id := rs[i].EngineID
+				o := own[g][id]
+				cs[i] = Candidate{Route: &rs[i], Load: max(0, reported[id]-gone[g][id]) + o, Own: o}
 			}
 			body := messagesBody("user", long(fmt.Sprint("tenant ", rapid.IntRange(0, 5).Draw(t, "tenant"))))
 			ch := p.Choose(&Request{Body: body, ep: chatEndpoint, Gateways: gws}, cs)
 			id := rs[ch.Index].EngineID
 			own[g][id]++
-			inflight = append(inflight, struct {
-				gw int
-				id string
-			}{g, id})
-			// The load the cluster has been sent: reported plus every
-			// gateway's requests since the scrape.
-			load := func(id string) float64 {
-				l := reported[id]
-				for g := range own {
-					l += own[g][id]
-				}
-				return l
+			sent++
+			inflight = append(inflight, request{gw: g, id: id})
+			load := map[string]float64{}
+			for _, r := range inflight {
+				load[r.id]++
 			}
-			total := 0.0
+			// The bound is judged on the load last scraped plus all that was
+			// sent since: no gateway hears of the others' finished requests
+			// before the next scrape, so none can judge on less.
+			total := float64(sent)
 			for _, x := range ids {
-				total += load(x)
+				total += reported[x]
 			}
 			bound := max(math.Ceil(balance*total/float64(len(ids))), affinityFloor) + float64(gws-1)
-			if load(id) > bound {
+			if load[id] > bound {
 				t.Fatalf("step %d: gateway %d put %s at load %v, over the bound %v (total %v over %d replicas)",
-					s, g, id, load(id), bound, total, len(ids))
+					s, g, id, load[id], bound, total, len(ids))
 			}
 		}
 	}

@@ -199,10 +199,10 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 		}
 		tried = append(tried, lr)
 		x.entry.replica, x.entry.node, x.entry.attempts = lr.ReplicaID, lr.Node, attempt+1
-		epoch := lr.rep.begin()
+		tk := lr.rep.begin(now)
 		resp, err := g.send(x, lr, body)
 		if err != nil {
-			lr.rep.end(epoch)
+			lr.rep.end(tk)
 			if x.r.Context().Err() != nil {
 				x.gone, x.entry.err = true, "client went away"
 				return
@@ -217,7 +217,7 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 		switch resp.StatusCode {
 		case http.StatusUnauthorized, http.StatusForbidden:
 			discard(resp)
-			lr.rep.end(epoch)
+			lr.rep.end(tk)
 			lr.rep.eject(now, g.cfg.EjectFor)
 			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, "auth").Inc()
 			g.m.ejections.WithLabelValues(e.Name, lr.ReplicaID, "auth").Inc()
@@ -228,7 +228,7 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, "busy").Inc()
 			if !busyRetried && attempt+1 < maxAttempts && g.hasCandidate(routes, tried, now) {
 				discard(resp)
-				lr.rep.end(epoch)
+				lr.rep.end(tk)
 				lr.rep.answered()
 				busyRetried, retryReason = true, "busy"
 				continue
@@ -236,7 +236,7 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 		}
 		lr.rep.answered()
 		func() {
-			defer lr.rep.end(epoch)
+			defer func() { lr.rep.finish(tk, g.now()) }()
 			g.relay(x, lr, resp)
 		}()
 		return
@@ -287,7 +287,7 @@ func (g *Gateway) choose(req *Request, e *Entry, routes, tried []*liveRoute, now
 	cands := make([]Candidate, len(lrs))
 	for i, lr := range lrs {
 		g.scrape.maybe(e.Engine, lr, now)
-		load, own := lr.rep.load(now, g.fresh(), lr.Load)
+		load, own := lr.rep.load(now, g.cfg.ScrapeInterval, lr.Load)
 		cands[i] = Candidate{Route: &lr.Route, Load: load, Own: own}
 	}
 	c := Choice{}

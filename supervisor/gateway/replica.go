@@ -23,28 +23,106 @@ type replica struct {
 	scraped    float64
 	scrapedAt  time.Time
 	valueEpoch uint64
+	// gone is how many requests the value counted have ended since it was
+	// read: this gateway's own, the only ones it knows of.
+	gone       int
 	haveValue  bool
 	scraping   bool
 	lastScrape time.Time // when the last scrape started
+
+	// meanDur is a moving mean of how long the engine took over the
+	// requests it served to the end; zero before the first.
+	meanDur time.Duration
 
 	failures     int // connection failures in a row
 	ejectedUntil time.Time
 }
 
+// ticket is one request to the replica, from begin to end or finish.
+type ticket struct {
+	epoch uint64
+	at    time.Time
+}
+
+// maxScrapeInterval is the longest the gateway goes between scrapes of an
+// engine it sends to, however long its requests last.
+const maxScrapeInterval = time.Second
+
+// interval is how often the replica is scraped while it is sent to: a
+// tenth of its requests' mean duration, no more often than floor and no
+// less often than maxScrapeInterval (or floor, if that is longer).
+//
+// A reading goes stale as the requests it counted end and others begin, so
+// how often to read depends on how long requests last: with two-second
+// answers a reading a second old still holds most of what it counted; with
+// the 0.2 s answers of a benchmark it holds almost nothing. Reading a
+// tenth of a request's life apart keeps the estimate within about a tenth
+// of the load, and spares engines that serve long answers (vLLM renders
+// /metrics in its API server's own process) from being read twenty times a
+// second by every gateway. The caller holds mu.
+func (r *replica) interval(floor time.Duration) time.Duration {
+	return min(max(r.meanDur/10, floor), max(floor, maxScrapeInterval))
+}
+
+// staleAfter is the least age past which a reading is not chosen by.
+const staleAfter = 3 * time.Second
+
+// fresh is how long a reading is chosen by: three intervals, or staleAfter
+// if that is longer. A reading older than that means the scrapes fail, and
+// the gossiped load is the better guess. (A younger one may merely be as
+// old as this gateway's last request to the engine; corrected by the
+// requests since, it is still better than the gossiped one.) The caller
+// holds mu.
+func (r *replica) fresh(floor time.Duration) time.Duration {
+	return max(3*r.interval(floor), staleAfter)
+}
+
 func newReplica() *replica { return &replica{started: map[uint64]int{}} }
 
-// begin counts a request to the replica; end(epoch) uncounts it.
-func (r *replica) begin() (epoch uint64) {
+// begin counts a request to the replica, sent at now; end or finish
+// uncounts it.
+func (r *replica) begin(now time.Time) ticket {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.started[r.epoch]++
 	r.inflight++
-	return r.epoch
+	return ticket{epoch: r.epoch, at: now}
 }
 
-func (r *replica) end(epoch uint64) {
+// end uncounts a request the engine did not serve (it refused it, or the
+// connection failed).
+func (r *replica) end(t ticket) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.endLocked(t.epoch)
+}
+
+// finish is end for a request the engine served to the end. If the last
+// scrape counted it (it started before the scrape began and ends after the
+// reading), the engine no longer holds it, and load leaves it out until
+// the next scrape: otherwise a reading would go on counting this gateway's
+// finished requests as long as it is chosen by, and the bound would spill
+// a prefix off a replica that is emptying. Other gateways' finished
+// requests stay counted; this one cannot know of them, and counting them
+// gone without knowing could break the bound. The request's duration
+// feeds the mean that sets the scrape interval.
+func (r *replica) finish(t ticket, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.haveValue && t.epoch < r.valueEpoch && now.After(r.scrapedAt) {
+		r.gone++
+	}
+	if d := now.Sub(t.at); d > 0 {
+		if r.meanDur == 0 {
+			r.meanDur = d
+		} else {
+			r.meanDur += (d - r.meanDur) / 8
+		}
+	}
+	r.endLocked(t.epoch)
+}
+
+func (r *replica) endLocked(epoch uint64) {
 	r.inflight--
 	if n, ok := r.started[epoch]; ok {
 		if n <= 1 {
@@ -62,27 +140,28 @@ func (r *replica) inFlight() int {
 	return r.inflight
 }
 
-// load estimates the replica's running plus waiting requests. A scrape no
-// older than fresh counts with the requests this gateway sent since it
-// began; without one, the gossiped reading is up to a record's publication
-// interval old and may already include some of this gateway's requests,
+// load estimates the replica's running plus waiting requests. A fresh
+// scrape (see fresh; floor is the shortest interval) counts with the
+// requests this gateway sent since it began, less those of its requests it
+// counted that have finished since. Without one, the gossiped reading is
+// up to a record's publication interval old and may already include some of this gateway's requests,
 // so the larger of the two is taken rather than their sum, which would
 // count those twice.
 //
 // own is the part of the load that is this gateway's requests the engine
 // had not counted: those since the scrape, or, without one, every request
 // in flight when they are the larger term.
-func (r *replica) load(now time.Time, fresh time.Duration, gossiped float64) (load, own float64) {
+func (r *replica) load(now time.Time, floor time.Duration, gossiped float64) (load, own float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.haveValue && now.Sub(r.scrapedAt) <= fresh {
+	if r.haveValue && now.Sub(r.scrapedAt) <= r.fresh(floor) {
 		since := 0
 		for e, n := range r.started {
 			if e >= r.valueEpoch {
 				since += n
 			}
 		}
-		return r.scraped + float64(since), float64(since)
+		return max(0, r.scraped-float64(r.gone)) + float64(since), float64(since)
 	}
 	if in := float64(r.inflight); in > gossiped {
 		return in, in
@@ -91,11 +170,12 @@ func (r *replica) load(now time.Time, fresh time.Duration, gossiped float64) (lo
 }
 
 // scrapeDue reports whether a scrape should start now and, if so, marks it
-// started: at most one at a time, and at most one per interval.
-func (r *replica) scrapeDue(now time.Time, interval time.Duration) (epoch uint64, due bool) {
+// started: at most one at a time, and at most one per interval (floor
+// being the shortest).
+func (r *replica) scrapeDue(now time.Time, floor time.Duration) (epoch uint64, due bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.scraping || (!r.lastScrape.IsZero() && now.Sub(r.lastScrape) < interval) {
+	if r.scraping || (!r.lastScrape.IsZero() && now.Sub(r.lastScrape) < r.interval(floor)) {
 		return 0, false
 	}
 	r.scraping, r.lastScrape = true, now
@@ -112,7 +192,7 @@ func (r *replica) scrapeDone(epoch uint64, value float64, at time.Time, ok bool)
 	if !ok {
 		return
 	}
-	r.scraped, r.scrapedAt, r.valueEpoch, r.haveValue = value, at, epoch, true
+	r.scraped, r.scrapedAt, r.valueEpoch, r.haveValue, r.gone = value, at, epoch, true, 0
 	for e := range r.started {
 		if e < epoch {
 			delete(r.started, e)

@@ -14,16 +14,12 @@ import (
 // old to choose by when it arrives.
 const scrapeTimeout = 2 * time.Second
 
-// fresh is how long a scrape is chosen by. Engines that see traffic are
-// scraped every ScrapeInterval, so a reading older than a few intervals
-// means the scrapes fail, and the gossiped load is the better guess.
-func (g *Gateway) fresh() time.Duration { return 3 * g.cfg.ScrapeInterval }
-
 // scrapers reads engines' /metrics for the gateway's own load estimate. A
 // scrape starts from a request's choice, never from a ticker, so only
 // deployments that see traffic are scraped, each engine at most once per
-// ScrapeInterval and never twice at once. The engine runner's own scrape
-// (every 5 s, gossiped) is the fallback.
+// interval (a tenth of its requests' duration, between ScrapeInterval and
+// a second; see replica.interval) and never twice at once. The engine
+// runner's own scrape (every 5 s, gossiped) is the fallback.
 type scrapers struct {
 	g      *Gateway
 	ctx    context.Context
