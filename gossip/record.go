@@ -192,17 +192,23 @@ type NodeRecord struct {
 	// Gateway is where the node's OpenAI-compatible gateway answers
 	// (host:port; empty: none), and GatewayTLS whether it speaks HTTPS
 	// there. GatewayTLS is refused without a Gateway.
-	Gateway      string            `json:"gateway,omitempty"`
-	GatewayTLS   bool              `json:"gateway_tls,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	GPUs         []placement.GPU   `json:"gpus"`
-	Shards       []ShardRecord     `json:"shards,omitempty"`
-	CachedModels []CachedModel     `json:"cached_models,omitempty"`
-	Probes       ProbeSummary      `json:"probes,omitzero"`
-	Telemetry    Telemetry         `json:"telemetry,omitzero"`
-	AgentVersion string            `json:"agent_version"`
-	StartedAt    time.Time         `json:"started_at"`
-	Runtime      string            `json:"runtime,omitempty"`
+	Gateway    string `json:"gateway,omitempty"`
+	GatewayTLS bool   `json:"gateway_tls,omitempty"`
+	// GatewayRates is the requests per second the node's gateway sent to
+	// each deployment lately (see gateway.Gateway.Rates), published when
+	// one moves by a quarter: the other gateways weigh by it how much of a
+	// replica's unseen load may be this one's. A node with a gateway
+	// always sends it, empty when idle; nil means an agent too old to say.
+	GatewayRates map[string]float64 `json:"gateway_rates"`
+	Labels       map[string]string  `json:"labels,omitempty"`
+	GPUs         []placement.GPU    `json:"gpus"`
+	Shards       []ShardRecord      `json:"shards,omitempty"`
+	CachedModels []CachedModel      `json:"cached_models,omitempty"`
+	Probes       ProbeSummary       `json:"probes,omitzero"`
+	Telemetry    Telemetry          `json:"telemetry,omitzero"`
+	AgentVersion string             `json:"agent_version"`
+	StartedAt    time.Time          `json:"started_at"`
+	Runtime      string             `json:"runtime,omitempty"`
 	// Leaving is the node's last word before a graceful leave. memberlist's
 	// leave event does not say whether a node left or died (the Node it
 	// passes carries a stale State), so the record says it.

@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"strconv"
@@ -140,6 +141,20 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	}
 	if r.GatewayTLS && r.Gateway == "" {
 		return bad("gateway_tls", "set without a gateway address")
+	}
+	if r.GatewayRates != nil && r.Gateway == "" {
+		return bad("gateway_rates", "set without a gateway address")
+	}
+	if len(r.GatewayRates) > maxGatewayRates {
+		return bad("gateway_rates", "%d deployments, at most %d", len(r.GatewayRates), maxGatewayRates)
+	}
+	for dep, rate := range r.GatewayRates {
+		if err := placement.ValidateName(dep); err != nil {
+			return bad("gateway_rates", "%q: %v", dep, err)
+		}
+		if math.IsNaN(rate) || rate < 0 || rate > maxGatewayRate {
+			return bad("gateway_rates", "%s: %v requests/s, want 0 to %g", dep, rate, float64(maxGatewayRate))
+		}
 	}
 	if len(r.GPUs) > maxNodeGPUs {
 		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)
@@ -360,6 +375,13 @@ func ValidateNodeName(name string) error {
 	}
 	return nil
 }
+
+// Bounds on a record's gateway rates: a deployment each, at most a
+// million requests a second.
+const (
+	maxGatewayRates = 1024
+	maxGatewayRate  = 1e6
+)
 
 // Bounds on a record's cached models: what one weights scan may report.
 const (

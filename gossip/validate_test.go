@@ -234,6 +234,10 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"engine at the gossip host", rec(func(r *NodeRecord) { r.Shards[0].URL = "http://10.0.1.5:8100" })},
 		{"no engine URL yet", rec(func(r *NodeRecord) { r.Shards[0].URL = "" })},
 		{"a gateway over HTTPS", rec(func(r *NodeRecord) { r.Gateway, r.GatewayTLS = "10.0.0.5:8000", true })},
+		{"a gateway's rates", rec(func(r *NodeRecord) {
+			r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{"chat": 23.5, "embed": 0}
+		})},
+		{"an idle gateway", rec(func(r *NodeRecord) { r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{} })},
 		{"telemetry and a fault", rec(func(r *NodeRecord) {
 			r.Probes = ProbeSummary{DriverFaultsRecent: 3, DriverFaultsBoot: 9, LastDriverFault: "NVRM: Check failed: Out of memory [NV_ERR_NO_MEMORY]"}
 			r.Telemetry = Telemetry{GPUs: []GPUTelemetry{{Index: 0, UtilPct: 100, TempC: 58, PowerW: 690}, {Index: 1, NoPower: true}},
@@ -260,6 +264,22 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a bad API address", "api", rec(func(r *NodeRecord) { r.API = "nowhere" })},
 		{"a bad gateway address", "gateway", rec(func(r *NodeRecord) { r.Gateway = "nowhere" })},
 		{"TLS on no gateway", "gateway_tls", rec(func(r *NodeRecord) { r.GatewayTLS = true })},
+		{"rates of no gateway", "gateway_rates", rec(func(r *NodeRecord) { r.GatewayRates = map[string]float64{} })},
+		{"a rate of no valid deployment", "gateway_rates", rec(func(r *NodeRecord) {
+			r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{"Chat!": 1}
+		})},
+		{"a negative rate", "gateway_rates", rec(func(r *NodeRecord) {
+			r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{"chat": -1}
+		})},
+		{"a NaN gateway rate", "gateway_rates", rec(func(r *NodeRecord) {
+			r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{"chat": math.NaN()}
+		})},
+		{"too many gateway rates", "gateway_rates", rec(func(r *NodeRecord) {
+			r.Gateway, r.GatewayRates = "10.0.0.5:8000", map[string]float64{}
+			for i := range maxGatewayRates + 1 {
+				r.GatewayRates[fmt.Sprint("d", i)] = 1
+			}
+		})},
 		{"a negative fault count", "probes", rec(func(r *NodeRecord) { r.Probes.DriverFaultsRecent = -1 })},
 		{"a fault line with an escape", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = "NVRM: \x1b[2J" })},
 		{"a fault line too long", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = strings.Repeat("x", MaxFaultLine+1) })},

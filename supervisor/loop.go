@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"math"
 	"reflect"
 	"time"
 
@@ -118,6 +119,9 @@ func (n *Node) reconcile(ctx context.Context) {
 		// Readers see what this node now holds, not the record before.
 		members = n.cluster.Members()
 	}
+	if rates, due := n.gatewayRatesDue(now); due {
+		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GatewayRates = rates })
+	}
 	n.publish(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated}), writes)
 }
@@ -187,6 +191,58 @@ func (n *Node) recordNeedsShards(cur []gossip.ShardRecord) bool {
 	}
 	n.loadPublished = n.clock.Now()
 	return true
+}
+
+// ratesPublishInterval is the least time between two record updates for
+// the gateway's rates.
+const ratesPublishInterval = 2 * time.Second
+
+// gatewayRatesDue returns the gateway's rates when the record should carry
+// them anew: a deployment started or stopped seeing traffic here, or a
+// rate moved by a quarter and by at least one request a second, at most
+// every ratesPublishInterval. Steady traffic leaves the record as it is
+// (every change of content is a full record sent to the cluster); the
+// other gateways need the rates' proportions, not their digits, which are
+// rounded to two.
+func (n *Node) gatewayRatesDue(now time.Time) (map[string]float64, bool) {
+	if n.cfg.GatewayRates == nil || n.cfg.GatewayAddr == "" || now.Sub(n.ratesPublished) < ratesPublishInterval {
+		return nil, false
+	}
+	cur := n.cfg.GatewayRates()
+	if !ratesMoved(n.cluster.Local().GatewayRates, cur) {
+		return nil, false
+	}
+	n.ratesPublished = now
+	out := make(map[string]float64, len(cur))
+	for d, r := range cur {
+		out[d] = twoDigits(r)
+	}
+	return out, true
+}
+
+func ratesMoved(old, cur map[string]float64) bool {
+	if old == nil || len(old) != len(cur) {
+		return true
+	}
+	for d, c := range cur {
+		o, ok := old[d]
+		if !ok {
+			return true
+		}
+		if diff := math.Abs(c - o); diff >= 1 && diff > max(c, o)/4 {
+			return true
+		}
+	}
+	return false
+}
+
+// twoDigits rounds x to two significant digits.
+func twoDigits(x float64) float64 {
+	if x <= 0 || math.IsInf(x, 0) || math.IsNaN(x) {
+		return 0
+	}
+	p := math.Pow(10, math.Floor(math.Log10(x))-1)
+	return math.Round(x/p) * p
 }
 
 func (n *Node) gpuLoop(ctx context.Context) {

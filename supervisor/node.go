@@ -52,6 +52,12 @@ type Config struct {
 	// reading the record know the scheme.
 	GatewayAddr string
 	GatewayTLS  bool
+	// GatewayRates, when set, is the node's gateway's requests/s per
+	// deployment lately (gateway.Gateway.Rates), published in the node's
+	// record so other gateways can tell how much of a replica's unseen
+	// load may be this one's. Without it the record says nothing, and the
+	// others assume this gateway sends as much as each of them.
+	GatewayRates func() map[string]float64
 	// Join lists gossip addresses to join, retried in the background.
 	Join      []string
 	GossipKey []byte
@@ -143,6 +149,9 @@ type Node struct {
 	// telemetryRead when telemetry was last read (the GPU loop owns it).
 	loadPublished time.Time
 	telemetryRead time.Time
+	// ratesPublished is when the gateway's rates last went out (the
+	// control loop owns it).
+	ratesPublished time.Time
 	// wake makes the control loop reconcile now (the node settled).
 	wake chan struct{}
 	// rescan makes the weights loop scan now.
@@ -270,6 +279,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		Shards:       n.runner.Shards(),
 		Runtime:      cfg.RuntimeName,
 		CachedModels: n.scanWeights(),
+	}
+	if cfg.GatewayRates != nil && cfg.GatewayAddr != "" {
+		initial.GatewayRates = map[string]float64{} // idle, and saying so
 	}
 	if initial.Runtime == "" {
 		initial.Runtime = "none"

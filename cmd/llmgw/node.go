@@ -213,7 +213,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		return failure(err.Error())
 	}
 	if ln != nil {
-		cfg.GatewayAddr, cfg.GatewayTLS = ln.Addr().String(), gws.tls != nil
+		cfg.GatewayAddr, cfg.GatewayTLS, cfg.GatewayRates = ln.Addr().String(), gws.tls != nil, gw.Rates
 	}
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		hc := host.Config{Host: cfg.Name, LogDir: datadir.New(cfg.DataDir).LogsDir()}

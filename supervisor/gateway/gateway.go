@@ -121,6 +121,9 @@ type tracked struct {
 type routing struct {
 	table  *Table
 	routes map[string][]*liveRoute
+	// own is this gateway's requests/s to each deployment (see Rates) as
+	// of the table's making.
+	own map[string]float64
 }
 
 type liveRoute struct {
@@ -181,8 +184,9 @@ func New(cfg Config) *Gateway {
 // afresh at least every pass; a request also skips a route whose lease
 // lapsed since.
 func (g *Gateway) Update(snap *status.Snapshot) {
-	t := BuildTable(snap, g.now())
-	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries))}
+	now := g.now()
+	t := BuildTable(snap, now)
+	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.rates(now, rateWindow)}
 	g.statesMu.Lock()
 	next := make(map[string]*tracked, len(g.states))
 	for name, e := range t.entries {
@@ -226,6 +230,18 @@ func (g *Gateway) SetKeys(ks *KeySet) {
 // Stats is each deployment's recent traffic through this gateway, sorted by
 // deployment.
 func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.now()) }
+
+// rateWindow is how far back Rates looks: long enough that a steady rate
+// reads steady, short enough that traffic moving to another door shows
+// within seconds.
+const rateWindow = 10 * time.Second
+
+// Rates is the requests per second this gateway sent to each deployment
+// over the last 10 s; deployments it sent nothing to are absent, and an
+// idle gateway's map is empty, not nil. The node publishes it in its
+// record (gossip.NodeRecord.GatewayRates), and the other gateways weigh by
+// it how much of a replica's unseen load may be this one's (Table.Others).
+func (g *Gateway) Rates() map[string]float64 { return g.stats.rates(g.now(), rateWindow) }
 
 // StatsWindow is the window Stats reports over (Config.StatsWindow).
 func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }

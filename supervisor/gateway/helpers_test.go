@@ -133,10 +133,13 @@ func (w *world) unplaced(dep string, replica int, reason string) {
 
 func (w *world) snapshot() *status.Snapshot { return w.snapshotAt(t0) }
 
-// snapshotAt builds the snapshot of a pass at now, every holder last seen
-// then.
-func (w *world) snapshotAt(now time.Time) *status.Snapshot {
-	in := status.Input{Self: "n1", Now: now, TTL: w.ttl, Plan: w.plan}
+// snapshotAt builds n1's snapshot of a pass at now, every holder last
+// seen then.
+func (w *world) snapshotAt(now time.Time) *status.Snapshot { return w.snapshotOf("n1", now) }
+
+// snapshotOf is snapshotAt as the node self sees it.
+func (w *world) snapshotOf(self string, now time.Time) *status.Snapshot {
+	in := status.Input{Self: self, Now: now, TTL: w.ttl, Plan: w.plan}
 	names := make([]string, 0, len(w.members))
 	for n := range w.members {
 		names = append(names, n)

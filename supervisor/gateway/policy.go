@@ -50,10 +50,11 @@ type Request struct {
 	Deployment string
 	// Body is the request body as it will be sent (read only).
 	Body []byte
-	// Gateways is how many gateways the view holds (at least 1): each may
-	// be sending to the same replicas without this one seeing it until its
-	// next scrape.
-	Gateways int
+	// Others is how many requests the other gateways may be sending to the
+	// same replicas, unseen until the next scrape, for each one this
+	// gateway sends (Table.Others): one per other gateway when all send
+	// alike, zero when this one is the only door in use.
+	Others float64
 
 	ep endpoint
 	// key caches PrefixKey: the policy may ask on each retry.
@@ -110,10 +111,11 @@ func NewPolicy(name string, prefixBytes int, balance float64) (Policy, error) {
 // rotating start, so equally idle replicas share sequential traffic instead
 // of the first one taking all of it.
 //
-// Like Prefix, it counts its own unscraped requests once per gateway in
-// the view: every gateway reads the same scrapes, and if each counted only
-// its own requests since, all of them would pick the same replica until
-// the next scrape, a herd.
+// Like Prefix, it counts its own unscraped requests once more for every
+// request the other gateways send per one of its own (Request.Others):
+// every gateway reads the same scrapes, and if each counted only its own
+// requests since, all of them would pick the same replica until the next
+// scrape, a herd.
 type LeastLoad struct {
 	next atomic.Uint64
 }
@@ -125,11 +127,10 @@ func (p *LeastLoad) Name() string { return "least-load" }
 
 // Choose implements Policy.
 func (p *LeastLoad) Choose(req *Request, cands []Candidate) Choice {
-	return Choice{Index: p.least(cands, gatewaysOf(req))}
+	return Choice{Index: p.least(cands, othersOf(req))}
 }
 
-func (p *LeastLoad) least(cands []Candidate, gateways int) int {
-	extra := float64(gateways - 1)
+func (p *LeastLoad) least(cands []Candidate, extra float64) int {
 	n := len(cands)
 	start := int(p.next.Add(1) % uint64(n))
 	best := start
@@ -142,12 +143,12 @@ func (p *LeastLoad) least(cands []Candidate, gateways int) int {
 	return best
 }
 
-// gatewaysOf is how many gateways may be sending unseen (at least 1).
-func gatewaysOf(req *Request) int {
-	if req == nil || req.Gateways < 1 {
-		return 1
+// othersOf is the request's Others, 0 when there is none to say.
+func othersOf(req *Request) float64 {
+	if req == nil || !(req.Others > 0) {
+		return 0
 	}
-	return req.Gateways
+	return req.Others
 }
 
 // RoundRobin takes the candidates in turn, blind to load and prompt: the
@@ -184,10 +185,12 @@ const (
 // Zadimoghaddam). Loads are the engines' own reports plus this gateway's
 // requests since its scrape. Other gateways may be adding to the same
 // replica unseen until the next scrape, so this gateway counts its own
-// unscraped requests once for every gateway in the view, as if each of the
-// others had done as it did: the gateways then share the headroom above a
+// unscraped requests once more for every request the others send per one
+// of its own (Request.Others, from the rates every gateway publishes), as
+// if they had done as it did: the gateways then share the headroom above a
 // replica's reported load instead of each taking all of it, and together
-// they exceed the bound by at most about one request per gateway.
+// they exceed the bound by at most about one request per gateway. A door
+// that takes all the traffic counts its requests once: nobody else adds.
 type Prefix struct {
 	// Bytes is how much of the canonical prompt is hashed
 	// (DefaultPrefixBytes when zero).
@@ -215,9 +218,9 @@ func (p *Prefix) Choose(req *Request, cands []Candidate) Choice {
 		key, ok = req.PrefixKey(nbytes)
 	}
 	if !ok {
-		return Choice{Index: p.fallback.least(cands, gatewaysOf(req)), Outcome: AffinityUnkeyed}
+		return Choice{Index: p.fallback.least(cands, othersOf(req)), Outcome: AffinityUnkeyed}
 	}
-	i, spilled := boundedChoice(key, cands, gatewaysOf(req), p.balance())
+	i, spilled := boundedChoice(key, cands, othersOf(req), p.balance())
 	out := AffinityTaken
 	if spilled {
 		out = AffinitySpilled
@@ -245,14 +248,13 @@ const affinityFloor = 4
 // takes it; total is the sum of the candidates' loads as reported plus this
 // gateway's own since.
 //
-// A candidate's own requests since its scrape count gateways times when it
-// is judged: the other gateways may each have sent as many unseen. (They
-// count once in total: inflating the total would raise the bound for
-// everyone.) When that judgement leaves no one, a burst outran the
+// A candidate's own requests since its scrape count 1 + extra times when
+// it is judged: the other gateways may have sent extra times as many
+// unseen. (They count once in total: inflating the total would raise the
+// bound for everyone.) When that judgement leaves no one, a burst outran the
 // scrapes, and the least loaded as judged takes it. spilled says the first
 // in the order did not.
-func boundedChoice(key uint64, cands []Candidate, gateways int, balance float64) (int, bool) {
-	extra := float64(gateways - 1)
+func boundedChoice(key uint64, cands []Candidate, extra, balance float64) (int, bool) {
 	total := 0.0
 	for _, c := range cands {
 		total += c.Load

@@ -9,7 +9,7 @@ package gateway
 // cache of 3,072 blocks of 16 tokens that doubles as the prefix cache)
 // behind three gateways, each with its own policy instance and its own
 // scrapes, as on three nodes. One load generator sends Poisson arrivals
-// and spreads them over the three gateways in turn.
+// and spreads them over the gateways it sends to in turn.
 //
 // Every policy starts on fresh replicas, so no run inherits a warm cache
 // from the one before. It then sends 10 s unmeasured to warm its own
@@ -23,8 +23,10 @@ package gateway
 // replica that sees every tenant keeps evicting them, and the cache pays
 // only when a tenant keeps to few replicas. It runs at two loads: 70
 // requests/s (about half of what the replicas can serve) and 100 (about
-// 80%). "unique": short questions that share nothing (affinity cannot
-// help; it must not hurt), at 100 requests/s.
+// 80%), and at 70 through one door: the clients send to one gateway, the
+// other two are in the view but idle, as when clients know one node.
+// "unique": short questions that share nothing (affinity cannot help; it
+// must not hurt), at 100 requests/s.
 //
 // Reported per policy: time to first byte p50/p90, requests/s, the
 // replicas' prefix-cache hit rate, the busiest replica's requests over the
@@ -73,6 +75,8 @@ var benchPolicyDuration = flag.Duration("gwbench.duration", policyDuration, "how
 
 var benchWarmup = flag.Duration("gwbench.warmup", 10*time.Second, "how long each policy sends, unmeasured, to fill its own replicas' caches before BenchmarkPolicies measures")
 
+var benchEntries = flag.Int("gwbench.doors", 0, "how many of the gateways the clients send to in every workload of BenchmarkPolicies (0: each workload's own; the others route nothing but are in the view)")
+
 var benchBalance = flag.Float64("gwbench.balance", DefaultBalance, "the prefix policy's load bound in BenchmarkPolicies")
 
 func BenchmarkPolicies(b *testing.B) {
@@ -81,23 +85,28 @@ func BenchmarkPolicies(b *testing.B) {
 		b.Fatal(err)
 	}
 	workloads := []struct {
-		name string
-		w    loadgen.Workload
-		rate float64 // requests/s over all gateways
+		name  string
+		w     loadgen.Workload
+		rate  float64 // requests/s over all gateways
+		doors int     // how many of the gateways the clients send to
 	}{
-		{"shared-prefix-70rps", shared, 70},
-		{"shared-prefix-100rps", shared, 100},
-		{"unique-100rps", loadgen.Unique(1), 100},
+		{"shared-prefix-70rps", shared, 70, policyGateways},
+		{"shared-prefix-100rps", shared, 100, policyGateways},
+		{"shared-prefix-70rps-one-door", shared, 70, 1},
+		{"unique-100rps", loadgen.Unique(1), 100, policyGateways},
 	}
 	for _, wl := range workloads {
 		if *benchPolicyRate > 0 {
 			wl.rate = *benchPolicyRate
 		}
+		if *benchEntries > 0 {
+			wl.doors = min(*benchEntries, policyGateways)
+		}
 		for _, pol := range []string{"round-robin", "least-load", "prefix"} {
 			b.Run(wl.name+"/"+pol, func(b *testing.B) {
 				var res policyResult
 				for range b.N {
-					res = runPolicy(b, pol, wl.w, wl.rate)
+					res = runPolicy(b, pol, wl.w, wl.rate, wl.doors)
 				}
 				b.ReportMetric(res.rep.TTFB.P50, "ttfb_p50_ms")
 				b.ReportMetric(res.rep.TTFB.P90, "ttfb_p90_ms")
@@ -121,7 +130,7 @@ type policyResult struct {
 	spilled   float64
 }
 
-func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) policyResult {
+func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64, doors int) policyResult {
 	b.Helper()
 	var engines []*httptest.Server
 	var urls []string
@@ -138,11 +147,15 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) po
 	}
 	world := newWorld()
 	world.deploy(placement.Deployment{Name: "chat", Replicas: policyReplicas})
+	node := func(i int) string { return fmt.Sprintf("n%d", i+1) }
 	for i, u := range urls {
-		n := fmt.Sprintf("n%d", i+1)
-		world.node(n, "alive")
-		world.members[n].Record.Gateway = fmt.Sprintf("127.0.0.1:%d", 8000+i)
-		world.hold(cp{dep: "chat", replica: i, node: n, url: u})
+		world.node(node(i), "alive")
+		world.hold(cp{dep: "chat", replica: i, node: node(i), url: u})
+	}
+	// Gateway i runs on node i and publishes its rates there, as nodes do.
+	for i := range policyGateways {
+		r := world.members[node(i)].Record
+		r.Gateway, r.GatewayRates = fmt.Sprintf("127.0.0.1:%d", 8000+i), map[string]float64{}
 	}
 	var gws []*url.URL
 	var gateways []*Gateway
@@ -152,7 +165,7 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) po
 			b.Fatal(err)
 		}
 		gw := New(Config{Policy: p, ScrapeInterval: *benchScrape})
-		gw.Update(world.snapshotAt(time.Now()))
+		gw.Update(world.snapshotOf(node(len(gateways)), time.Now()))
 		gateways = append(gateways, gw)
 		srv := httptest.NewServer(gw)
 		defer func() {
@@ -163,7 +176,8 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) po
 		gws = append(gws, u)
 	}
 	// The snapshot's leases were judged at its making; keep the view fresh
-	// for a run longer than a lease.
+	// for a run longer than a lease, and carry each gateway's rates to the
+	// others every second, as the nodes' records do.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -175,16 +189,18 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64) po
 				return
 			case <-t.C:
 			}
-			snap := world.snapshotAt(time.Now())
-			for _, gw := range gateways {
-				gw.Update(snap)
+			for i, gw := range gateways {
+				world.members[node(i)].Record.GatewayRates = gw.Rates()
+			}
+			for i, gw := range gateways {
+				gw.Update(world.snapshotOf(node(i), time.Now()))
 			}
 		}
 	})
-	// One generator, its requests spread over the gateways in turn.
+	// One generator, its requests spread over the doors in turn.
 	var next atomic.Uint64
 	rotate := roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		g := gws[next.Add(1)%policyGateways]
+		g := gws[next.Add(1)%uint64(doors)]
 		r = r.Clone(r.Context())
 		r.URL.Scheme, r.URL.Host, r.Host = g.Scheme, g.Host, g.Host
 		return http.DefaultTransport.RoundTrip(r)

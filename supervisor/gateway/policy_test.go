@@ -180,10 +180,10 @@ func TestEjection(t *testing.T) {
 func TestLeastLoadCountsOwnRequestsForEveryGateway(t *testing.T) {
 	p := &LeastLoad{}
 	cands := []Candidate{{Load: 3, Own: 2}, {Load: 4}}
-	if got := p.Choose(&Request{Gateways: 1}, cands).Index; got != 0 {
+	if got := p.Choose(&Request{Others: 0}, cands).Index; got != 0 {
 		t.Fatalf("one gateway: chose %d, want 0 (load 3 against 4)", got)
 	}
-	if got := p.Choose(&Request{Gateways: 3}, cands).Index; got != 1 {
+	if got := p.Choose(&Request{Others: 2}, cands).Index; got != 1 {
 		t.Fatalf("three gateways: chose %d, want 1 (3 + 2x2 = 7 against 4)", got)
 	}
 }

@@ -284,7 +284,7 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 				cs[i] = Candidate{Route: &rs[i], Load: max(0, reported[id]-gone[g][id]) + o, Own: o}
 			}
 			body := messagesBody("user", long(fmt.Sprint("tenant ", rapid.IntRange(0, 5).Draw(t, "tenant"))))
-			ch := p.Choose(&Request{Body: body, ep: chatEndpoint, Gateways: gws}, cs)
+			ch := p.Choose(&Request{Body: body, ep: chatEndpoint, Others: float64(gws - 1)}, cs)
 			id := rs[ch.Index].EngineID
 			own[g][id]++
 			sent++

@@ -175,7 +175,7 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 // the replica.
 func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body []byte) {
 	routes := rt.routes[e.Name]
-	req := &Request{Deployment: e.Name, Body: body, Gateways: rt.table.Gateways(), ep: ep}
+	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
 	var tried []*liveRoute
 	var lastErr error
 	retryReason := ""

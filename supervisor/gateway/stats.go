@@ -84,6 +84,47 @@ func (s *stats) forget(keep func(model string) bool) {
 	}
 }
 
+// rates is the requests/s of each deployment over window up to now (over
+// the span the ring covers, when it does not reach back that far).
+func (s *stats) rates(now time.Time, window time.Duration) map[string]float64 {
+	s.mu.RLock()
+	rings := make(map[string]*modelRing, len(s.models))
+	for m, r := range s.models {
+		rings[m] = r
+	}
+	s.mu.RUnlock()
+	out := make(map[string]float64, len(rings))
+	from := now.Add(-window)
+	for m, r := range rings {
+		count, oldest := 0, now
+		r.mu.Lock()
+		n := r.next
+		if r.full {
+			n = statsRing
+		}
+		for i := range n {
+			at := r.buf[i].at
+			if at.Before(from) || at.After(now) {
+				continue
+			}
+			count++
+			if at.Before(oldest) {
+				oldest = at
+			}
+		}
+		full := r.full
+		r.mu.Unlock()
+		span := window
+		if full && count == statsRing && now.Sub(oldest) > 0 {
+			span = now.Sub(oldest)
+		}
+		if count > 0 {
+			out[m] = float64(count) / span.Seconds()
+		}
+	}
+	return out
+}
+
 func (s *stats) snapshot(now time.Time) []ModelStats {
 	s.mu.RLock()
 	names := make([]string, 0, len(s.models))

@@ -64,10 +64,14 @@ type Entry struct {
 // routable replicas. It is immutable once built.
 type Table struct {
 	builtAt time.Time
-	// gateways counts the live nodes of the view that run a gateway.
-	gateways int
-	entries  map[string]*Entry
-	names    []string
+	// gateways counts the live nodes of the view that run a gateway;
+	// otherRates sums, per deployment, the published rates of those other
+	// than this node, and silent counts those of them that publish none.
+	gateways   int
+	otherRates map[string]float64
+	silent     int
+	entries    map[string]*Entry
+	names      []string
 	// byModel maps a model id to the deployments serving it, sorted.
 	byModel map[string][]string
 }
@@ -85,15 +89,25 @@ type Table struct {
 // old copies as draining until their replacements are ready. A gang is
 // routed to through its rank-0 shard only.
 func BuildTable(snap *status.Snapshot, now time.Time) *Table {
-	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}}
+	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{}}
 	if snap == nil {
 		return t
 	}
 	state := map[string]gossip.MemberState{}
 	for _, m := range snap.Members() {
 		state[m.Name] = m.State
-		if m.Gateway != "" && (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) {
-			t.gateways++
+		if m.Gateway == "" || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
+			continue
+		}
+		t.gateways++
+		switch {
+		case m.Name == snap.Self():
+		case m.GatewayRates == nil:
+			t.silent++
+		default:
+			for dep, r := range m.GatewayRates {
+				t.otherRates[dep] += r
+			}
 		}
 	}
 	type copyKey struct{ node, shard, spec string }
@@ -242,8 +256,24 @@ func whyNot(d status.DeploymentInfo, shards []status.ShardInfo) string {
 }
 
 // Gateways is how many live nodes of the view run a gateway, at least 1
-// (this one): the prefix policy shares a replica's headroom among them.
+// (this one).
 func (t *Table) Gateways() int { return max(t.gateways, 1) }
+
+// Others is how many requests the other gateways of the view may be
+// sending to dep's replicas for each one this gateway sends, own being this
+// gateway's requests/s to dep (Gateway.Rates): the others' published rates
+// over own, and one more for each other gateway that publishes none (an
+// older agent), taken to send as much as this one. own counts as at least
+// one request per rate window: a gateway that has sent next to nothing
+// lately knows next to nothing of the replicas' load, and judges so.
+//
+// It is the policies' share of a replica's unseen load: with gateways
+// that all send alike it is one per other gateway, the worst case; with
+// one door taking all the traffic it is zero for that door, whose view of
+// its own requests is then the whole truth.
+func (t *Table) Others(dep string, own float64) float64 {
+	return float64(t.silent) + t.otherRates[dep]/max(own, 1/rateWindow.Seconds())
+}
 
 // BuiltAt is the moment the table judged leases at.
 func (t *Table) BuiltAt() time.Time { return t.builtAt }

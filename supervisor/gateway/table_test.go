@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +180,62 @@ func TestTableResolve(t *testing.T) {
 	}
 	if BuildTable(nil, t0).Names() != nil {
 		t.Fatal("an empty table has names")
+	}
+}
+
+// A gateway weighs the others' unseen load by the rates they publish: all
+// alike gives one per other gateway, a lone door zero, and a gateway whose
+// record says nothing (an older agent) counts as sending as much as this
+// one. Dead nodes and nodes without a gateway do not count.
+func TestOthersWeighsTheGatewaysByTheirRates(t *testing.T) {
+	w := newWorld()
+	w.deploy(placement.Deployment{Name: "chat"})
+	for _, n := range []string{"n1", "n2", "n3"} {
+		w.node(n, gossip.StateAlive)
+		w.members[n].Record.Gateway = n + ":8000"
+		w.members[n].Record.GatewayRates = map[string]float64{}
+	}
+	w.node("n4", gossip.StateDead)
+	w.members["n4"].Record.Gateway, w.members["n4"].Record.GatewayRates = "n4:8000", map[string]float64{"chat": 500}
+	w.node("n5", gossip.StateAlive) // no gateway
+	rates := func(r1, r2, r3 float64) {
+		w.members["n1"].Record.GatewayRates["chat"] = r1
+		w.members["n2"].Record.GatewayRates["chat"] = r2
+		w.members["n3"].Record.GatewayRates["chat"] = r3
+	}
+	cases := []struct {
+		why        string
+		r1, r2, r3 float64
+		own        float64 // n1's own rate, fresher than its record
+		want       float64
+	}{
+		{"all alike", 20, 20, 20, 20, 2},
+		{"n1 the only door", 30, 0, 0, 30, 0},
+		{"n1 a quarter of the traffic", 10, 15, 15, 10, 3},
+		{"n1 idle: one request per window", 0, 5, 5, 0, 100},
+	}
+	for _, c := range cases {
+		rates(c.r1, c.r2, c.r3)
+		tab := BuildTable(w.snapshotOf("n1", t0), t0)
+		if got := tab.Others("chat", c.own); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: others %v, want %v", c.why, got, c.want)
+		}
+		if got := tab.Others("other", c.own); got != 0 {
+			t.Errorf("%s: a deployment nobody sends to: others %v, want 0", c.why, got)
+		}
+	}
+	w.members["n3"].Record.GatewayRates = nil // an agent that does not publish rates
+	two := func(r1, r2 float64) {
+		w.members["n1"].Record.GatewayRates["chat"] = r1
+		w.members["n2"].Record.GatewayRates["chat"] = r2
+	}
+	two(20, 20)
+	if got := BuildTable(w.snapshotOf("n1", t0), t0).Others("chat", 20); got != 2 {
+		t.Errorf("one silent gateway beside one alike: others %v, want 2", got)
+	}
+	// n2's view: n1 is the other, n2 itself not counted.
+	two(30, 10)
+	if got := BuildTable(w.snapshotOf("n2", t0), t0).Others("chat", 10); got != 4 {
+		t.Errorf("n2 at 10 beside n1 at 30 and a silent n3: others %v, want 4", got)
 	}
 }

@@ -9,12 +9,16 @@ import (
 
 // MemberInfo is one node in /v1/cluster.
 type MemberInfo struct {
-	Name         string               `json:"name"`
-	State        gossip.MemberState   `json:"state"`
-	Gossip       string               `json:"gossip"`
-	API          string               `json:"api"`
-	Gateway      string               `json:"gateway,omitempty"`
-	GatewayTLS   bool                 `json:"gateway_tls,omitempty"`
+	Name       string             `json:"name"`
+	State      gossip.MemberState `json:"state"`
+	Gossip     string             `json:"gossip"`
+	API        string             `json:"api"`
+	Gateway    string             `json:"gateway,omitempty"`
+	GatewayTLS bool               `json:"gateway_tls,omitempty"`
+	// GatewayRates is the requests/s the member's gateway sent to each
+	// deployment lately (gossip.NodeRecord.GatewayRates); nil when its
+	// record does not say.
+	GatewayRates map[string]float64   `json:"gateway_rates,omitempty"`
 	Labels       map[string]string    `json:"labels,omitempty"`
 	GPUs         []placement.GPU      `json:"gpus"`
 	Shards       []gossip.ShardRecord `json:"shards,omitempty"`
