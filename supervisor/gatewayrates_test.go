@@ -70,7 +70,7 @@ func TestRatesMovedIgnoresNoise(t *testing.T) {
 		{map[string]float64{"chat": 20}, map[string]float64{"chat": 23}, false},
 		{map[string]float64{"chat": 20}, map[string]float64{"chat": 30}, true},
 		{map[string]float64{"chat": 0.4}, map[string]float64{"chat": 1.2}, false}, // under a request a second
-		{map[string]float64{"chat": 20}, map[string]float64{}, true},             // stopped
+		{map[string]float64{"chat": 20}, map[string]float64{}, true},              // stopped
 		{map[string]float64{"chat": 20}, map[string]float64{"chat": 20, "embed": 1}, true},
 		{map[string]float64{"chat": 20}, map[string]float64{"embed": 20}, true},
 	}

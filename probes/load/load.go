@@ -247,13 +247,21 @@ func NewScraper(client *http.Client, clock Clock, opts ...Option) *Scraper {
 // Scrape fetches url (the full /metrics URL) and parses it. The Sample's At
 // is set even when err is not nil, for Tracker.Failed.
 func (s *Scraper) Scrape(ctx context.Context, url string) (Sample, error) {
+	return s.ScrapeAs(ctx, url, s.bearer)
+}
+
+// ScrapeAs is Scrape presenting key as the bearer in place of the
+// scraper's own (WithBearer): one scraper can then read many engines that
+// each demand their own key, as llama.cpp does on /metrics. An empty key
+// sends none.
+func (s *Scraper) ScrapeAs(ctx context.Context, url, key string) (Sample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)
 	}
 	req.Header.Set("Accept", acceptText)
-	if s.bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+s.bearer)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

@@ -9,8 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,7 +347,8 @@ func TestEngineKeyReplacesClientKey(t *testing.T) {
 	if got := hd.Get("Authorization"); got != "Bearer engine-secret" || hd.Get("X-Request-Id") != "r1" {
 		t.Fatalf("upstream headers %v", hd)
 	}
-	if len(asked) != 1 || asked[0] != engineID {
+	// Asked for the request, and for the load scrape it started.
+	if len(asked) == 0 || slices.ContainsFunc(asked, func(id string) bool { return id != engineID }) {
 		t.Fatalf("engine key asked for %v, want %s", asked, engineID)
 	}
 
@@ -353,6 +357,39 @@ func TestEngineKeyReplacesClientKey(t *testing.T) {
 	h.post("/v1/chat/completions", chatBody("chat", false), "Authorization", "Bearer client-key-0123456789")
 	if got := u.lastHeader().Get("Authorization"); got != "" {
 		t.Fatalf("client key forwarded: %q", got)
+	}
+}
+
+// The gateway's load scrape presents each engine's own key, as llama.cpp
+// demands on /metrics: without it every scrape would fail and the gateway
+// would route by the gossiped load alone.
+func TestScrapePresentsTheEngineKey(t *testing.T) {
+	var badScrapes atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer key-of-chat-0" {
+			badScrapes.Add(1)
+			http.Error(w, "no key", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprint(w, "vllm:num_requests_running 5\nvllm:num_requests_waiting 2\n")
+	})
+	mux.HandleFunc("/v1/", chatOK)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	w := oneDeployment(srv.URL)
+	h := newHarness(t, Config{EngineKey: func(id string) string { return "key-of-" + strings.TrimSuffix(id, "-"+w.specs["chat"].SpecVersion()) }}, w.snapshot())
+	if a := h.post("/v1/chat/completions", chatBody("chat", false)); a.status != 200 {
+		t.Fatalf("answer %+v", a)
+	}
+	testwait.Until(t, 5*time.Second, "the engine scraped", func() (bool, string) {
+		lr := h.gw.routing.Load().routes["chat"][0]
+		lr.rep.mu.Lock()
+		defer lr.rep.mu.Unlock()
+		return lr.rep.haveValue && lr.rep.scraped == 7, fmt.Sprint(lr.rep.haveValue, lr.rep.scraped)
+	})
+	if n := badScrapes.Load(); n != 0 {
+		t.Fatalf("%d scrapes without the engine's key", n)
 	}
 }
 

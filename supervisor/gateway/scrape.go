@@ -78,11 +78,17 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	url, rep := lr.URL+es.path, lr.rep
+	// The engine's own key: llama.cpp guards /metrics with it (vLLM and
+	// SGLang leave it open and ignore the header).
+	key := ""
+	if s.g.cfg.EngineKey != nil {
+		key = s.g.cfg.EngineKey(lr.EngineID)
+	}
 	go func() {
 		defer s.wg.Done()
 		ctx, cancel := context.WithTimeout(s.ctx, scrapeTimeout)
 		defer cancel()
-		sm, err := es.s.Scrape(ctx, url)
+		sm, err := es.s.ScrapeAs(ctx, url, key)
 		if err != nil {
 			s.g.m.scrapeErrors.Inc()
 			rep.scrapeDone(epoch, 0, time.Time{}, false)
