@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/supervisortest"
@@ -142,9 +143,7 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 // address.
 func waitAlive(tb testing.TB, nodes ...*testNode) {
 	tb.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ok := true
+	testwait.Until(tb, 15*time.Second, "every node sees every other alive", func() (bool, string) {
 		for _, a := range nodes {
 			seen := map[string]bool{}
 			for _, m := range a.node.Status().Members() {
@@ -153,17 +152,13 @@ func waitAlive(tb testing.TB, nodes ...*testNode) {
 				}
 			}
 			for _, b := range nodes {
-				ok = ok && seen[b.name]
+				if !seen[b.name] {
+					return false, a.name + " does not see " + b.name
+				}
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("nodes did not all see each other alive within 15s")
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+		return true, ""
+	})
 }
 
 // tokenClient sends the bearer token on every request.

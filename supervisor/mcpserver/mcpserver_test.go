@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/probes/host"
 )
 
@@ -299,13 +300,7 @@ func decode(t *testing.T, res *mcp.CallToolResult, v any) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 20s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testwait.Until(t, 20*time.Second, what, func() (bool, string) { return cond(), "" })
 }
 
 func TestForwardToOtherNode(t *testing.T) {

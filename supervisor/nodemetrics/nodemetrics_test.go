@@ -105,21 +105,14 @@ func TestMetricsFromTwoNodes(t *testing.T) {
 	put(`{"name":"chat","model":"m/tiny","engine":"fake","replicas":2}`)
 	put(`{"name":"huge","model":"m/huge","engine":"fake","tensor_parallel":8}`)
 
-	deadline := time.Now().Add(20 * time.Second)
 	var fams map[string]*dto.MetricFamily
-	for {
+	testwait.Until(t, 20*time.Second, "bravo's metrics converge", func() (bool, string) {
 		fams = scrape(t, b)
 		alive, _ := value(fams, "llmgw_members", "state", "alive")
 		ready, _ := value(fams, "llmgw_deployment_replicas", "deployment", "chat", "kind", "ready")
 		unplaced, _ := value(fams, "llmgw_shards", "status", "unplaced")
-		if alive == 2 && ready == 2 && unplaced == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bravo's metrics did not converge: alive=%v ready=%v unplaced=%v", alive, ready, unplaced)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return alive == 2 && ready == 2 && unplaced == 1, fmt.Sprintf("alive=%v ready=%v unplaced=%v", alive, ready, unplaced)
+	})
 	checks := []struct {
 		name   string
 		labels []string

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement/fit/fittest"
 	"github.com/llmgw/llmgw/probes/weights/weightstest"
 	"github.com/llmgw/llmgw/supervisor"
@@ -74,21 +75,15 @@ func TestClusterPage(t *testing.T) {
 	// Drawn by bravo from its own view: it must know alpha, both
 	// deployments, the placed shards and the refused one.
 	var page string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testwait.Until(t, 20*time.Second, "the page shows the converged cluster", func() (bool, string) {
 		code, h, body := get(t, "http://"+b.APIAddr()+"/")
 		if code != 200 || !strings.HasPrefix(h.Get("Content-Type"), "text/html") {
 			t.Fatalf("GET /: %d %s", code, h.Get("Content-Type"))
 		}
 		page = body
-		if strings.Contains(page, "<b>2 / 2</b><span>nodes alive") && strings.Contains(page, "huge-0") && strings.Count(page, `class="ok">ready</td>`) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("page did not show the converged cluster:\n%s", page)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return strings.Contains(page, "<b>2 / 2</b><span>nodes alive") && strings.Contains(page, "huge-0") &&
+			strings.Count(page, `class="ok">ready</td>`) == 2, "\n" + page
+	})
 	for _, want := range []string{
 		"as seen by <b>bravo</b>",
 		`<meta http-equiv="refresh" content="10">`,
