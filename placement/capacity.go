@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 	"strings"
@@ -149,10 +150,10 @@ func compareGPU(a, b GPU) int {
 		return c
 	}
 	if a.MemoryTotal != b.MemoryTotal {
-		return cmpU64(a.MemoryTotal, b.MemoryTotal)
+		return cmp.Compare(a.MemoryTotal, b.MemoryTotal)
 	}
 	if a.MemoryForeign != b.MemoryForeign {
-		return cmpU64(a.MemoryForeign, b.MemoryForeign)
+		return cmp.Compare(a.MemoryForeign, b.MemoryForeign)
 	}
 	if a.MIG != b.MIG {
 		return cmpBool(a.MIG, b.MIG)

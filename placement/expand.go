@@ -144,7 +144,7 @@ func compareHeld(a, b *HeldShard) int {
 		return cmpBool(a.Failing, b.Failing)
 	}
 	if a.MemoryPerGPU != b.MemoryPerGPU {
-		return cmpU64(a.MemoryPerGPU, b.MemoryPerGPU)
+		return cmp.Compare(a.MemoryPerGPU, b.MemoryPerGPU)
 	}
 	return slices.Compare(sortedInts(a.GPUs), sortedInts(b.GPUs))
 }

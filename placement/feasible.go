@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"math/bits"
 	"slices"
 	"strings"
@@ -135,7 +136,7 @@ func evaluate(gs []gpuState, sh shape) fit {
 	}
 	f.eligible = len(elig)
 	if len(frees) >= sh.tp && sh.tp > 0 {
-		slices.SortFunc(frees, func(a, b uint64) int { return cmpU64(b, a) })
+		slices.SortFunc(frees, func(a, b uint64) int { return cmp.Compare(b, a) })
 		f.freeAtTP = frees[sh.tp-1]
 	}
 	if len(elig) < sh.tp {
@@ -174,7 +175,7 @@ func chooseGPUs(gs []gpuState, elig []int, sh shape) []int {
 		if sh.whole() {
 			return sign(bits.OnesCount64(links(a)) - bits.OnesCount64(links(b)))
 		}
-		return cmpU64(gs[a].free(), gs[b].free())
+		return cmp.Compare(gs[a].free(), gs[b].free())
 	})
 	if sh.tp >= len(pref) {
 		return sortedInts(pref)

@@ -40,16 +40,6 @@ func sign(c int) int {
 	return 0
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 func cmpBool(a, b bool) int {
 	if a == b {
 		return 0

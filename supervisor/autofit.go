@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,21 +65,11 @@ func gpuKinds(members []gossip.Member, gpuType string) []gpuKind {
 	}
 	slices.SortFunc(kinds, func(a, b gpuKind) int {
 		if a.total != b.total {
-			return -cmpU(a.total, b.total)
+			return -cmp.Compare(a.total, b.total)
 		}
 		return strings.Compare(a.name, b.name)
 	})
 	return kinds
-}
-
-func cmpU(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // resolveAuto turns a gpu_memory: auto spec into one with the figures.

@@ -63,40 +63,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 	fmt.Fprint(w, nodes.Render(width, "", st))
 	line("")
 
-	// Per model: the sum over its shards with a load reading (engines
-	// are scraped only while ready); KV cache is their mean.
-	type sum struct {
-		running, waiting, kv, prompt, gen float64
-		kvN                               int
-		rates                             bool
-		// hits and lookups are prefix-cache tokens per second: the
-		// model's hit rate is their ratio, each engine weighted by its
-		// lookups.
-		hits, lookups float64
-	}
-	per := map[string]*sum{}
-	for _, sh := range shards {
-		m := per[sh.Deployment]
-		if m == nil {
-			m = &sum{}
-			per[sh.Deployment] = m
-		}
-		l := sh.Load // the API gives load only for holders with a valid lease
-		if l.ScrapedAt.IsZero() || l.Error != "" {
-			continue
-		}
-		m.running += l.Running
-		m.waiting += l.Waiting
-		m.kv += l.KVCacheUsage
-		m.kvN++
-		if l.RatesValid {
-			m.prompt += l.PromptTPS
-			m.gen += l.GenerationTPS
-			m.rates = true
-		}
-		m.hits += l.PrefixHitRate * l.PrefixQueriesPS
-		m.lookups += l.PrefixQueriesPS
-	}
+	per := status.LoadTotals(shards)
 	traffic := map[string]gateway.ModelStats{}
 	if s.gateway != nil {
 		for _, ms := range s.gateway.Models {
@@ -112,28 +79,25 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 	}
 	models := overview.Table{Head: []string{"MODEL", "READY", "REQ/S", "P50", "P99", "RUN", "WAIT", "KV", "HIT", "PROMPT/S", "GEN/S", "WHY"}, Flex: -1, MinFlex: 12}
 	for _, d := range s.models {
-		m := per[d.Name]
-		if m == nil {
-			m = &sum{}
-		}
+		m := per[d.Name] // zero without readings
 		rate, p50, p99 := "-", "-", "-"
 		if s.gateway != nil {
 			t := traffic[d.Name] // none in the window: a zero rate
 			rate, p50, p99 = fmt.Sprintf("%.2f", t.Rate), ttfbText(t.TTFBP50), ttfbText(t.TTFBP99)
 		}
 		kv, hit, prompt, gen := "-", "-", "-", "-"
-		if m.lookups > 0 {
-			hit = fmt.Sprintf("%.0f%%", 100*m.hits/m.lookups)
+		if r, ok := m.PrefixHitRate(); ok {
+			hit = fmt.Sprintf("%.0f%%", 100*r)
 		}
-		if m.kvN > 0 {
-			kv = fmt.Sprintf("%.0f%%", 100*m.kv/float64(m.kvN))
+		if m.Engines > 0 {
+			kv = fmt.Sprintf("%.0f%%", 100*m.KVCacheUsage())
 		}
-		if m.rates {
-			prompt, gen = fmt.Sprintf("%.0f", m.prompt), fmt.Sprintf("%.0f", m.gen)
+		if m.Rates {
+			prompt, gen = fmt.Sprintf("%.0f", m.PromptTPS), fmt.Sprintf("%.0f", m.GenerationTPS)
 		}
 		run, wait := "-", "-"
-		if m.kvN > 0 {
-			run, wait = fmt.Sprintf("%.0f", m.running), fmt.Sprintf("%.0f", m.waiting)
+		if m.Engines > 0 {
+			run, wait = fmt.Sprintf("%.0f", m.Running), fmt.Sprintf("%.0f", m.Waiting)
 		}
 		readyCell := overview.S(fmt.Sprintf("%d/%d", d.Ready, d.Replicas), st.OK)
 		switch {

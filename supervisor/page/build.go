@@ -95,7 +95,7 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 	}
 
 	shards := snap.Shards(now)
-	loads := loadTotals(shards)
+	loads := status.LoadTotals(shards)
 	byDep := map[string]Traffic{}
 	var window time.Duration
 	for _, t := range traffic {
@@ -112,7 +112,7 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 	}
 	for _, dep := range snap.Deployments(now) {
 		r := depRow{Name: dep.Name, Model: dep.Model, Engine: dep.Engine, Wanted: dep.Replicas, Placed: dep.Placed, Ready: dep.Ready,
-			Nodes: strings.Join(dep.Nodes, ", "), Load: loads[dep.Name].text()}
+			Nodes: strings.Join(dep.Nodes, ", "), Load: totalText(loads[dep.Name])}
 		for _, w := range dep.Why {
 			r.Why = append(r.Why, clip(w, maxReason))
 		}
@@ -225,44 +225,13 @@ func activityText(t gossip.GPUTelemetry) string {
 	return strings.Join(parts, " · ")
 }
 
-// total is one deployment's load: the sum over its shards with a reading
-// (the read model gives load only under a valid lease), KV cache their
-// mean.
-type total struct {
-	running, waiting, kv, prompt, gen float64
-	n                                 int
-	rates                             bool
-}
-
-func loadTotals(shards []status.ShardInfo) map[string]total {
-	out := map[string]total{}
-	for _, s := range shards {
-		l := s.Load
-		if l.ScrapedAt.IsZero() || l.Error != "" {
-			continue
-		}
-		t := out[s.Deployment]
-		t.running += l.Running
-		t.waiting += l.Waiting
-		t.kv += l.KVCacheUsage
-		t.n++
-		if l.RatesValid {
-			t.prompt += l.PromptTPS
-			t.gen += l.GenerationTPS
-			t.rates = true
-		}
-		out[s.Deployment] = t
-	}
-	return out
-}
-
-func (t total) text() string {
-	if t.n == 0 {
+func totalText(t status.LoadTotal) string {
+	if t.Engines == 0 {
 		return ""
 	}
-	s := fmt.Sprintf("%g run · %g wait · KV %.0f%%", t.running, t.waiting, t.kv/float64(t.n)*100)
-	if t.rates {
-		s += fmt.Sprintf(" · %.0f in / %.0f out tok/s", t.prompt, t.gen)
+	s := fmt.Sprintf("%g run · %g wait · KV %.0f%%", t.Running, t.Waiting, t.KVCacheUsage()*100)
+	if t.Rates {
+		s += fmt.Sprintf(" · %.0f in / %.0f out tok/s", t.PromptTPS, t.GenerationTPS)
 	}
 	return s
 }

@@ -1,0 +1,39 @@
+package status
+
+import (
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+)
+
+// Totals sum the shards with a reading; KV cache is their mean and the
+// prefix-cache hit rate is weighted by each engine's lookups.
+func TestLoadTotalsSumReadingsAndWeighHits(t *testing.T) {
+	at := time.Unix(1000, 0)
+	shards := []ShardInfo{
+		{Deployment: "chat", Load: gossip.ShardLoad{Running: 3, Waiting: 1, KVCacheUsage: 0.2, RatesValid: true, PromptTPS: 100, GenerationTPS: 10,
+			PrefixHitRate: 1, PrefixQueriesPS: 300, ScrapedAt: at}},
+		{Deployment: "chat", Load: gossip.ShardLoad{Running: 2, KVCacheUsage: 0.6, PrefixHitRate: 0, PrefixQueriesPS: 100, ScrapedAt: at}},
+		{Deployment: "chat", Load: gossip.ShardLoad{Running: 50, ScrapedAt: at, Error: "connection refused"}}, // a failed read
+		{Deployment: "chat", Load: gossip.ShardLoad{Running: 50}},                                           // never read
+		{Deployment: "idle"},
+	}
+	got := LoadTotals(shards)
+	c := got["chat"]
+	if c.Running != 5 || c.Waiting != 1 || c.Engines != 2 || !c.Rates || c.PromptTPS != 100 || c.GenerationTPS != 10 {
+		t.Fatalf("chat: %+v", c)
+	}
+	if kv := c.KVCacheUsage(); kv < 0.3999 || kv > 0.4001 {
+		t.Errorf("KV %v, want the mean 0.4", kv)
+	}
+	if r, ok := c.PrefixHitRate(); !ok || r != 0.75 {
+		t.Errorf("hit rate %v %v, want 0.75 (300 of 400 lookups)", r, ok)
+	}
+	if _, ok := got["idle"]; ok {
+		t.Errorf("a deployment without readings has a total: %+v", got["idle"])
+	}
+	if _, ok := (LoadTotal{}).PrefixHitRate(); ok {
+		t.Error("a hit rate without lookups")
+	}
+}
