@@ -149,14 +149,11 @@ func waitExit(pid int, within time.Duration) error {
 }
 
 func demoStopNode(ctx context.Context, c *cli.Command) error {
-	dir, name, err := demoNodeArgs(c)
+	dir, n, err := demoNodeArg(c)
 	if err != nil {
 		return err
 	}
-	n, err := demoNodeNamed(dir, name)
-	if err != nil {
-		return err
-	}
+	name := n.Name
 	pid := n.pid(dir)
 	if pid == 0 {
 		return failure(fmt.Sprintf("%s is not running; start it with: llmgw demo start-node %s", name, name))
@@ -180,14 +177,11 @@ func demoStopNode(ctx context.Context, c *cli.Command) error {
 }
 
 func demoStartNode(ctx context.Context, c *cli.Command) error {
-	dir, name, err := demoNodeArgs(c)
+	dir, n, err := demoNodeArg(c)
 	if err != nil {
 		return err
 	}
-	n, err := demoNodeNamed(dir, name)
-	if err != nil {
-		return err
-	}
+	name := n.Name
 	if pid := n.pid(dir); pid != 0 {
 		return failure(fmt.Sprintf("%s runs already (pid %d); stop it first with: llmgw demo stop-node %s", name, pid, name))
 	}
@@ -214,12 +208,16 @@ func demoRunning(dir string) int {
 	return running
 }
 
-func demoNodeArgs(c *cli.Command) (dir, name string, err error) {
+// demoNodeArg is the demo's dir and the one node the command names.
+func demoNodeArg(c *cli.Command) (dir string, n demoNode, err error) {
 	if c.Args().Len() != 1 {
-		return "", "", usageError("NAME: want exactly one demo node, e.g. node-2 (see bin/llmgw nodes)")
+		return "", demoNode{}, usageError("NAME: want exactly one demo node, e.g. node-2 (see bin/llmgw nodes)")
 	}
-	dir, err = filepath.Abs(c.String("dir"))
-	return dir, c.Args().First(), err
+	if dir, err = filepath.Abs(c.String("dir")); err != nil {
+		return "", demoNode{}, err
+	}
+	n, err = demoNodeNamed(dir, c.Args().First())
+	return dir, n, err
 }
 
 // demoUnplaceAll removes every deployment through the first running node

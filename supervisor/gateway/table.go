@@ -64,10 +64,9 @@ type Entry struct {
 // routable replicas. It is immutable once built.
 type Table struct {
 	builtAt time.Time
-	// gateways counts the live nodes of the view that run a gateway;
-	// otherRates sums, per deployment, the published rates of those other
-	// than this node, and silent counts those of them that publish none.
-	gateways   int
+	// otherRates sums, per deployment, the published rates of the other
+	// live nodes that run a gateway, and silent counts those of them that
+	// publish none.
 	otherRates map[string]float64
 	silent     int
 	entries    map[string]*Entry
@@ -99,7 +98,6 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		if m.Gateway == "" || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
 			continue
 		}
-		t.gateways++
 		switch {
 		case m.Name == snap.Self():
 		case m.GatewayRates == nil:
@@ -254,10 +252,6 @@ func whyNot(d status.DeploymentInfo, shards []status.ShardInfo) string {
 	}
 	return strings.Join(parts, "; ")
 }
-
-// Gateways is how many live nodes of the view run a gateway, at least 1
-// (this one).
-func (t *Table) Gateways() int { return max(t.gateways, 1) }
 
 // Others is how many requests the other gateways of the view may be
 // sending to dep's replicas for each one this gateway sends, own being this

@@ -16,7 +16,7 @@ func TestLoadTotalsSumReadingsAndWeighHits(t *testing.T) {
 			PrefixHitRate: 1, PrefixQueriesPS: 300, ScrapedAt: at}},
 		{Deployment: "chat", Load: gossip.ShardLoad{Running: 2, KVCacheUsage: 0.6, PrefixHitRate: 0, PrefixQueriesPS: 100, ScrapedAt: at}},
 		{Deployment: "chat", Load: gossip.ShardLoad{Running: 50, ScrapedAt: at, Error: "connection refused"}}, // a failed read
-		{Deployment: "chat", Load: gossip.ShardLoad{Running: 50}},                                           // never read
+		{Deployment: "chat", Load: gossip.ShardLoad{Running: 50}},                                             // never read
 		{Deployment: "idle"},
 	}
 	got := LoadTotals(shards)
