@@ -84,4 +84,9 @@ func TestRatesMovedIgnoresNoise(t *testing.T) {
 			t.Errorf("twoDigits(%v) = %v, want %v", x, got, want)
 		}
 	}
+	// The record carries the decimal as written: 7.8, as the demo's
+	// /v1/cluster once showed 7.800000000000001.
+	if got := twoDigits(7.7777); got != 7.8 {
+		t.Errorf("twoDigits(7.7777) = %v, want exactly 7.8", got)
+	}
 }

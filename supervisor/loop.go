@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"reflect"
+	"strconv"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -236,13 +237,14 @@ func ratesMoved(old, cur map[string]float64) bool {
 	return false
 }
 
-// twoDigits rounds x to two significant digits.
+// twoDigits rounds x to two significant digits, through their decimal
+// form so that the record says 7.8, not 7.800000000000001.
 func twoDigits(x float64) float64 {
 	if x <= 0 || math.IsInf(x, 0) || math.IsNaN(x) {
 		return 0
 	}
-	p := math.Pow(10, math.Floor(math.Log10(x))-1)
-	return math.Round(x/p) * p
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(x, 'g', 2, 64), 64)
+	return r
 }
 
 func (n *Node) gpuLoop(ctx context.Context) {
