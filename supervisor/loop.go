@@ -29,12 +29,10 @@ func (n *Node) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		// A gap longer than the TTL since the last renewal (the agent was
-		// frozen, or starved): this node's leases lapsed in every other
-		// node's view meanwhile, and its shards may run elsewhere now.
-		if gap := n.clock.Now().Sub(lastRenew); gap > n.cfg.LeaseTTL {
-			n.reclaim("no renewal for " + gap.Round(time.Millisecond).String())
-			lastRenew = n.renew()
+		// Before a pass plans with this node's claims: a frozen agent
+		// may wake on any of the channels below.
+		if n.clock.Now().Sub(lastRenew) > n.cfg.LeaseTTL {
+			lastRenew = n.renew(lastRenew)
 		}
 		n.reconcile(ctx)
 		select {
@@ -45,7 +43,7 @@ func (n *Node) loop(ctx context.Context) {
 		case <-n.wake:
 		case <-tick.C:
 		case <-renew.C:
-			lastRenew = n.renew()
+			lastRenew = n.renew(lastRenew)
 		}
 	}
 }
@@ -53,8 +51,18 @@ func (n *Node) loop(ctx context.Context) {
 // renew renews this node's leases and notes when on disk, so that a
 // restarted agent can tell whether they lapsed while it was away. It
 // returns the time of the renewal.
-func (n *Node) renew() time.Time {
+//
+// A gap longer than the TTL since the last renewal (the agent was frozen,
+// or starved) means this node's leases lapsed in every other node's view
+// meanwhile, and its shards may run elsewhere now: it reclaims them before
+// it renews. The check lives here, not only at the top of the loop,
+// because a frozen agent may wake on the renew tick first, and a renewal
+// that went unchecked would hide the gap for good.
+func (n *Node) renew(last time.Time) time.Time {
 	now := n.clock.Now()
+	if gap := now.Sub(last); gap > n.cfg.LeaseTTL {
+		n.reclaim("no renewal for " + gap.Round(time.Millisecond).String())
+	}
 	n.cluster.Renew()
 	if err := n.dir.WriteRenewal(now); err != nil && !n.renewalWarned {
 		n.renewalWarned = true

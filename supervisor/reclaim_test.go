@@ -104,3 +104,34 @@ func TestLeaseGapReclaims(t *testing.T) {
 		return r.count() == 1, fmt.Sprint(r.count(), " reclaims")
 	})
 }
+
+// The gap is judged at the renewal itself: a frozen agent may wake on the
+// renew tick before any other, and a renewal that did not look back would
+// hide the lapse for good (the loop's select picks among ready channels at
+// random, so TestLeaseGapReclaims alone passes most runs without it).
+func TestARenewalAfterTheTTLReclaimsFirst(t *testing.T) {
+	h := newHarness(t)
+	cfg := h.config("a")
+	if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r := &holdingRunner{}
+	cfg.Runner = r
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Kill() // the loop is gone: the renewals below are the only ones
+	before := r.count()
+	n.renew(time.Now().Add(-cfg.LeaseTTL / 2))
+	if got := r.count() - before; got != 0 {
+		t.Fatalf("a renewal within the TTL reclaimed %d times", got)
+	}
+	at := n.renew(time.Now().Add(-2 * cfg.LeaseTTL))
+	if got := r.count() - before; got != 1 {
+		t.Fatalf("a renewal two TTLs after the last reclaimed %d times, want 1", got)
+	}
+	if found, ok, err := datadir.New(cfg.DataDir).ReadRenewal(); err != nil || !ok || !found.Equal(at) {
+		t.Fatalf("renewal noted on disk: %v %v %v, want %v", found, ok, err, at)
+	}
+}
