@@ -46,20 +46,18 @@ func (p *Picker) Next() (int, error) {
 	return 0, errors.New("no free port on 127.0.0.1")
 }
 
-// Loopback returns a port the kernel just handed out on 127.0.0.1 that is
-// free for UDP too. Ports from one process do not repeat soon, so it needs
-// no memory; tests use it for nodes they start and stop themselves.
+// Loopback returns a port free on 127.0.0.1 for TCP and UDP, picked at
+// random below the kernel's ephemeral range, for tests that start and stop
+// nodes themselves. Not one the kernel hands out for ":0": closed again
+// until the node binds it, such a port went to some outgoing connection of
+// the machine's other tests often enough to fail CI ("address already in
+// use"). Unlike a Picker it keeps no memory, so callers need not share
+// one; two random picks among some 20,000 ports rarely meet while the
+// first is still unbound.
 func Loopback() (int, error) {
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
+	low := ephemeralLow()
+	for range 200 {
+		if port := 10000 + rand.IntN(max(low-10000, 1000)); free(port) {
 			return port, nil
 		}
 	}
