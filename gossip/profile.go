@@ -74,6 +74,14 @@ func (p Profile) DetectionBound(n int) time.Duration {
 	suspicion := time.Duration(float64(c.SuspicionMult) * nodeScale * float64(c.ProbeInterval))
 	maxSuspicion := time.Duration(c.SuspicionMaxTimeoutMult) * suspicion
 	probe := time.Duration(n)*c.ProbeInterval + c.ProbeTimeout
-	spread := time.Duration(4*math.Ceil(math.Log10(float64(n+1)))+4) * c.GossipInterval
-	return probe + maxSuspicion + spread + 2*c.ProbeInterval
+	return probe + maxSuspicion + p.SpreadBound(n) + 2*c.ProbeInterval
+}
+
+// SpreadBound is how long a change gossiped by one node of an n-node
+// cluster takes, at most, to reach every other: a few gossip rounds per
+// tenfold of nodes. Like DetectionBound it is a bound, not the typical
+// time.
+func (p Profile) SpreadBound(n int) time.Duration {
+	c := p.base()
+	return time.Duration(4*math.Ceil(math.Log10(float64(max(n, 1)+1)))+4) * c.GossipInterval
 }

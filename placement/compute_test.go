@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -904,5 +905,101 @@ func TestFaultedDuplicateDoesNotDrainForever(t *testing.T) {
 	got := find(Compute(view), "a-0")
 	if len(got) != 1 || got[0].Node != "n1" || got[0].Draining {
 		t.Fatalf("a-0 = %+v, want it kept once, on n1 (earliest claim)", got)
+	}
+}
+
+// A copy that serves keeps draining until what replaces it has served long
+// enough for every node to know (HeldShard.Settling): a rolling update, a
+// gang's, a scale-down and a move off a faulted GPU alike. Otherwise the
+// old copy's holder could stop it while gateways still see only it.
+func TestACopyDrainsUntilItsReplacementSettles(t *testing.T) {
+	h100 := "NVIDIA H100 80GB HBM3"
+	nodes := func(n int, gpus func() []GPU) []Node {
+		var out []Node
+		for i := range n {
+			out = append(out, mkNode(fmt.Sprintf("n%d", i+1), gpus()))
+		}
+		return out
+	}
+	one := func() []GPU { return hgpus(1, h100, 80, false) }
+	// held is the view once from's plan serves, every copy valid.
+	held := func(ns []Node, from Deployment) View {
+		v := View{Nodes: ns, Deployments: []Deployment{from}}
+		return heldFromPlan(v, Compute(v), LeaseValid)
+	}
+	v1, v1pp := version(mkDep("a", replicas(2))), version(mkDep("a", pp(2), tp(2)))
+	for _, tt := range []struct {
+		name string
+		view func() View
+		to   Deployment
+		// old says whether an assignment is a copy that must drain.
+		old func(a Assignment) bool
+	}{
+		{"rolling update", func() View { return held(nodes(4, one), mkDep("a", replicas(2))) },
+			mkDep("a", replicas(2), args("--x")), func(a Assignment) bool { return a.SpecVersion == v1 }},
+		{"gang update", func() View {
+			return held(nodes(4, func() []GPU { return hgpus(2, h100, 80, true) }), mkDep("a", pp(2), tp(2)))
+		}, mkDep("a", pp(2), tp(2), args("--x")), func(a Assignment) bool { return a.SpecVersion == v1pp }},
+		// Scaled from three to one while replica 0 is placed anew (its
+		// node had died): the two removed ones serve until it is ready.
+		{"scale down", func() View {
+			ns := nodes(3, one)
+			ns[1].Shards = []HeldShard{hold("a-1", version(mkDep("a")), LeaseValid, 1, 0)}
+			ns[2].Shards = []HeldShard{hold("a-2", version(mkDep("a")), LeaseValid, 2, 0)}
+			return View{Nodes: ns}
+		}, mkDep("a"), func(a Assignment) bool { return a.ReplicaID != "a-0" }},
+		{"faulted GPU", func() View {
+			bad := one()
+			bad[0].Faulted = true
+			n1 := mkNode("n1", bad, holding(hold("a-0", version(mkDep("a")), LeaseValid, 1, 0)))
+			return View{Nodes: []Node{n1, mkNode("n2", one())}}
+		}, mkDep("a"), func(a Assignment) bool { return a.Node == "n1" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			view := tt.view()
+			view.Deployments = []Deployment{tt.to}
+			had := map[string]bool{}
+			for _, n := range view.Nodes {
+				for _, s := range n.Shards {
+					had[n.Name+"/"+s.ShardID+"/"+s.SpecVersion] = true
+				}
+			}
+			olds := func(p Plan) int {
+				n := 0
+				for _, a := range p.Assignments {
+					if tt.old(a) {
+						if !a.Draining {
+							t.Fatalf("old copy %+v planned but not draining", a)
+						}
+						n++
+					}
+				}
+				return n
+			}
+			p := Compute(view)
+			want := olds(p)
+			if want == 0 {
+				t.Fatalf("no copy drains to begin with: %+v", p.Assignments)
+			}
+			// The replacements serve, but this node saw them valid only now.
+			next := heldFromPlan(view, p, LeaseValid)
+			for i := range next.Nodes {
+				for j := range next.Nodes[i].Shards {
+					s := &next.Nodes[i].Shards[j]
+					s.Settling = !had[next.Nodes[i].Name+"/"+s.ShardID+"/"+s.SpecVersion]
+				}
+			}
+			if got := olds(Compute(next)); got != want {
+				t.Fatalf("%d old copies planned while their replacements settle, want %d", got, want)
+			}
+			for i := range next.Nodes {
+				for j := range next.Nodes[i].Shards {
+					next.Nodes[i].Shards[j].Settling = false
+				}
+			}
+			if got := olds(Compute(next)); got != 0 {
+				t.Fatalf("%d old copies still planned once their replacements settled", got)
+			}
+		})
 	}
 }

@@ -111,6 +111,13 @@ type holder struct {
 
 func (h holder) ok() bool { return h.node != nil }
 
+// serving says whether the holder is there, serves under a valid lease, and
+// has done so long enough that every node has seen it (HeldShard.Settling):
+// only then may the copies it replaces stop.
+func (h holder) serving() bool {
+	return h.ok() && h.held.Lease == LeaseValid && !h.held.Settling
+}
+
 // before orders duplicate claims: a copy that serves (valid lease) before
 // one still loading, then the earliest claim stamp, then the lower node
 // name; the winner keeps the shard and the others stop. Serving first: a
@@ -286,7 +293,8 @@ func allDigits(s string) bool {
 // where placement would not put it today (labels changed, foreign memory
 // grew).
 //
-// Draining (serving, valid lease, until its replacement is ready):
+// Draining (serving, valid lease, until its replacement is ready and
+// settled, see HeldShard.Settling):
 //   - an older spec version of a replica that still exists, until every
 //     current-version shard of that replica is ready (per replica, not per
 //     shard: a pipeline is only useful whole);
@@ -310,7 +318,7 @@ func (p *planner) judgeHeld() {
 		for _, r := range d.replicas {
 			r.drains = slices.DeleteFunc(r.drains, func(h holder) bool {
 				s := p.shards[h.held.ShardID]
-				return h.held.SpecVersion == d.version && s != nil && s.kept.ok() && s.kept.held.Lease == LeaseValid
+				return h.held.SpecVersion == d.version && s != nil && s.kept.serving()
 			})
 		}
 	}
@@ -319,7 +327,7 @@ func (p *planner) judgeHeld() {
 		for _, r := range d.replicas {
 			ready := true
 			for _, s := range r.shards {
-				if !s.kept.ok() || s.kept.held.Lease != LeaseValid {
+				if !s.kept.serving() {
 					ready = false
 				}
 			}

@@ -89,6 +89,13 @@ type HeldShard struct {
 	// Failing is set when the engine keeps crashing here; placement may then
 	// move the shard to another node.
 	Failing bool `json:"failing,omitempty"`
+	// Settling marks a valid lease the viewing node first saw valid so
+	// recently that other nodes may not have seen it yet (the gossip
+	// spread). A copy this shard replaces keeps draining until it settles:
+	// nodes see a replacement ready at different moments, and a holder
+	// that stopped the old copy the moment it saw the new one ready would
+	// leave the gateways that have not seen it yet with neither.
+	Settling bool `json:"settling,omitempty"`
 }
 
 // Node is one member of the cluster as the viewing node sees it.

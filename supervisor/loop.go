@@ -24,6 +24,10 @@ func (n *Node) loop(ctx context.Context) {
 	defer tick.Stop()
 	renew := time.NewTicker(n.cfg.LeaseTTL / 3)
 	defer renew.Stop()
+	// settled wakes the loop when a replacement settles, so the copy it
+	// replaces stops then rather than at the next tick.
+	settled := time.NewTimer(time.Hour)
+	defer settled.Stop()
 	lastRenew := n.clock.Now()
 	for {
 		if ctx.Err() != nil {
@@ -35,6 +39,9 @@ func (n *Node) loop(ctx context.Context) {
 			lastRenew = n.renew(lastRenew)
 		}
 		n.reconcile(ctx)
+		if next := n.handover.next; !next.IsZero() {
+			settled.Reset(max(next.Sub(n.clock.Now()), 0))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -42,6 +49,7 @@ func (n *Node) loop(ctx context.Context) {
 		case <-n.runner.Changes():
 		case <-n.wake:
 		case <-tick.C:
+		case <-settled.C:
 		case <-renew.C:
 			lastRenew = n.renew(lastRenew)
 		}
@@ -109,6 +117,7 @@ func (n *Node) reconcile(ctx context.Context) {
 	isolated := n.checkIsolation(now, members)
 	deps := n.cluster.Deployments()
 	view := BuildView(members, deps, now, n.cfg.LeaseTTL)
+	n.handover.mark(&view, now, n.handoverPeriod(len(members)))
 	plan := placement.Compute(view)
 	specs := map[string]placement.Deployment{}
 	for _, d := range view.Deployments {

@@ -152,6 +152,9 @@ type Node struct {
 	// ratesPublished is when the gateway's rates last went out (the
 	// control loop owns it).
 	ratesPublished time.Time
+	// handover holds back the stop of copies whose replacements this node
+	// has just seen ready (the control loop owns it).
+	handover handover
 	// wake makes the control loop reconcile now (the node settled).
 	wake chan struct{}
 	// rescan makes the weights loop scan now.
