@@ -38,10 +38,10 @@ func engineCommand() *cli.Command {
 				&cli.IntFlag{Name: "block-size", Value: 16, Usage: "tokens per KV-cache block"},
 				&cli.IntFlag{Name: "num-gpu-blocks-override", Value: 8192, Usage: "KV-cache size in blocks (bounds the tokens in flight and the prefix cache)"},
 				&cli.BoolFlag{Name: "no-enable-prefix-caching", Usage: "compute every prompt whole"},
-				// The engine runner passes the engine's key here, as it
-				// passes vLLM's --api-key. No environment variable: the
-				// runtimes strip LLMGW_* from engines.
-				&cli.StringFlag{Name: "api-key", Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
+				// The engine runner passes the engine's key in VLLM_API_KEY,
+				// as it does vLLM's (off the command line, which every local
+				// user can read); the flag wins, as vLLM's does.
+				&cli.StringFlag{Name: "api-key", Sources: cli.EnvVars("VLLM_API_KEY"), Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
 				// Gang mode, with vLLM's multi-node flags (see fakeengine.Gang).
 				&cli.IntFlag{Name: "nnodes", Value: 1, Usage: "nodes of the gang; above 1, rank 0 listens on the master port and the others connect"},
 				&cli.IntFlag{Name: "node-rank", Usage: "this member's rank in the gang"},

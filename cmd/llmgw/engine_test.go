@@ -12,9 +12,24 @@ import (
 	"github.com/llmgw/llmgw/internal/testwait"
 )
 
-// `llmgw engine fake --api-key K` demands K on /v1/* and leaves /health
-// open, as the engine runner relies on when it starts the fake profile.
+// `llmgw engine fake` demands its key on /v1/* and leaves /health open, as
+// the engine runner relies on when it starts the fake profile. The runner
+// passes the key in VLLM_API_KEY (off the command line); --api-key wins
+// over it, as vLLM's does.
 func TestEngineFakeDemandsItsAPIKey(t *testing.T) {
+	t.Run("from VLLM_API_KEY", func(t *testing.T) {
+		t.Setenv("VLLM_API_KEY", "k-0123")
+		fakeDemands(t, "k-0123")
+	})
+	t.Run("--api-key over VLLM_API_KEY", func(t *testing.T) {
+		t.Setenv("VLLM_API_KEY", "k-env")
+		fakeDemands(t, "k-flag", "--api-key", "k-flag")
+	})
+}
+
+// fakeDemands runs `llmgw engine fake` with extra args and checks that it
+// demands key on /v1/* and nothing on /health.
+func fakeDemands(t *testing.T, key string, extra ...string) {
 	port, err := freeport.Loopback()
 	if err != nil {
 		t.Fatal(err)
@@ -24,8 +39,8 @@ func TestEngineFakeDemandsItsAPIKey(t *testing.T) {
 	go func() {
 		app := newApp()
 		app.Writer, app.ErrWriter = io.Discard, io.Discard
-		done <- app.Run(ctx, []string{"llmgw", "engine", "fake", "--model", "m", "--host", "127.0.0.1",
-			"--port", strconv.Itoa(port), "--api-key", "k-0123"})
+		done <- app.Run(ctx, append([]string{"llmgw", "engine", "fake", "--model", "m", "--host", "127.0.0.1",
+			"--port", strconv.Itoa(port)}, extra...))
 	}()
 	defer func() {
 		cancel()
@@ -58,7 +73,10 @@ func TestEngineFakeDemandsItsAPIKey(t *testing.T) {
 	if c := status("/v1/models", ""); c != 401 {
 		t.Errorf("/v1/models without the key = %d, want 401", c)
 	}
-	if c := status("/v1/models", "Bearer k-0123"); c != 200 {
+	if c := status("/v1/models", "Bearer "+key); c != 200 {
 		t.Errorf("/v1/models with the key = %d, want 200", c)
+	}
+	if c := status("/v1/models", "Bearer k-env"); key != "k-env" && c != 401 {
+		t.Errorf("/v1/models with VLLM_API_KEY's value under --api-key = %d, want 401", c)
 	}
 }

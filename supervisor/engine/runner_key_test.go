@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,18 @@ func TestEngineDemandsItsKeyAndTheRunnerPresentsIt(t *testing.T) {
 	pid := readyPID(r, "chat-0")
 	url := r.Shards()[0].URL
 	key := secret.EngineKey(testToken, EngineID(d.ShardID, d.SpecVersion))
+	// The key is in the engine's environment, not on its command line,
+	// which every local user can read.
+	argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(argv), key) {
+		t.Errorf("the engine's key is on its command line: %q", strings.ReplaceAll(string(argv), "\x00", " "))
+	}
+	if environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err != nil || !slices.Contains(strings.Split(string(environ), "\x00"), "VLLM_API_KEY="+key) {
+		t.Errorf("VLLM_API_KEY=<key> not in the engine's environment (%v)", err)
+	}
 
 	for _, tc := range []struct {
 		key  string

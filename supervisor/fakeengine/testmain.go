@@ -3,6 +3,7 @@ package fakeengine
 import (
 	"context"
 	"flag"
+	"os"
 )
 
 // MainForTests lets a test binary stand in for `llmgw engine fake`: the
@@ -21,7 +22,8 @@ func MainForTests(args []string) (int, bool) {
 	crash := fs.Duration("crash-after", 0, "")
 	code := fs.Int("exit-code", 1, "")
 	failHealth := fs.Bool("fail-health", false, "")
-	apiKey := fs.String("api-key", "", "")
+	// As `llmgw engine fake`: the runner passes the key in VLLM_API_KEY.
+	apiKey := fs.String("api-key", os.Getenv("VLLM_API_KEY"), "")
 	var m Config
 	fs.DurationVar(&m.TokenDelay, "token-delay", 0, "")
 	fs.DurationVar(&m.PrefillBase, "prefill-base", 0, "")

@@ -18,10 +18,10 @@ const (
 	vllmSeqs   = "{{if .MaxNumSeqs}}--max-num-seqs={{.MaxNumSeqs}}{{end}}"
 	sglangLen  = "{{if .MaxModelLen}}--context-length={{.MaxModelLen}}{{end}}"
 	sglangSeqs = "{{if .MaxNumSeqs}}--max-running-requests={{.MaxNumSeqs}}{{end}}"
-	// apiKey makes the engine demand its key on its API. vLLM also reads
-	// VLLM_API_KEY, but the flag is the one spelling vLLM, SGLang and the
-	// fake engine share.
-	apiKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
+	// sglangKey makes SGLang demand its key on its API. It is the one
+	// built-in engine that reads its key from no environment variable (see
+	// Profile.KeyEnv), so its key shows on its command line.
+	sglangKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
 )
 
 // gang writes a multi-node flag only for a replica that spans nodes:
@@ -61,7 +61,6 @@ func Builtin() map[string]Profile {
 				vllmUtil,
 				vllmLen,
 				vllmSeqs,
-				apiKey,
 				// A gang: vLLM's own multi-node launch (no Ray). Every
 				// rank runs `vllm serve` with the same model and sizes;
 				// ranks above 0 are headless workers that dial rank 0.
@@ -73,6 +72,7 @@ func Builtin() map[string]Profile {
 				headless,
 			},
 			Env:         append([]string{hfHome}, gangEnv...),
+			KeyEnv:      "VLLM_API_KEY",
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",
@@ -104,7 +104,7 @@ func Builtin() map[string]Profile {
 				sglangMem,
 				sglangLen,
 				sglangSeqs,
-				apiKey,
+				sglangKey,
 				gang("nnodes", "NNodes"),
 				gang("node-rank", "NodeRank"),
 				"{{if gt .NNodes 1}}--dist-init-addr={{.MasterAddr}}:{{.MasterPort}}{{end}}",
@@ -138,11 +138,10 @@ func Builtin() map[string]Profile {
 				"--port", "{{.Port}}",
 				"--n-gpu-layers", "999",
 				"--metrics",
-				// llama.cpp's parser takes no --flag=value: flag and value
-				// are two elements, both dropped without a key. With a key
-				// it guards /metrics too, so the load scrape sends it.
-				"{{if .APIKey}}--api-key{{end}}", "{{.APIKey}}",
 			},
+			// With a key llama.cpp guards /metrics too, so the load
+			// scrape sends it.
+			KeyEnv:      "LLAMA_API_KEY",
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",
@@ -163,7 +162,6 @@ func Builtin() map[string]Profile {
 				"--model", "{{.ServedName}}",
 				"--host", "{{.Host}}",
 				"--port", "{{.Port}}",
-				apiKey,
 				// The fake engine's gang mode takes vLLM's flags.
 				gang("nnodes", "NNodes"),
 				gang("node-rank", "NodeRank"),
@@ -171,6 +169,8 @@ func Builtin() map[string]Profile {
 				gang("master-port", "MasterPort"),
 				headless,
 			},
+			// As vLLM: `llmgw engine fake` reads VLLM_API_KEY too.
+			KeyEnv:      "VLLM_API_KEY",
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",

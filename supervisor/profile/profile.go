@@ -6,15 +6,17 @@
 // Templates are Go text/template strings evaluated against Data. An element
 // of Command or Env that renders to the empty string is dropped, which is how
 // an optional flag is written: `{{if .GPUMemoryUtilization}}--flag={{.GPUMemoryUtilization}}{{end}}`.
-// For an engine whose parser does not take --flag=value (llama.cpp), the
+// For an engine whose parser does not take --flag=value (llama.cpp's), the
 // flag and its value are two elements that are both empty without the
-// value: `{{if .APIKey}}--api-key{{end}}`, `{{.APIKey}}`.
+// value: `{{if .Flag}}--flag{{end}}`, `{{.Flag}}`. The engine's API key goes
+// in the variable Profile.KeyEnv names where the engine reads one.
 package profile
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,6 +58,14 @@ type Profile struct {
 	// Env elements are KEY=VALUE templates; the deployment's env wins over
 	// them.
 	Env []string `json:"env,omitempty"`
+	// KeyEnv names the environment variable the engine reads its API key
+	// from (vLLM's VLLM_API_KEY, llama.cpp's LLAMA_API_KEY). The key then
+	// travels in the engine's environment, which only its user and root
+	// can read, not on its command line, which every local user can
+	// (/proc/PID/cmdline, ps); it wins over a deployment's env of that
+	// name. Empty: the command carries {{.APIKey}} itself (SGLang reads
+	// its key from no variable).
+	KeyEnv string `json:"key_env,omitempty"`
 	// Paths llmgw probes. Readiness is HealthPath answering 200 and
 	// ModelsPath listing the served name.
 	HealthPath  string  `json:"health_path"`
@@ -215,6 +225,13 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("profile %q: %w", p.Name, err)
 	}
+	if p.KeyEnv != "" && in.APIKey != "" {
+		// After the deployment's env: a deployment that named the variable
+		// would otherwise give the engine a key no gateway presents.
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, p.KeyEnv+"=") })
+		env = append(env, p.KeyEnv+"="+in.APIKey)
+		slices.Sort(env)
+	}
 
 	image = p.Image
 	if d.Image != "" {
@@ -284,6 +301,9 @@ func mergeEnv(base []string, over map[string]string) ([]string, error) {
 	return env, nil
 }
 
+// envName is what key_env may be: a portable environment variable name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
 // Validate parses every template of p and checks the required fields, so a
 // profile loaded from a file fails at load rather than at first start.
 func (p Profile) Validate() error {
@@ -295,6 +315,9 @@ func (p Profile) Validate() error {
 	}
 	if p.HealthPath == "" || p.ModelsPath == "" {
 		return fmt.Errorf("profile %q: health_path and models_path are required", p.Name)
+	}
+	if p.KeyEnv != "" && !envName.MatchString(p.KeyEnv) {
+		return fmt.Errorf("profile %q: key_env %q is not an environment variable name (letters, digits and _, not starting with a digit)", p.Name, p.KeyEnv)
 	}
 	// Both a single engine and a gang member, so that a template that
 	// only a gang takes (an {{if gt .NNodes 1}} branch) is checked too.

@@ -223,15 +223,22 @@ func TestResolveDoesNotAliasProfile(t *testing.T) {
 }
 
 // Every built-in profile starts its engine with the engine's key when it
-// has one, in the form that engine's parser takes, and before the
-// deployment's args; without a key no trace of the flag is left.
+// has one: in the environment variable the engine reads, never on the
+// command line, which every local user can read, except for SGLang, which
+// reads none and takes it as a flag before the deployment's args. A
+// deployment's env of that name does not replace it. Without a key no
+// trace of it is left.
 func TestResolveCarriesTheEngineKey(t *testing.T) {
 	const key = "0123456789abcdef0123456789abcdef"
-	want := map[string][]string{
-		"vllm":     {"--api-key=" + key},
-		"sglang":   {"--api-key=" + key},
-		"llamacpp": {"--api-key", key}, // llama.cpp takes no --flag=value
-		"fake":     {"--api-key=" + key},
+	type where struct {
+		env  string   // the variable, or "" for the command line
+		flag []string // on the command line, just before the deployment's args
+	}
+	want := map[string]where{
+		"vllm":     {env: "VLLM_API_KEY"},
+		"sglang":   {flag: []string{"--api-key=" + key}},
+		"llamacpp": {env: "LLAMA_API_KEY"},
+		"fake":     {env: "VLLM_API_KEY"},
 	}
 	for name, p := range Builtin() {
 		w, ok := want[name]
@@ -239,19 +246,33 @@ func TestResolveCarriesTheEngineKey(t *testing.T) {
 			t.Errorf("profile %s: no expectation; every built-in engine must demand its key", name)
 			continue
 		}
-		d := placement.Deployment{Name: "a", Model: "m", Args: []string{"--last"}}
+		d := placement.Deployment{Name: "a", Model: "m", Args: []string{"--last"}, Env: map[string]string{"VLLM_API_KEY": "mine", "LLAMA_API_KEY": "mine"}}
 		in := Inputs{Port: 1, Self: "/llmgw", APIKey: key}
-		cmd, _, _, err := Resolve(p, d, in)
+		cmd, env, _, err := Resolve(p, d, in)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		tail := cmd[len(cmd)-len(w)-1:]
-		if !slices.Equal(tail, append(slices.Clone(w), "--last")) {
-			t.Errorf("%s: command %q does not end with %q then the deployment's args", name, cmd, w)
+		if w.env != "" {
+			if !slices.Contains(env, w.env+"="+key) || slices.Contains(env, w.env+"=mine") {
+				t.Errorf("%s: env %q, want %s=<the key> in place of the deployment's", name, env, w.env)
+			}
+			for _, a := range cmd {
+				if strings.Contains(a, key) || strings.Contains(a, "api-key") {
+					t.Errorf("%s: the key is on the command line %q", name, cmd)
+				}
+			}
+			if !slices.IsSorted(env) {
+				t.Errorf("%s: env %q not sorted", name, env)
+			}
+		} else {
+			tail := cmd[len(cmd)-len(w.flag)-1:]
+			if !slices.Equal(tail, append(slices.Clone(w.flag), "--last")) {
+				t.Errorf("%s: command %q does not end with %q then the deployment's args", name, cmd, w.flag)
+			}
 		}
 
 		in.APIKey = ""
-		cmd, _, _, err = Resolve(p, d, in)
+		cmd, env, _, err = Resolve(p, d, in)
 		if err != nil {
 			t.Fatalf("%s without a key: %v", name, err)
 		}
@@ -260,5 +281,25 @@ func TestResolveCarriesTheEngineKey(t *testing.T) {
 				t.Errorf("%s without a key: command %q has %q", name, cmd, a)
 			}
 		}
+		if w.env != "" && !slices.Contains(env, w.env+"=mine") {
+			t.Errorf("%s without a key: env %q lost the deployment's %s", name, env, w.env)
+		}
+	}
+}
+
+// A profile's key_env must be a variable name: anything else would write a
+// malformed environment entry.
+func TestValidateRefusesABadKeyEnv(t *testing.T) {
+	p := Builtin()["vllm"]
+	for _, bad := range []string{"VLLM API KEY", "1KEY", "KEY=x", "K-EY"} {
+		p.KeyEnv = bad
+		err := p.Validate()
+		if err == nil || !strings.Contains(err.Error(), "key_env") {
+			t.Errorf("key_env %q: %v, want an error naming key_env", bad, err)
+		}
+	}
+	p.KeyEnv = "MY_ENGINE_KEY"
+	if err := p.Validate(); err != nil {
+		t.Errorf("key_env MY_ENGINE_KEY: %v", err)
 	}
 }
