@@ -70,7 +70,17 @@ func (h *harness) config(name string, join ...string) Config {
 func (h *harness) start(name string, join ...string) *Node {
 	h.t.Helper()
 	cfg := h.config(name, join...)
+	_, restart := h.nodes[name]
 	n, err := Start(context.Background(), cfg)
+	// Another test process may take a port between config's pick and this
+	// bind. A first start takes new ports (read them back through
+	// gossipAddr, not from an earlier config); a restart must keep its
+	// address.
+	for try := 0; err != nil && !restart && try < 3 && strings.Contains(err.Error(), "address already in use"); try++ {
+		cfg.BindPort, cfg.APIAddr = freePort(h.t), fmt.Sprintf("127.0.0.1:%d", freePort(h.t))
+		h.cfgs[name] = cfg
+		n, err = Start(context.Background(), cfg)
+	}
 	if err != nil {
 		h.t.Fatalf("start %s: %v", name, err)
 	}

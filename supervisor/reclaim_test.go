@@ -39,6 +39,30 @@ func (h *holdingRunner) count() int {
 	return len(h.reclaims)
 }
 
+// startHolding starts node "a" of a fresh harness with a holdingRunner,
+// after noting a renewal at renewed in its data dir (none when zero);
+// adjust, when given, changes the config first.
+func startHolding(t *testing.T, renewed time.Time, adjust func(*Config)) (*Node, *holdingRunner, Config) {
+	t.Helper()
+	cfg := newHarness(t).config("a")
+	if !renewed.IsZero() {
+		if err := datadir.New(cfg.DataDir).WriteRenewal(renewed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &holdingRunner{}
+	cfg.Runner = r
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	n, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Kill() })
+	return n, r, cfg
+}
+
 // An agent that starts longer than the lease TTL after the last renewal
 // noted in its data dir (or with none noted) has lost its leases: what it
 // adopts claims afresh. A quick restart keeps its claims.
@@ -53,20 +77,11 @@ func TestRestartAfterTheTTLReclaims(t *testing.T) {
 		{"no renewal noted", 0, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
-			cfg := h.config("a")
+			var at time.Time
 			if tt.renewed != 0 {
-				if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now().Add(tt.renewed)); err != nil {
-					t.Fatal(err)
-				}
+				at = time.Now().Add(tt.renewed)
 			}
-			r := &holdingRunner{}
-			cfg.Runner = r
-			n, err := Start(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer n.Kill()
+			_, r, cfg := startHolding(t, at, nil)
 			if got := r.count(); got != tt.want {
 				t.Fatalf("%d reclaims at start, want %d", got, tt.want)
 			}
@@ -82,20 +97,10 @@ func TestRestartAfterTheTTLReclaims(t *testing.T) {
 // A node whose loop did not renew for longer than the TTL (its agent was
 // frozen) reclaims what it holds before it plans again.
 func TestLeaseGapReclaims(t *testing.T) {
-	h := newHarness(t)
-	cfg := h.config("a")
-	if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now()); err != nil {
-		t.Fatal(err)
-	}
 	var skew atomic.Int64
-	cfg.Clock = clock.Func(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
-	r := &holdingRunner{}
-	cfg.Runner = r
-	n, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Kill()
+	_, r, cfg := startHolding(t, time.Now(), func(cfg *Config) {
+		cfg.Clock = clock.Func(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
+	})
 	testwait.StaysTrue(t, 2*cfg.LeaseTTL/3, "no reclaim while the node renews", func() (bool, string) {
 		return r.count() == 0, fmt.Sprint(r.count(), " reclaims")
 	})
@@ -110,17 +115,7 @@ func TestLeaseGapReclaims(t *testing.T) {
 // hide the lapse for good (the loop's select picks among ready channels at
 // random, so TestLeaseGapReclaims alone passes most runs without it).
 func TestARenewalAfterTheTTLReclaimsFirst(t *testing.T) {
-	h := newHarness(t)
-	cfg := h.config("a")
-	if err := datadir.New(cfg.DataDir).WriteRenewal(time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	r := &holdingRunner{}
-	cfg.Runner = r
-	n, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, r, cfg := startHolding(t, time.Now(), nil)
 	n.Kill() // the loop is gone: the renewals below are the only ones
 	before := r.count()
 	n.renew(time.Now().Add(-cfg.LeaseTTL / 2))

@@ -120,7 +120,6 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 	}
 	cfg := supervisortest.Config(tb, name, joins...)
 	cfg.Token = testToken
-	tn.gossipPort = cfg.BindPort
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		tn.mcp = Register(n, mux, Options{
 			Host: host.Config{
@@ -136,6 +135,7 @@ func startNode(tb testing.TB, name string, join ...*testNode) *testNode {
 		})
 	}
 	tn.node = supervisortest.Start(tb, cfg)
+	tn.gossipPort = supervisortest.GossipPort(tb, tn.node)
 	return tn
 }
 

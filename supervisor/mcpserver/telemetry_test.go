@@ -19,11 +19,12 @@ func TestNodesCarriesTelemetry(t *testing.T) {
 	cfg.Interconnect = func(context.Context) (host.Interconnect, error) {
 		return host.Interconnect{Links: []host.LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 12.46, RxMBps: 0.31}}}, nil
 	}
-	tn := &testNode{name: "tele", gossipPort: cfg.BindPort, sent: &recordingTransport{base: http.DefaultTransport}}
+	tn := &testNode{name: "tele", sent: &recordingTransport{base: http.DefaultTransport}}
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		tn.mcp = Register(n, mux, Options{Host: host.Config{Host: "host-tele"}, Version: "test"})
 	}
 	tn.node = supervisortest.Start(t, cfg)
+	tn.gossipPort = supervisortest.GossipPort(t, tn.node)
 	cs := connect(t, tn, testToken)
 	var nodes nodesOut
 	waitFor(t, "tele's telemetry in MCP nodes", func() bool {

@@ -34,7 +34,8 @@ func startNode(t *testing.T, name string, join ...int) (*supervisor.Node, int) {
 		m := mcpserver.Register(n, mux, mcpserver.Options{})
 		Register(n, mux, Options{ScrapeErrors: func() uint64 { return 3 }, Collectors: []prometheus.Collector{m}})
 	}
-	return supervisortest.Start(t, cfg), cfg.BindPort
+	n := supervisortest.Start(t, cfg)
+	return n, supervisortest.GossipPort(t, n)
 }
 
 func scrape(t *testing.T, n *supervisor.Node) map[string]*dto.MetricFamily {

@@ -29,7 +29,8 @@ func startWith(t *testing.T, name string, labels map[string]string, mut func(*su
 	cfg.Token, cfg.Version, cfg.Labels = token, "v-test", labels
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) { Register(n, mux, Options{}) }
 	mut(&cfg)
-	return supervisortest.Start(t, cfg), cfg.BindPort
+	n := supervisortest.Start(t, cfg)
+	return n, supervisortest.GossipPort(t, n)
 }
 
 func get(t *testing.T, url string) (int, http.Header, string) {

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,13 +58,31 @@ func Config(tb testing.TB, name string, joinPorts ...int) supervisor.Config {
 	}
 }
 
-// Start starts a node from cfg and kills it when the test ends.
+// Start starts a node from cfg and kills it when the test ends. Another
+// test process may take the gossip port between Config's pick and this
+// bind; Start then takes another, so read the node's address back from it
+// (GossipPort), not from cfg.
 func Start(tb testing.TB, cfg supervisor.Config) *supervisor.Node {
 	tb.Helper()
 	n, err := supervisor.Start(context.Background(), cfg)
+	for try := 0; err != nil && try < 3 && strings.Contains(err.Error(), "address already in use"); try++ {
+		cfg.BindPort = FreePort(tb)
+		n, err = supervisor.Start(context.Background(), cfg)
+	}
 	if err != nil {
 		tb.Fatalf("start %s: %v", cfg.Name, err)
 	}
 	tb.Cleanup(func() { _ = n.Kill() })
 	return n
+}
+
+// GossipPort is the port n gossips on.
+func GossipPort(tb testing.TB, n *supervisor.Node) int {
+	tb.Helper()
+	_, p, err := net.SplitHostPort(n.GossipAddr())
+	port, perr := strconv.Atoi(p)
+	if err != nil || perr != nil {
+		tb.Fatalf("gossip address %q: %v %v", n.GossipAddr(), err, perr)
+	}
+	return port
 }
