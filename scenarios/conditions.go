@@ -287,6 +287,9 @@ func (r *runner) wrongListener(row shardRow) string {
 	return ""
 }
 
+// shardRows are n's /v1/shards rows of shard, less the copies its node is
+// stopping (the reason is status.notPlanned's): a condition is about the
+// copies the plan counts on.
 func (r *runner) shardRows(n *node, shard string) ([]shardRow, error) {
 	var rows []shardRow
 	if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
@@ -294,7 +297,7 @@ func (r *runner) shardRows(n *node, shard string) ([]shardRow, error) {
 	}
 	var out []shardRow
 	for _, row := range rows {
-		if row.ShardID == shard && row.Reason != "not in the plan: being stopped" {
+		if row.ShardID == shard && row.Reason != "not in the plan: its node stops it" {
 			out = append(out, row)
 		}
 	}
