@@ -38,7 +38,10 @@ type Engine struct {
 	Shard, Model, Engine, Deployment string
 	SpecVersion                      string
 	GPUs                             []int
-	Port, PID                        int
+	// MemoryPerGPU is what the shard was placed with on each GPU (0:
+	// whole GPUs).
+	MemoryPerGPU uint64
+	Port, PID    int
 	// PIDAlive: the process is still there (an agent that is down leaves
 	// its engines running).
 	PIDAlive  bool
@@ -66,7 +69,7 @@ func (r EnginesReader) Read(ctx context.Context, d datadir.Dir, st stamp) Engine
 	}
 	for _, st := range states {
 		e := Engine{Shard: st.ShardID, Model: st.Spec.ServedModelName, Engine: st.Spec.Engine, Deployment: st.Spec.Deployment,
-			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, Port: st.Spec.HTTPPort, PID: st.PID,
+			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, MemoryPerGPU: st.Spec.MemoryPerGPU, Port: st.Spec.HTTPPort, PID: st.PID,
 			PIDAlive: alive(st.PID), StartedAt: st.StartedAt, Restarts: st.Restarts}
 		// Clients ask for the served name (the deployment's); the hub id
 		// stands in only when there is none.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
 )
@@ -120,8 +121,30 @@ func (r GPUsReader) Read(ctx context.Context, st stamp) GPUsSection {
 	return s
 }
 
-// addEngines names, on each GPU, the models whose engines hold it.
+// addEngines names, on each GPU, the models whose engines hold it. On
+// simulated GPUs, which report no memory of their own, the memory used is
+// what the running engines were placed with, as the agent reports it to
+// the cluster (gpu.WithClaims): otherwise this screen said 0 GiB where
+// `llmgw nodes` says 80.
 func (s *GPUsSection) addEngines(engines []Engine) {
+	if s.Simulated {
+		gpus := make([]placement.GPU, len(s.GPUs))
+		for i, g := range s.GPUs {
+			gpus[i] = placement.GPU{Index: g.Index, MemoryTotal: g.MemTotal}
+		}
+		var claims []gpu.Claim
+		for _, e := range engines {
+			if !e.PIDAlive {
+				continue
+			}
+			for _, g := range e.GPUs {
+				claims = append(claims, gpu.Claim{Index: g, Bytes: e.MemoryPerGPU})
+			}
+		}
+		for i, g := range gpu.WithClaims(gpus, claims) {
+			s.GPUs[i].MemUsed = g.MemoryUsed
+		}
+	}
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		for _, e := range engines {

@@ -190,6 +190,20 @@ func TestGPUsSimulatedFromStamp(t *testing.T) {
 	if out := Render(Frame{At: t0, GPUs: s}, 0, Plain()); !strings.Contains(out, "simulated") {
 		t.Errorf("frame:\n%s", out)
 	}
+	// Simulated GPUs hold what the running engines were placed with, as
+	// the agent tells the cluster; an engine whose process is gone holds
+	// nothing.
+	s.addEngines([]Engine{
+		{Model: "chat", GPUs: []int{0}, MemoryPerGPU: 40 << 30, PIDAlive: true},
+		{Model: "gone", GPUs: []int{1}, PIDAlive: false},
+	})
+	if s.GPUs[0].MemUsed != 40<<30 || s.GPUs[1].MemUsed != 0 {
+		t.Fatalf("used %d and %d bytes, want 40 GiB and 0", s.GPUs[0].MemUsed, s.GPUs[1].MemUsed)
+	}
+	s.addEngines([]Engine{{Model: "big", GPUs: []int{1}, PIDAlive: true}}) // whole GPU
+	if out := Render(Frame{At: t0, GPUs: s}, 0, Plain()); !strings.Contains(out, "80.0/80.0 GiB") {
+		t.Errorf("a whole-GPU engine does not fill its GPU:\n%s", out)
+	}
 }
 
 func TestDisks(t *testing.T) {
