@@ -186,7 +186,7 @@ func New(cfg Config) *Gateway {
 func (g *Gateway) Update(snap *status.Snapshot) {
 	now := g.now()
 	t := BuildTable(snap, now)
-	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.rates(now, rateWindow)}
+	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.published(now)}
 	g.statesMu.Lock()
 	next := make(map[string]*tracked, len(g.states))
 	for name, e := range t.entries {
@@ -232,16 +232,24 @@ func (g *Gateway) SetKeys(ks *KeySet) {
 func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.now()) }
 
 // rateWindow is how far back Rates looks: long enough that a steady rate
-// reads steady, short enough that traffic moving to another door shows
-// within seconds.
-const rateWindow = 10 * time.Second
+// reads steady. rateRise is the short window it also reads, so that
+// traffic that starts at this door shows within seconds: while a rising
+// rate lags, the other gateways under-count this door's unseen load, the
+// unsafe direction; a falling one lags the long window, which only keeps
+// them careful a little longer.
+const (
+	rateWindow = 10 * time.Second
+	rateRise   = 2 * time.Second
+)
 
-// Rates is the requests per second this gateway sent to each deployment
-// over the last 10 s; deployments it sent nothing to are absent, and an
-// idle gateway's map is empty, not nil. The node publishes it in its
-// record (gossip.NodeRecord.GatewayRates), and the other gateways weigh by
-// it how much of a replica's unseen load may be this one's (Table.Others).
-func (g *Gateway) Rates() map[string]float64 { return g.stats.rates(g.now(), rateWindow) }
+// Rates is the requests per second this gateway sent to each deployment:
+// the higher of its rates over the last 10 s and the last 2 s.
+// Deployments it sent nothing to are absent, and an idle gateway's map is
+// empty, not nil. The node publishes it in its record
+// (gossip.NodeRecord.GatewayRates), and the other gateways weigh by it how
+// much of a replica's unseen load may be this one's (Table.Others), which
+// divides by this gateway's own figure, measured alike.
+func (g *Gateway) Rates() map[string]float64 { return g.stats.published(g.now()) }
 
 // StatsWindow is the window Stats reports over (Config.StatsWindow).
 func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }

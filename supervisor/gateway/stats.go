@@ -125,6 +125,16 @@ func (s *stats) rates(now time.Time, window time.Duration) map[string]float64 {
 	return out
 }
 
+// published is Gateway.Rates: per deployment the higher of the rates over
+// rateWindow and over rateRise.
+func (s *stats) published(now time.Time) map[string]float64 {
+	out := s.rates(now, rateWindow)
+	for m, r := range s.rates(now, rateRise) {
+		out[m] = max(out[m], r)
+	}
+	return out
+}
+
 func (s *stats) snapshot(now time.Time) []ModelStats {
 	s.mu.RLock()
 	names := make([]string, 0, len(s.models))

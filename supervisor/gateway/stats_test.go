@@ -33,3 +33,24 @@ func TestRatesCountTheWindow(t *testing.T) {
 		t.Errorf("no traffic: %v, want an empty map", r)
 	}
 }
+
+// What a gateway publishes follows a rise within the short window: a door
+// whose traffic began a second ago at 20 req/s reads 10 req/s (20
+// requests over 2 s), not the long window's 2, and a door whose traffic
+// stopped keeps the long window's figure while it decays.
+func TestPublishedRatesFollowARiseAtOnce(t *testing.T) {
+	s := newStats(time.Minute)
+	for i := range 20 { // 20 req/s for the last second
+		s.record("rising", t0.Add(-time.Duration(i)*50*time.Millisecond), time.Millisecond, 200)
+	}
+	for i := range 40 { // 5 req/s for 8 s, then nothing for the last 2 s
+		s.record("falling", t0.Add(-2*time.Second-time.Duration(i)*200*time.Millisecond), time.Millisecond, 200)
+	}
+	got := s.published(t0)
+	if got["rising"] != 10 {
+		t.Errorf("rising: %v req/s, want 10 (the short window's)", got["rising"])
+	}
+	if got["falling"] != 4 {
+		t.Errorf("falling: %v req/s, want 4 (the long window's 40 requests over 10 s)", got["falling"])
+	}
+}
