@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/llmgw/llmgw/probes/sockets"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // cond is one check over the observers: true when it holds everywhere,
@@ -288,8 +289,7 @@ func (r *runner) wrongListener(row shardRow) string {
 }
 
 // shardRows are n's /v1/shards rows of shard, less the copies its node is
-// stopping (the reason is status.notPlanned's): a condition is about the
-// copies the plan counts on.
+// stopping: a condition is about the copies the plan counts on.
 func (r *runner) shardRows(n *node, shard string) ([]shardRow, error) {
 	var rows []shardRow
 	if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
@@ -297,7 +297,7 @@ func (r *runner) shardRows(n *node, shard string) ([]shardRow, error) {
 	}
 	var out []shardRow
 	for _, row := range rows {
-		if row.ShardID == shard && row.Reason != "not in the plan: its node stops it" {
+		if row.ShardID == shard && row.Reason != status.ReasonNotPlanned {
 			out = append(out, row)
 		}
 	}

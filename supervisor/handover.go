@@ -7,9 +7,9 @@ import (
 )
 
 // minHandover is the least time a replacement serves, as this node saw it,
-// before the copy it replaces may stop (see handover). The gossip spread
-// alone is a few hundred milliseconds on a small local cluster, less than
-// what a busy machine may add to one node's view.
+// before the copy it replaces may stop (see handover). The local profile's
+// spread bound on a few nodes is 400 ms (8 rounds of 50 ms); the floor
+// leaves room for a node whose loop a busy machine holds up.
 const minHandover = time.Second
 
 // handover remembers when this node first saw each held copy's lease valid,

@@ -132,13 +132,22 @@ func (n *Node) reconcile(ctx context.Context) {
 	gangViews(mine, plan, members, now, n.cfg.LeaseTTL)
 	n.runner.Reconcile(ctx, mine)
 	shards := n.runner.Shards()
-	if n.recordNeedsShards(shards) {
-		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Shards = shards })
-		// Readers see what this node now holds, not the record before.
+	// One record for both: every UpdateLocal sends the whole record and
+	// wakes this loop for another pass.
+	shardsDue := n.recordNeedsShards(shards)
+	rates, ratesDue := n.gatewayRatesDue(now)
+	if shardsDue || ratesDue {
+		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) {
+			if shardsDue {
+				r.Shards = shards
+			}
+			if ratesDue {
+				r.GatewayRates = rates
+			}
+		})
+		// Readers see what this node now holds and sends, not the record
+		// before.
 		members = n.cluster.Members()
-	}
-	if rates, due := n.gatewayRatesDue(now); due {
-		n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.GatewayRates = rates })
 	}
 	n.publish(status.Build(status.Input{Self: n.cfg.Name, Now: now, TTL: n.cfg.LeaseTTL, Plan: plan, View: view,
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated}), writes)

@@ -32,32 +32,30 @@ func New() *Picker { return &Picker{given: map[int]bool{}, low: ephemeralLow()} 
 func (p *Picker) Next() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for range 200 {
-		port := 10000 + rand.IntN(max(p.low-10000, 1000))
-		if p.given[port] {
-			continue
-		}
-		if !free(port) {
-			continue
-		}
+	port, err := pick(p.low, func(port int) bool { return !p.given[port] })
+	if err == nil {
 		p.given[port] = true
-		return port, nil
 	}
-	return 0, errors.New("no free port on 127.0.0.1")
+	return port, err
 }
 
 // Loopback returns a port free on 127.0.0.1 for TCP and UDP, picked at
 // random below the kernel's ephemeral range, for tests that start and stop
 // nodes themselves. Not one the kernel hands out for ":0": closed again
-// until the node binds it, such a port went to some outgoing connection of
-// the machine's other tests often enough to fail CI ("address already in
-// use"). Unlike a Picker it keeps no memory, so callers need not share
-// one; two random picks among some 20,000 ports rarely meet while the
-// first is still unbound.
+// until the node binds it, such a port went to an outgoing connection of
+// the machine's other tests ("address already in use" in a loaded run of
+// the suite). Unlike a Picker it keeps no memory, so callers need not
+// share one. Another process may still take the port before the caller
+// binds it; callers that can, pick again then (supervisortest.Start).
 func Loopback() (int, error) {
-	low := ephemeralLow()
+	return pick(ephemeralLow(), func(int) bool { return true })
+}
+
+// pick draws ports at random from 10000 up to low, the bottom of the
+// ephemeral range, until one that ok accepts is free.
+func pick(low int, ok func(port int) bool) (int, error) {
 	for range 200 {
-		if port := 10000 + rand.IntN(max(low-10000, 1000)); free(port) {
+		if port := 10000 + rand.IntN(max(low-10000, 1000)); ok(port) && free(port) {
 			return port, nil
 		}
 	}

@@ -46,7 +46,9 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	}
 	c := r.begin(t0)
 	at := t0.Add(10 * time.Millisecond)
-	r.scrapeDue(at, floor) // not due: one at a time
+	if _, due := r.scrapeDue(at, floor); due {
+		t.Fatal("a second scrape due while the first is in flight")
+	}
 	r.scrapeDone(e, 7, at, true)
 	if got, own := r.load(at, floor, 0); got != 8 || own != 1 {
 		t.Fatalf("scraped 7, one request since: load %v own %v, want 8 and 1", got, own)

@@ -267,9 +267,9 @@ func checkBoundedLoad(t *rapid.T, gws int) {
 		// of a new replica before its next scrape judges a stale load.
 		case op == 1 && len(ids) > 1: // a replica leaves
 			i := rapid.IntRange(0, len(ids)-1).Draw(t, "leave")
-			gone := ids[i]
+			leaving := ids[i]
 			ids = slices.Delete(ids, i, i+1)
-			inflight = slices.DeleteFunc(inflight, func(r request) bool { return r.id == gone })
+			inflight = slices.DeleteFunc(inflight, func(r request) bool { return r.id == leaving })
 			refresh()
 		case op == 2 && len(ids) < 8: // a replica joins, empty
 			add()

@@ -67,14 +67,14 @@ func (r *replica) interval(floor time.Duration) time.Duration {
 // staleAfter is the least age past which a reading is not chosen by.
 const staleAfter = 3 * time.Second
 
-// fresh is how long a reading is chosen by: three intervals, or staleAfter
-// if that is longer. A reading older than that means the scrapes fail, and
-// the gossiped load is the better guess. (A younger one may merely be as
-// old as this gateway's last request to the engine; corrected by the
-// requests since, it is still better than the gossiped one.) The caller
-// holds mu.
-func (r *replica) fresh(floor time.Duration) time.Duration {
-	return max(3*r.interval(floor), staleAfter)
+// fresh is how long a reading is chosen by: three of the longest
+// intervals, or staleAfter if that is longer (with a floor under a second,
+// staleAfter). A reading older than that means the scrapes fail, and the
+// gossiped load is the better guess. (A younger one may merely be as old
+// as this gateway's last request to the engine; corrected by the requests
+// since, it is still better than the gossiped one.)
+func fresh(floor time.Duration) time.Duration {
+	return max(3*max(floor, maxScrapeInterval), staleAfter)
 }
 
 func newReplica() *replica { return &replica{started: map[uint64]int{}} }
@@ -154,7 +154,7 @@ func (r *replica) inFlight() int {
 func (r *replica) load(now time.Time, floor time.Duration, gossiped float64) (load, own float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.haveValue && now.Sub(r.scrapedAt) <= r.fresh(floor) {
+	if r.haveValue && now.Sub(r.scrapedAt) <= fresh(floor) {
 		since := 0
 		for e, n := range r.started {
 			if e >= r.valueEpoch {

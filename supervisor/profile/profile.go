@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -221,16 +222,20 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 	if err != nil {
 		return nil, nil, "", err
 	}
-	env, err = mergeEnv(penv, d.Env)
+	over := d.Env
+	if p.KeyEnv != "" && in.APIKey != "" {
+		// Over the deployment's env too: a deployment that named the
+		// variable would otherwise give the engine a key no gateway
+		// presents.
+		over = maps.Clone(d.Env)
+		if over == nil {
+			over = map[string]string{}
+		}
+		over[p.KeyEnv] = in.APIKey
+	}
+	env, err = mergeEnv(penv, over)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("profile %q: %w", p.Name, err)
-	}
-	if p.KeyEnv != "" && in.APIKey != "" {
-		// After the deployment's env: a deployment that named the variable
-		// would otherwise give the engine a key no gateway presents.
-		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, p.KeyEnv+"=") })
-		env = append(env, p.KeyEnv+"="+in.APIKey)
-		slices.Sort(env)
 	}
 
 	image = p.Image

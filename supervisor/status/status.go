@@ -156,7 +156,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	// What is left is held but not planned.
 	for k, r := range records {
 		sh := shard{info: ShardInfo{ShardID: r.ShardID, ReplicaID: r.ReplicaID, Deployment: r.Deployment, SpecVersion: r.SpecVersion,
-			Node: k.node, GPUs: r.GPUs, Lease: leases[k], Reason: notPlanned}}
+			Node: k.node, GPUs: r.GPUs, Lease: leases[k], Reason: ReasonNotPlanned}}
 		if sh.info.Lease == placement.LeaseLapsed {
 			sh.info.Reason = lapsedReason
 		}
@@ -179,10 +179,12 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	})
 }
 
-// Reasons of shards that are held but not planned.
+// Reasons of shards that are held but not planned. ReasonNotPlanned is
+// exported for readers of /v1/shards that must tell a copy being stopped
+// from one the plan counts on (the scenario runner).
 const (
-	notPlanned   = "not in the plan: its node stops it"
-	lapsedReason = "lease lapsed (holder dead, restarted or not renewing); not routable"
+	ReasonNotPlanned = "not in the plan: its node stops it"
+	lapsedReason     = "lease lapsed (holder dead, restarted or not renewing); not routable"
 )
 
 func (s *Snapshot) buildDeployments(in Input) {

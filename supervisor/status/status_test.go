@@ -128,8 +128,8 @@ func TestReasons(t *testing.T) {
 		}
 		return "(n3's copy missing)"
 	}
-	if got := reason(t0); got != notPlanned {
-		t.Fatalf("n3's copy: reason %q, want %q", got, notPlanned)
+	if got := reason(t0); got != ReasonNotPlanned {
+		t.Fatalf("n3's copy: reason %q, want %q", got, ReasonNotPlanned)
 	}
 	if got := reason(t0.Add(ttl + time.Second)); got != lapsedReason {
 		t.Fatalf("n3's copy after its lease lapsed: reason %q, want %q", got, lapsedReason)
