@@ -86,6 +86,14 @@ type ShardRecord struct {
 	// binary), until a start succeeds: without it a shard in backoff says
 	// nothing about why.
 	Error string `json:"error,omitempty"`
+	// Note says what an engine that does not serve is doing, or why it
+	// stopped serving: "pulling image 43%", "loading", "not routable: 3
+	// probes in a row failed ...", "restarted: hung ...". NoteAt is the
+	// moment it refers to (for "loading": when the engine's log or the
+	// weights cache last grew), so a reader says "2s ago" by its own clock
+	// and the record need not change every second.
+	Note   string    `json:"note,omitempty"`
+	NoteAt time.Time `json:"note_at,omitzero"`
 	// Gang is set for a member of a replica that spans nodes
 	// (pipeline_parallel above 1); see GangRecord.
 	Gang *GangRecord `json:"gang,omitempty"`

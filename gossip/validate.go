@@ -197,6 +197,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
 			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
 		}
+		if len(s.Note) > maxShardNote || !printable(s.Note) {
+			return bad(field+".note", "want at most %d printable bytes", maxShardNote)
+		}
 		if s.URL != "" {
 			if err := checkEngineURL(s.URL, hosts); err != nil {
 				return bad(field+".url", "%v", err)
@@ -355,6 +358,8 @@ const (
 	// maxGangSize is placement's bound on pipeline_parallel.
 	maxGangSize = 64
 	maxGangNote = 300
+	// maxShardNote bounds a shard's note (the runner clips it to 300).
+	maxShardNote = 320
 )
 
 // maxNodeName bounds a node name; memberlist carries it in every packet.

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Bytes is a size in bytes that reads and writes as "70GiB" in JSON and YAML
@@ -88,5 +89,33 @@ func (b *Bytes) UnmarshalJSON(data []byte) error {
 		return err
 	}
 	*b = v
+	return nil
+}
+
+// Duration is a length of time that reads and writes as "2h" or "90m" in
+// JSON and YAML (Go's duration syntax), for spec fields that people type.
+type Duration time.Duration
+
+// String writes d as Go does ("2h0m0s").
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes the duration as a string such as "2h0m0s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON accepts "2h", "90m" or "1h30m". JSON null leaves d
+// unchanged, as encoding/json does for built-in types.
+func (d *Duration) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"2h\" or \"90m\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
 	return nil
 }

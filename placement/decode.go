@@ -139,6 +139,8 @@ func describeJSONType(t reflect.Type) string {
 	switch {
 	case t == reflect.TypeFor[Bytes]():
 		return `a size such as "70GiB" or a number of bytes`
+	case t == reflect.TypeFor[Duration]():
+		return `a duration such as "2h" or "90m"`
 	case t.Kind() == reflect.String:
 		return "a string"
 	case t.Kind() == reflect.Int:
@@ -235,6 +237,11 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	}
 	if ppZero {
 		d.PipelineParallel = 0
+	}
+	if given("start_timeout") && d.StartTimeout == 0 {
+		// Zero is how a spec says "unset", so an explicit 0 would be
+		// taken silently as the default; it is more likely a mistake.
+		return invalid(&FieldError{Field: "start_timeout", Value: "0s", Want: "a duration above 0 and at most 168h (7 days), such as 2h (or leave it out: 2h)"})
 	}
 	if err := d.Validate(); err != nil {
 		return invalid(err)

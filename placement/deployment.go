@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Engine profiles a deployment may name.
@@ -62,7 +63,16 @@ type Deployment struct {
 	// version first, a planned gap, for a replica too large to have two
 	// copies at once (a TP 4 × PP 2 gang on 3 nodes).
 	Update string `json:"update,omitempty"`
+	// StartTimeout bounds how long an engine may start (after its image
+	// is pulled) without becoming ready and without a sign of progress
+	// (its log or the weights cache growing). Zero: the runner's default
+	// (2 h). It changes nothing about how the engine runs, so it stays out
+	// of the spec version, and no default is written into a stored spec.
+	StartTimeout Duration `json:"start_timeout,omitempty"`
 }
+
+// MaxStartTimeout is the longest start_timeout a deployment may ask for.
+const MaxStartTimeout = 7 * 24 * time.Hour
 
 // The update strategies a deployment may name.
 const (
@@ -166,6 +176,9 @@ func (d Deployment) Validate() error {
 	if d.MaxNumSeqs < 0 || d.MaxNumSeqs > 1<<16 {
 		return bad("max_num_seqs", strconv.Itoa(d.MaxNumSeqs), "from 1 to 65536 concurrent sequences (or unset: 1)")
 	}
+	if d.StartTimeout < 0 || time.Duration(d.StartTimeout) > MaxStartTimeout {
+		return bad("start_timeout", d.StartTimeout.String(), "a duration above 0 and at most 168h (7 days), such as 2h (or unset: 2h)")
+	}
 	if d.Fit != nil {
 		if err := d.Fit.validate(); err != nil {
 			return err
@@ -214,7 +227,7 @@ func (d Deployment) SpecVersion() string {
 	d = d.WithDefaults()
 	// How a version is replaced does not change how it runs: switching
 	// to recreate must not itself recreate everything.
-	d.Replicas, d.Update = 0, ""
+	d.Replicas, d.Update, d.StartTimeout = 0, "", 0
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
 	if err != nil {

@@ -140,6 +140,12 @@ func (r *runner) call(ctx context.Context, method, url string, body any, auth bo
 
 // callWith is call with bearer, when not empty, as the Authorization.
 func (r *runner) callWith(ctx context.Context, method, url string, body any, bearer string, out any) error {
+	return r.callClient(ctx, r.http, method, url, body, bearer, out)
+}
+
+// callClient is callWith through client (a request loop's own, with its
+// timeout=).
+func (r *runner) callClient(ctx context.Context, client *http.Client, method, url string, body any, bearer string, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -158,7 +164,7 @@ func (r *runner) callWith(ctx context.Context, method, url string, body any, bea
 	if bearer != "" {
 		req.Header.Set("Authorization", "Bearer "+bearer)
 	}
-	resp, err := r.http.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -233,13 +239,17 @@ func (r *runner) engineKey(row shardRow) string {
 
 // servedModel asks the engine behind row which model it serves.
 func (r *runner) servedModel(ctx context.Context, row shardRow) (string, error) {
+	return r.servedModelVia(ctx, r.http, row)
+}
+
+func (r *runner) servedModelVia(ctx context.Context, client *http.Client, row shardRow) (string, error) {
 	var m struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
 	url := strings.TrimRight(row.URL, "/")
-	if err := r.callWith(ctx, "GET", url+"/v1/models", nil, r.engineKey(row), &m); err != nil {
+	if err := r.callClient(ctx, client, "GET", url+"/v1/models", nil, r.engineKey(row), &m); err != nil {
 		return "", err
 	}
 	if len(m.Data) == 0 {
@@ -252,20 +262,37 @@ func (r *runner) servedModel(ctx context.Context, row shardRow) (string, error) 
 // engine's key, and checks the answer has a choice. Another engine on the
 // row's port (a stale URL) answers 401 rather than with its own model.
 func (r *runner) chat(ctx context.Context, row shardRow) error {
-	model, err := r.servedModel(ctx, row)
+	return r.chatVia(ctx, r.http, row, 0)
+}
+
+// chatBody is a chat completion's body: a short answer (max_tokens 4), or
+// with tokens > 0 exactly that many tokens (max_tokens and min_tokens, as
+// vLLM and SGLang take them), a request that keeps an engine busy.
+func chatBody(model, content string, tokens int) map[string]any {
+	body := map[string]any{
+		"model":      model,
+		"messages":   []map[string]string{{"role": "user", "content": content}},
+		"max_tokens": 4,
+	}
+	if tokens > 0 {
+		body["max_tokens"], body["min_tokens"] = tokens, tokens
+	}
+	return body
+}
+
+// chatVia is chat through client, asking for tokens tokens (0: the
+// default, see chatBody).
+func (r *runner) chatVia(ctx context.Context, client *http.Client, row shardRow, tokens int) error {
+	model, err := r.servedModelVia(ctx, client, row)
 	if err != nil {
 		return err
 	}
 	url := row.URL
-	body := map[string]any{
-		"model":      model,
-		"messages":   []map[string]string{{"role": "user", "content": "ping"}},
-		"max_tokens": 4,
-	}
+	body := chatBody(model, "ping", tokens)
 	var resp struct {
 		Choices []json.RawMessage `json:"choices"`
 	}
-	if err := r.callWith(ctx, "POST", strings.TrimRight(url, "/")+"/v1/chat/completions", body, r.engineKey(row), &resp); err != nil {
+	if err := r.callClient(ctx, client, "POST", strings.TrimRight(url, "/")+"/v1/chat/completions", body, r.engineKey(row), &resp); err != nil {
 		return err
 	}
 	if len(resp.Choices) == 0 {
@@ -274,49 +301,52 @@ func (r *runner) chat(ctx context.Context, row shardRow) error {
 	return nil
 }
 
+// gatewayAnswer is where a gateway sent one request: the Llmgw-Node and
+// Llmgw-Replica headers of its answer, and when the answer's head arrived
+// (zero when none did).
+type gatewayAnswer struct {
+	node, replica string
+	head          time.Time
+}
+
 // chatThroughGateway sends one small chat completion for deployment to a
-// node's gateway, streamed or not, and checks the answer: a choice, or,
-// streamed, events that end with [DONE] and carry no error. It returns the
-// node that served it (the gateway's Llmgw-Node header) and when the
-// answer's head arrived (zero when none did).
+// node's gateway through client, streamed or not, asking for tokens
+// tokens (see chatBody), and checks the answer: a choice, or, streamed, events that end
+// with [DONE] and carry no error. It says where the gateway sent it.
 // Each request of a loop asks something of its own (seq numbers it), as
 // clients do: with one prompt for all, the prefix policy would send every
 // request to the one replica that prompt prefers.
-func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment string, stream bool, seq int) (served string, head time.Time, err error) {
-	body := map[string]any{
-		"model":      deployment,
-		"messages":   []map[string]string{{"role": "user", "content": fmt.Sprintf("ping %d", seq)}},
-		"max_tokens": 4,
-		"stream":     stream,
-	}
+func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, gatewayURL, deployment string, stream bool, seq, tokens int) (ans gatewayAnswer, err error) {
+	body := chatBody(deployment, fmt.Sprintf("ping %d", seq), tokens)
+	body["stream"] = stream
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, "POST", gatewayURL+"/v1/chat/completions", bytes.NewReader(b))
 	if err != nil {
-		return "", time.Time{}, err
+		return ans, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.http.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		return "", time.Time{}, err
+		return ans, err
 	}
-	head = time.Now()
+	ans.head = time.Now()
 	defer resp.Body.Close()
-	served = resp.Header.Get("Llmgw-Node")
+	ans.node, ans.replica = resp.Header.Get("Llmgw-Node"), resp.Header.Get("Llmgw-Replica")
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return served, head, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+		return ans, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
 	}
 	if !stream {
 		var answer struct {
 			Choices []json.RawMessage `json:"choices"`
 		}
 		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&answer); err != nil {
-			return served, head, fmt.Errorf("decode the answer: %w", err)
+			return ans, fmt.Errorf("decode the answer: %w", err)
 		}
 		if len(answer.Choices) == 0 {
-			return served, head, fmt.Errorf("answer without choices")
+			return ans, fmt.Errorf("answer without choices")
 		}
-		return served, head, nil
+		return ans, nil
 	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -326,11 +356,11 @@ func (r *runner) chatThroughGateway(ctx context.Context, gatewayURL, deployment 
 		}
 		data = strings.TrimSpace(data)
 		if data == "[DONE]" {
-			return served, head, nil
+			return ans, nil
 		}
 		if strings.Contains(data, `"error"`) {
-			return served, head, fmt.Errorf("stream broke off: %s", data)
+			return ans, fmt.Errorf("stream broke off: %s", data)
 		}
 	}
-	return served, head, fmt.Errorf("stream ended without [DONE] (%v)", sc.Err())
+	return ans, fmt.Errorf("stream ended without [DONE] (%v)", sc.Err())
 }

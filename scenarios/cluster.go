@@ -21,6 +21,9 @@ type clusterCfg struct {
 	leaseTTL time.Duration
 	runtime  string
 	logLevel string
+	// nodeFlags are the readiness and gateway flags given to the cluster
+	// command, passed to every node (engines.go).
+	nodeFlags []string
 }
 
 func (r *runner) needCluster(d *directive) error {

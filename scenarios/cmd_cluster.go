@@ -35,6 +35,9 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	if r.cfg.logLevel, err = d.str("log-level", "info"); err != nil {
 		return "", time.Time{}, err
 	}
+	if r.cfg.nodeFlags, err = readNodeFlags(d); err != nil {
+		return "", time.Time{}, err
+	}
 	labels, _ := d.list("labels")
 	within, err := d.duration("within", 30*time.Second+time.Duration(count)*time.Second)
 	if err != nil {
@@ -98,7 +101,8 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	if r.namespaces != nil {
 		where = "each in its own network namespace"
 	}
-	return fmt.Sprintf("%d nodes up (%s) %s, %s each, profile %s, lease-ttl %v, runtime %s", count, names, where, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime), at, nil
+	return fmt.Sprintf("%d nodes up (%s) %s, %s each, profile %s, lease-ttl %v, runtime %s%s", count, names, where, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime,
+		describeNodeFlags(r.cfg.nodeFlags)), at, nil
 }
 
 // condMembersAlive: every one of nodes sees want alive members with GPUs.

@@ -54,7 +54,7 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 			spec[field] = v
 		}
 	}
-	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update"} {
+	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout"} {
 		if d.has(key) {
 			if spec[field], err = d.str(key, ""); err != nil {
 				return "", time.Time{}, err
@@ -108,36 +108,74 @@ func (r *runner) cmdUnplace(d *directive) (string, time.Time, error) {
 }
 
 func (r *runner) cmdCrashEngine(d *directive) (string, time.Time, error) {
-	if err := r.needCluster(d); err != nil {
-		return "", time.Time{}, err
-	}
-	shard, err := d.nextPos("shard")
+	shard, row, err := r.engineRow(d)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	obs := r.observers(nil)
-	if len(obs) == 0 {
-		return "", time.Time{}, errors.New("no node is up")
-	}
-	var rows []shardRow
-	if err := r.get(r.ctx, obs[0], "/v1/shards", &rows); err != nil {
-		return "", time.Time{}, err
-	}
-	pid := 0
-	for _, row := range rows {
-		if row.ShardID == shard && row.PID > 0 && !row.Draining {
-			pid = row.PID
-		}
-	}
-	if pid == 0 {
-		return "", time.Time{}, fmt.Errorf("%s has no engine pid in /v1/shards (runtime %s)", shard, r.cfg.runtime)
-	}
-	if _, ok := engineProcs(r.opts.Binary)[pid]; !ok && r.cfg.runtime == "process" {
-		return "", time.Time{}, fmt.Errorf("%s: pid in /v1/shards is not an engine of this run", shard)
-	}
 	at := time.Now()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(row.PID, syscall.SIGKILL); err != nil {
 		return "", at, fmt.Errorf("kill the engine of %s: %w", shard, err)
 	}
 	return "killed the engine of " + shard + " (SIGKILL)", at, nil
+}
+
+// engineRow reads the SHARD argument and finds that shard's engine in the
+// first observer's /v1/shards: the row with a pid, not draining, whose
+// pid is an engine of this run (with runtime=process).
+func (r *runner) engineRow(d *directive) (string, shardRow, error) {
+	if err := r.needCluster(d); err != nil {
+		return "", shardRow{}, err
+	}
+	shard, err := d.nextPos("shard")
+	if err != nil {
+		return "", shardRow{}, err
+	}
+	obs := r.observers(nil)
+	if len(obs) == 0 {
+		return shard, shardRow{}, errors.New("no node is up")
+	}
+	var rows []shardRow
+	if err := r.get(r.ctx, obs[0], "/v1/shards", &rows); err != nil {
+		return shard, shardRow{}, err
+	}
+	var found shardRow
+	for _, row := range rows {
+		if row.ShardID == shard && row.PID > 0 && !row.Draining {
+			found = row
+		}
+	}
+	if found.PID == 0 {
+		return shard, shardRow{}, fmt.Errorf("%s has no engine pid in /v1/shards (runtime %s)", shard, r.cfg.runtime)
+	}
+	if _, ok := engineProcs(r.opts.Binary)[found.PID]; !ok && r.cfg.runtime == "process" {
+		return shard, shardRow{}, fmt.Errorf("%s: pid in /v1/shards is not an engine of this run", shard)
+	}
+	return shard, found, nil
+}
+
+// cmdHangEngine makes a shard's engine hang: POST /debug/hang on its port,
+// with the engine's key. The fake engine then answers nothing more (its
+// health, metrics and streams stall) while its process runs on.
+func (r *runner) cmdHangEngine(d *directive) (string, time.Time, error) {
+	shard, row, err := r.engineRow(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if row.URL == "" {
+		return "", time.Time{}, fmt.Errorf("%s has no engine URL in /v1/shards", shard)
+	}
+	if as, ok := d.kvRaw("as"); ok {
+		if _, clash := r.byName[as]; clash {
+			return "", time.Time{}, usagef("hang-engine: alias %q is a node name", as)
+		}
+		if _, ok := r.byName[row.Node]; !ok {
+			return "", time.Time{}, fmt.Errorf("%s runs on %s, a node this scenario did not start", shard, row.Node)
+		}
+		r.aliases[as] = row.Node
+	}
+	at := time.Now()
+	if err := r.callWith(r.ctx, "POST", strings.TrimRight(row.URL, "/")+"/debug/hang", nil, r.engineKey(row), nil); err != nil {
+		return "", at, fmt.Errorf("hang the engine of %s: %w", shard, err)
+	}
+	return "hung the engine of " + shard + " (POST /debug/hang)", at, nil
 }

@@ -16,8 +16,10 @@ import (
 // client would have found no engine, however good its routing.
 type healthLoop struct {
 	name, deployment string
-	stopping, done   chan struct{}
-	once             sync.Once
+	// timeout bounds each /health (250 ms unless timeout= says).
+	timeout        time.Duration
+	stopping, done chan struct{}
+	once           sync.Once
 
 	mu          sync.Mutex
 	polls, gaps int
@@ -26,6 +28,10 @@ type healthLoop struct {
 	gapStart time.Time
 	longest  time.Duration
 	noteDone bool
+	// answers are how long each 200 took, and failed how many asks did
+	// not get one (an error, a timeout), for the summary.
+	answers []time.Duration
+	failed  int
 }
 
 // healthPollEvery spaces the polls: a gap shorter than it may go unseen.
@@ -51,7 +57,11 @@ func (r *runner) cmdHealthLoop(d *directive) (string, time.Time, error) {
 		if _, ok := r.healthLoops[name]; ok {
 			return "", time.Time{}, usagef("health-loop %s: started already", name)
 		}
-		l := &healthLoop{name: name, deployment: dep, stopping: make(chan struct{}), done: make(chan struct{})}
+		timeout, err := d.duration("timeout", 250*time.Millisecond)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		l := &healthLoop{name: name, deployment: dep, timeout: timeout, stopping: make(chan struct{}), done: make(chan struct{})}
 		r.healthLoops[name] = l
 		go r.runHealthLoop(l)
 		return "started: /health of every engine of " + dep + " in a loop", time.Now(), nil
@@ -91,18 +101,38 @@ func (r *runner) addHealthNote(l *healthLoop) {
 		return
 	}
 	l.noteDone = true
-	r.res.Notes = append(r.res.Notes, fmt.Sprintf("health-loop %s: %d polls, %d without an answering engine, longest gap %v",
-		l.name, l.polls, l.gaps, l.longest.Round(time.Millisecond)))
+	note := fmt.Sprintf("health-loop %s: %d polls, %d without an answering engine, longest gap %v",
+		l.name, l.polls, l.gaps, l.longest.Round(time.Millisecond))
+	if len(l.answers) > 0 {
+		a := slices.Clone(l.answers)
+		slices.Sort(a)
+		note += fmt.Sprintf(", /health answered in %v median, %v at most", roundLatency(a[len(a)/2]), roundLatency(a[len(a)-1]))
+	}
+	if l.failed > 0 {
+		note += fmt.Sprintf(", %d asks unanswered within %v", l.failed, l.timeout)
+	}
+	r.res.Notes = append(r.res.Notes, note)
 }
 
 func (r *runner) runHealthLoop(l *healthLoop) {
 	defer close(l.done)
-	client := &http.Client{Timeout: 250 * time.Millisecond}
+	client := &http.Client{Timeout: l.timeout}
 	tick := time.NewTicker(healthPollEvery)
 	defer tick.Stop()
-	for {
+	// stop ends a poll under way (a busy engine's /health takes seconds);
+	// that poll does not count.
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	go func() {
 		select {
 		case <-l.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
 			l.mu.Lock()
 			if !l.gapStart.IsZero() {
 				l.longest = max(l.longest, time.Since(l.gapStart))
@@ -111,10 +141,15 @@ func (r *runner) runHealthLoop(l *healthLoop) {
 			return
 		case <-tick.C:
 		}
-		served := r.anyEngineHealthy(r.ctx, client, l.deployment)
+		served, took, failed := r.anyEngineHealthy(ctx, client, l.deployment)
+		if ctx.Err() != nil {
+			continue
+		}
 		now := time.Now()
 		l.mu.Lock()
 		l.polls++
+		l.answers = append(l.answers, took...)
+		l.failed += failed
 		switch {
 		case !served:
 			l.gaps++
@@ -130,10 +165,19 @@ func (r *runner) runHealthLoop(l *healthLoop) {
 }
 
 // anyEngineHealthy reports whether some engine process serving deployment
-// (its --model argument) answers 200 on /health.
-func (r *runner) anyEngineHealthy(ctx context.Context, client *http.Client, deployment string) bool {
+// (its --model argument, or --served-model-name under a personality)
+// answers 200 on /health; it asks them all at once, and says how long
+// each 200 took.
+func (r *runner) anyEngineHealthy(ctx context.Context, client *http.Client, deployment string) (ok bool, took []time.Duration, failed int) {
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
 	for _, argv := range engineProcs(r.opts.Binary) {
 		i := slices.Index(argv, "--model")
+		if k := slices.Index(argv, "--served-model-name"); k >= 0 {
+			i = k
+		}
 		j := slices.Index(argv, "--port")
 		if i < 0 || j < 0 || i+1 >= len(argv) || j+1 >= len(argv) || argv[i+1] != deployment {
 			continue
@@ -142,14 +186,32 @@ func (r *runner) anyEngineHealthy(ctx context.Context, client *http.Client, depl
 		if err != nil {
 			continue
 		}
-		resp, err := client.Do(req)
-		if err != nil {
-			continue
-		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
-			return true
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			resp, err := client.Do(req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				took = append(took, time.Since(start))
+			}
+		}()
 	}
-	return false
+	wg.Wait()
+	return len(took) > 0, took, failed
+}
+
+// roundLatency rounds a latency for the summary: to the millisecond, or
+// to 10 µs below one.
+func roundLatency(d time.Duration) time.Duration {
+	if d < time.Millisecond {
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Millisecond)
 }

@@ -3,6 +3,7 @@ package scenarios
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,6 +30,12 @@ type requestLoop struct {
 	// only limits the nodes asked (on=); nil is every observer.
 	only    []*node
 	workers int
+	// client sends the loop's requests: the runner's (3 s per request)
+	// unless timeout= gave the loop one of its own. tokens is how many
+	// tokens each request asks for exactly (0: at most 4, the runner's
+	// default).
+	client *http.Client
+	tokens int
 	// stopping is closed to ask the loop to stop, done once every worker
 	// has.
 	stopping, done chan struct{}
@@ -40,6 +47,10 @@ type requestLoop struct {
 	minRoutable int // fewest routable replicas seen; -1 before any
 	reqs        []loopRequest
 	noteAdded   bool
+	// inFlight holds when each request not yet recorded was sent, by the
+	// request's number (lastID numbers them).
+	inFlight map[int]time.Time
+	lastID   int
 }
 
 // loopRequest is one request of a loop.
@@ -49,9 +60,10 @@ type loopRequest struct {
 	// answer's last byte, or the failure.
 	sent, first, end time.Time
 	// node served it: the gateway's Llmgw-Node header, or the replica's
-	// node (via=engines).
-	node string
-	err  string
+	// node (via=engines); replica is the gateway's Llmgw-Replica header,
+	// or the row's replica.
+	node, replica string
+	err           string
 }
 
 // workerStagger spaces the workers' first requests, so that long streams
@@ -66,7 +78,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	action, err := d.nextPos("start, stop, expect-no-errors or expect-none-from")
+	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread or expect-cut")
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -88,8 +100,14 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	case "expect-none-from":
 		out, err := r.loopNoneFrom(d, l)
 		return out, time.Time{}, err
+	case "expect-spread":
+		out, err := r.loopSpread(d, l)
+		return out, time.Time{}, err
+	case "expect-cut":
+		out, err := r.loopCut(d, l)
+		return out, time.Time{}, err
 	}
-	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors or expect-none-from, got %q", action)
+	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread or expect-cut, got %q", action)
 }
 
 func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time, error) {
@@ -118,6 +136,23 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 	if workers < 1 {
 		return "", time.Time{}, usagef("request-loop: workers=%d: want at least 1", workers)
 	}
+	tokens, err := d.integer("tokens", 0)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if d.has("tokens") && tokens < 1 {
+		return "", time.Time{}, usagef("request-loop: tokens=%d: want at least 1", tokens)
+	}
+	client := r.http
+	if d.has("timeout") {
+		timeout, err := d.duration("timeout", 0)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		// A client of the loop's own, keeping a connection per worker
+		// to each gateway or engine.
+		client = &http.Client{Timeout: timeout, Transport: &http.Transport{MaxIdleConnsPerHost: max(4, workers), DisableCompression: true}}
+	}
 	var only []*node
 	var onLabels []string
 	if refs, ok := d.list("on"); ok {
@@ -129,7 +164,8 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 		}
 	}
 	l := &requestLoop{name: name, deployment: dep, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
-		stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1}
+		client: client, tokens: tokens, stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
+		inFlight: map[int]time.Time{}}
 	r.loops[name] = l
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -405,23 +441,27 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 		l.next++
 		l.mu.Unlock()
 		n := obs[next%len(obs)]
-		q := loopRequest{sent: time.Now()}
 		if l.viaGateway {
 			// The gateway routes and retries; the loop is only a client.
-			var err error
-			q.node, q.first, err = r.chatThroughGateway(r.ctx, n.gateway(), l.deployment, l.stream, next)
+			id, q := l.begin()
+			ans, err := r.chatThroughGateway(r.ctx, l.client, n.gateway(), l.deployment, l.stream, next, l.tokens)
 			q.end = time.Now()
+			q.node, q.replica, q.first = ans.node, ans.replica, ans.head
 			if q.first.IsZero() {
 				q.first = q.end
 			}
 			if err != nil {
 				q.err = n.name + "'s gateway: " + err.Error()
 			}
-			l.record(q)
+			l.record(id, q)
 			continue
 		}
+		// Sent from before the routing read: a request routed by what
+		// was true before an event counts as sent before it.
+		id, q := l.begin()
 		var rows []shardRow
 		if err := r.get(r.ctx, n, "/v1/shards", &rows); err != nil {
+			l.abandon(id)
 			continue // that node is going away: ask another next time
 		}
 		var routable []shardRow
@@ -437,29 +477,198 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 		l.mu.Unlock()
 		if len(routable) == 0 {
 			q.first, q.end, q.err = time.Now(), time.Now(), "no replica with a valid lease"
-			l.record(q)
+			l.record(id, q)
 			continue
 		}
 		row := routable[next%len(routable)]
-		err := r.chat(r.ctx, row)
+		err := r.chatVia(r.ctx, l.client, row, l.tokens)
 		var ae *apiError
 		if err != nil && !errors.As(err, &ae) && len(routable) > 1 {
 			l.mu.Lock()
 			l.retries++
 			l.mu.Unlock()
 			row = routable[(next+1)%len(routable)]
-			err = r.chat(r.ctx, row)
+			err = r.chatVia(r.ctx, l.client, row, l.tokens)
 		}
-		q.first, q.end, q.node = time.Now(), time.Now(), row.Node
+		q.first, q.end, q.node, q.replica = time.Now(), time.Now(), row.Node, row.ReplicaID
 		if err != nil {
 			q.err = err.Error()
 		}
-		l.record(q)
+		l.record(id, q)
 	}
 }
 
-func (l *requestLoop) record(q loopRequest) {
+// begin notes a request about to be sent: in flight until recorded.
+func (l *requestLoop) begin() (int, loopRequest) {
+	q := loopRequest{sent: time.Now()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.lastID++
+	l.inFlight[l.lastID] = q.sent
+	return l.lastID, q
+}
+
+// abandon forgets request id, which was never sent.
+func (l *requestLoop) abandon(id int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.inFlight, id)
+}
+
+// record files request id, no longer in flight.
+func (l *requestLoop) record(id int, q loopRequest) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.inFlight, id)
 	l.reqs = append(l.reqs, q)
+}
+
+// unsettled counts the requests sent before cut that have not ended, and
+// says how long the oldest of them has been in flight.
+func (l *requestLoop) unsettled(cut time.Time) (int, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	var oldest time.Time
+	for _, sent := range l.inFlight {
+		if sent.Before(cut) {
+			n++
+			if oldest.IsZero() || sent.Before(oldest) {
+				oldest = sent
+			}
+		}
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return n, time.Since(oldest)
+}
+
+// loopSpread is expect-spread min-share=P%: every replica that answered
+// requests of the loop (sent after after=, begun before before=) answered
+// at least that share of them.
+func (r *runner) loopSpread(d *directive, l *requestLoop) (string, error) {
+	minShare, ok, err := percent(d, "min-share")
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", usagef("request-loop %s expect-spread: want min-share=P%%", l.name)
+	}
+	var from, until time.Time
+	window := ""
+	if ref, ok := d.kvRaw("after"); ok {
+		if from, err = r.eventAt("after", ref); err != nil {
+			return "", err
+		}
+		window += " sent after " + ref
+	}
+	if ref, ok := d.kvRaw("before"); ok {
+		if until, err = r.eventAt("before", ref); err != nil {
+			return "", err
+		}
+		window += " begun before " + ref
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	by := map[string]int{}
+	total := 0
+	for _, q := range l.reqs {
+		if q.err != "" || (!from.IsZero() && !q.sent.After(from)) || (!until.IsZero() && !q.first.Before(until)) {
+			continue
+		}
+		who := q.replica
+		if who == "" {
+			who = "node " + q.node
+		}
+		by[who]++
+		total++
+	}
+	if total == 0 {
+		return "no request" + window + " was answered", nil
+	}
+	names := make([]string, 0, len(by))
+	for n := range by {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var parts, low []string
+	for _, n := range names {
+		share := 100 * float64(by[n]) / float64(total)
+		parts = append(parts, fmt.Sprintf("%s %.1f%%", n, share))
+		if share < minShare {
+			low = append(low, n)
+		}
+	}
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s spread of %d answers%s: %s", l.name, total, window, strings.Join(parts, ", ")))
+	if len(low) > 0 {
+		return fmt.Sprintf("below %s: %s (%s)", fmtPercent(minShare), strings.Join(low, ", "), strings.Join(parts, ", ")), nil
+	}
+	replicas := "replicas"
+	if len(names) == 1 {
+		replicas = "replica"
+	}
+	return fmt.Sprintf("%d %s answered, each at least %s of the answers%s", len(names), replicas, fmtPercent(minShare), window), nil
+}
+
+// loopCut is expect-cut NODE at=EVENT: every request whose answer NODE had
+// begun (its head received) and not finished at EVENT ended with an error,
+// rather than being answered. It reads the loop's record: wait for the
+// requests to end first (wait-until settled).
+func (r *runner) loopCut(d *directive, l *requestLoop) (string, error) {
+	ref, err := d.nextPos("the node whose answers were cut")
+	if err != nil {
+		return "", err
+	}
+	ns, labels, err := r.resolveNodes(r.ctx, []string{ref})
+	if err != nil {
+		return "", err
+	}
+	atRef, err := d.need("at")
+	if err != nil {
+		return "", err
+	}
+	at, err := r.eventAt("at", atRef)
+	if err != nil {
+		return "", err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	inFlight, failed := 0, 0
+	var first string
+	for _, q := range l.reqs {
+		if q.node != ns[0].name || !q.first.Before(at) || !q.end.After(at) {
+			continue
+		}
+		inFlight++
+		if q.err != "" {
+			failed++
+			if first == "" {
+				first = q.err
+			}
+		}
+	}
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d answers %s had begun at %s, %d of them cut", l.name, inFlight, labels[0], atRef, failed))
+	switch {
+	case inFlight == 0:
+		return fmt.Sprintf("no answer of %s was under way at %s", labels[0], atRef), nil
+	case failed < inFlight:
+		return fmt.Sprintf("%d of the %d answers %s had begun at %s were completed anyway", inFlight-failed, inFlight, labels[0], atRef), nil
+	}
+	return fmt.Sprintf("every answer %s had begun at %s ended with an error (%s)", labels[0], atRef, errorKind(first)), nil
+}
+
+// errorKind is the deterministic part of a loop request's error: what a
+// stream that broke off carried as its error's code, else the HTTP status.
+func errorKind(e string) string {
+	if i := strings.Index(e, `"code":"`); i >= 0 {
+		rest := e[i+len(`"code":"`):]
+		if j := strings.IndexByte(rest, '"'); j >= 0 {
+			return rest[:j]
+		}
+	}
+	if i := strings.Index(e, "HTTP "); i >= 0 && len(e) >= i+8 {
+		return e[i : i+8]
+	}
+	return "an error"
 }

@@ -198,7 +198,7 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return true, ""
 		}, wantArgs(0, "only running=N")
 	case "served":
-		if err := wantArgs(1, "a request loop: served LOOP by=NODE"); err != nil {
+		if err := wantArgs(1, "a request loop: served LOOP by=NODE [after=EVENT]"); err != nil {
 			return nil, err
 		}
 		l, ok := r.loops[args[0]]
@@ -213,15 +213,46 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 		if err != nil {
 			return nil, err
 		}
+		// after=EVENT: only requests sent after it count (served again).
+		var from time.Time
+		since := ""
+		if afterRef, ok := d.kvRaw("after"); ok {
+			if from, err = r.eventAt("after", afterRef); err != nil {
+				return nil, err
+			}
+			since = " among those sent after " + afterRef
+		}
 		return func([]*node) (bool, string) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			for _, q := range l.reqs {
-				if q.err == "" && q.node == ns[0].name {
+				if q.err == "" && q.node == ns[0].name && q.sent.After(from) {
 					return true, ""
 				}
 			}
-			return false, fmt.Sprintf("no answer of request-loop %s came from %s yet (%d requests)", l.name, labels[0], len(l.reqs))
+			return false, fmt.Sprintf("no answer of request-loop %s came from %s yet%s (%d requests)", l.name, labels[0], since, len(l.reqs))
+		}, nil
+	case "settled":
+		if err := wantArgs(1, "a request loop: settled LOOP before=EVENT"); err != nil {
+			return nil, err
+		}
+		l, ok := r.loops[args[0]]
+		if !ok {
+			return nil, usagef("wait-until settled: request-loop %s: not started", args[0])
+		}
+		ref, err := d.need("before")
+		if err != nil {
+			return nil, err
+		}
+		cut, err := r.eventAt("before", ref)
+		if err != nil {
+			return nil, err
+		}
+		return func([]*node) (bool, string) {
+			if n, oldest := l.unsettled(cut); n > 0 {
+				return false, fmt.Sprintf("%d requests of request-loop %s sent before %s are still in flight, the oldest for %.1fs", n, l.name, ref, oldest.Seconds())
+			}
+			return true, ""
 		}, nil
 	case "shards-agree":
 		return r.condShardsAgree, wantArgs(0, "no positional arguments")
@@ -233,7 +264,7 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, shards-agree, engines, no-orphans, isolated)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, settled, shards-agree, engines, no-orphans, isolated)", name)
 }
 
 // poll evaluates cond until it holds or within passes. The time returned is

@@ -60,13 +60,24 @@
 //
 //	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)]
 //	        [net=loopback|netns] [log-level=info] [within=DURATION]
+//	        [engine-probe-timeout=D] [engine-probe-failures=N] [engine-progress-window=D]
+//	        [engine-hung-restart=D] [engine-start-timeout=D]
+//	        [gateway-first-byte-timeout=D] [gateway-stream-idle-timeout=D]
 //	    Start N nodes with free ports, their own data dirs, one shared token
 //	    file and gossip key (made for the run, so gossip is encrypted),
 //	    --test-hooks and simulated GPUs; wait until every node sees all
 //	    N alive with their GPUs (within: 30s and 1s a node unless given).
 //	    net=loopback (default): every node on 127.0.0.1. net=netns: every
 //	    node in a network namespace of its own (root and iproute2 needed;
-//	    see netns.go), so partitions are real.
+//	    see netns.go), so partitions are real. The engine-* and gateway-*
+//	    keys are passed to every node (add-node and restart too) as the
+//	    `llmgw node up` flags of the same names: the readiness rule that
+//	    judges engines (a ready engine leaves routing when probes failed
+//	    engine-probe-failures times in a row and its token counters did not
+//	    move for engine-progress-window; it is restarted after
+//	    engine-hung-restart so) and the gateway's bounds on an engine's
+//	    answer. Left out, the engine profile's own apply. The output lists
+//	    the ones given.
 //	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s]
 //	    Start one more node joining the others (gpus: the cluster's unless
 //	    given; NAME: lower-case letters, digits and '-'); wait until every
@@ -103,9 +114,13 @@
 // Deployments (cmd_deployments.go):
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
-//	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate] [via=NODE]
+//	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate]
+//	      [start-timeout=2h] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
-//	    left out are not sent: the node's defaults apply.
+//	    left out are not sent: the node's defaults apply. start-timeout is
+//	    sent as start_timeout, a duration string. engine=vllm and
+//	    engine=sglang run the fake engine's personalities through the real
+//	    profiles' command lines (see Engines).
 //	weights NODE family=F [model=NAME]
 //	    Write a header-only copy of a public model family (real shapes, no
 //	    weights; cmd_weights.go lists them: llama-3.1-8b, mixtral-8x7b, ...)
@@ -115,6 +130,12 @@
 //	unplace NAME [via=NODE]    DELETE the deployment.
 //	crash-engine SHARD         SIGKILL the engine process of SHARD (pid from the
 //	                           first observer's /v1/shards).
+//	hang-engine SHARD [as=ALIAS]
+//	                           POST /debug/hang, with the engine's key, to the
+//	                           engine of SHARD (found as crash-engine finds it):
+//	                           it keeps running and answers nothing more, not
+//	                           even /health, /metrics or its streams. as= names
+//	                           the node it runs on, for expect-none-from.
 //
 // Waiting and checking (cmd_wait.go, cmd_expect.go):
 //
@@ -130,6 +151,7 @@
 // A background client (cmd_request_loop.go):
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
+//	        [tokens=N] [timeout=DURATION]
 //	    Chat completions in a loop. via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
 //	    engine's API key (derived from the run's token and the row's engine
@@ -141,10 +163,16 @@
 //	    only those nodes (their gateways, or their /v1/shards), each while
 //	    it is an observer; resolved at start, so on=(@chat-1) stays on the
 //	    node planned for chat-1 then. workers=N runs N such clients at
-//	    once, started 50 ms apart. Every request is recorded: when it was
+//	    once, started 50 ms apart. Each request asks for a short answer
+//	    (max_tokens 4), or with tokens=N for exactly N tokens (max_tokens
+//	    and min_tokens N: with the engine's token delay, a request that
+//	    keeps it busy). timeout=D bounds each request, its answer read whole
+//	    (default 3s, the runner's client; with timeout= the loop has a
+//	    client of its own). Every request is recorded: when it was
 //	    sent, when its answer began (the response head, or the failure)
-//	    and ended, and the node that served it (the gateway's Llmgw-Node
-//	    header; via=engines, the replica's node).
+//	    and ended, and the node and replica that served it (the gateway's
+//	    Llmgw-Node and Llmgw-Replica headers; via=engines, the row's).
+//	    The requests still in flight are known too (wait-until settled).
 //	request-loop NAME stop
 //	request-loop NAME expect-no-errors [min-routable=N] [min-success=P%] [before=EVENT]
 //	    "no errors" when every request was answered. min-success=99.9%
@@ -163,6 +191,19 @@
 //	    was answered (by others). before=EVENT counts only answers begun
 //	    before that event (a gang torn down and formed again serves from
 //	    the same node afterwards).
+//	request-loop NAME expect-spread min-share=P% [after=EVENT[+DURATION]] [before=EVENT]
+//	    Every replica that answered requests of the loop (those sent after
+//	    after=, begun before before=) answered at least P percent of them:
+//	    prints how many replicas answered, or which fell short with every
+//	    replica's share. The shares go to the summary.
+//	request-loop NAME expect-cut NODE at=EVENT[+DURATION]
+//	    Every request whose answer NODE had begun (the head received,
+//	    stream=true) and not finished at that moment ended with an error,
+//	    none was completed: an engine that hangs or leaves routing has its
+//	    streams cut, not left hanging nor quietly truncated. Prints the
+//	    error's code (a stream's error event) or HTTP status; says so when
+//	    no such answer was under way. Wait for them to end first (wait-until
+//	    settled); the counts go to the summary.
 //
 // Its counters go to the summary: answered, errors, the share answered
 // when some failed, and how many requests each node served.
@@ -178,12 +219,16 @@
 //
 // A watch on the engines themselves (cmd_health_loop.go):
 //
-//	health-loop NAME start deployment=D | stop | expect-no-gap
+//	health-loop NAME start deployment=D [timeout=250ms] | stop | expect-no-gap
 //	    Every 25 ms, GET /health of every engine process serving D on this
-//	    machine (found in /proc by its --model argument, whatever any node
+//	    machine (found in /proc by its --model argument, or
+//	    --served-model-name under a personality, whatever any node
 //	    reports). A poll in which none answers 200 is a gap: no client could
 //	    have been served, however it routed. expect-no-gap says whether any
-//	    poll found one. Its counters go to the summary.
+//	    poll found one. The engines are asked at once, each /health within
+//	    timeout= (a busy engine's is slow: a poll waits for them all). Its
+//	    counters go to the summary, with how long /health took (median,
+//	    slowest).
 //
 // Measuring and debugging (cmd_measure.go):
 //
@@ -193,6 +238,29 @@
 //	dump NAME                  Save every observer's /v1/cluster, /v1/plan,
 //	                           /v1/shards and /status.json under the work dir
 //	                           (see -keep), for debugging a scenario.
+//
+// # Engines
+//
+// engine=fake runs the llmgw binary's fake engine (`llmgw engine fake`).
+// The vllm and sglang profiles name their engine by command, found on the
+// node's PATH; every node the runner starts has first on its PATH a
+// directory of the run's own (bin/ in the work dir) with two scripts:
+//
+//	vllm       exec <llmgw> engine fake --personality vllm "$@"
+//	python3    with arguments -m sglang.launch_server ...:
+//	           exec <llmgw> engine fake --personality sglang "$@";
+//	           else the real python3 of the runner's PATH
+//
+// So `place NAME engine=vllm` with runtime=process starts the vLLM
+// personality through the vllm profile's real command line (`vllm serve
+// MODEL --served-model-name ...`): it loads without listening, and every
+// request, /health and /metrics included, first waits 0.5 s per request
+// running. The fake-only knobs come from the deployment's env=:
+// FAKE_ENGINE_STARTUP_DELAY, FAKE_ENGINE_TOKEN_DELAY,
+// FAKE_ENGINE_PREFILL_BASE, FAKE_ENGINE_HEALTH_DELAY_PER_RUNNING (see
+// `llmgw engine fake --help`). The scripts exec, so each engine is the
+// llmgw binary under its own pid, found like the plain fake engine by
+// crash-engine, hang-engine, the engines condition and the teardown.
 //
 // # Events
 //
@@ -222,9 +290,15 @@
 //	                            key the engine answers 401
 //	restarts SHARD>=N           /v1/shards reports at least N restarts
 //	shard SHARD [status=S] [lease=L] [engine=running|gone]   (at least one)
-//	served LOOP by=NODE         request-loop LOOP got an answer served by NODE
+//	served LOOP by=NODE [after=EVENT[+DURATION]]
+//	                            request-loop LOOP got an answer served by NODE
 //	                            (NODE resolved when the wait begins: by=@chat-0
-//	                            is the node planned for chat-0 then)
+//	                            is the node planned for chat-0 then); with
+//	                            after=, to a request sent after that moment
+//	settled LOOP before=EVENT   every request LOOP sent before EVENT (or
+//	                            EVENT+DURATION) has ended, answered or failed:
+//	                            none still hangs; its event, for measure, is
+//	                            when the last of them had ended (to the poll)
 //	shards-agree                every observer's /v1/shards shows the same shards,
 //	                            nodes, leases, statuses and draining flags
 //	engines running=N           N engine processes of this run exist (any node, orphans too)
@@ -235,7 +309,8 @@
 //
 // serving, restarts and shard read the first observer's /v1/shards;
 // single-holder, engines and no-orphans look at every running node and at
-// the processes, whatever on= says; served reads only the loop's record.
+// the processes, whatever on= says; served and settled read only the
+// loop's record.
 //
 // # Reports (expect)
 //

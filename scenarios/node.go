@@ -173,6 +173,7 @@ func (r *runner) start(n *node) error {
 	for _, l := range n.labels {
 		args = append(args, "--label", l)
 	}
+	args = append(args, r.cfg.nodeFlags...)
 	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -184,7 +185,8 @@ func (r *runner) start(n *node) error {
 		cmd = exec.Command("ip", append([]string{"netns", "exec", n.netns, r.opts.Binary}, args...)...)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
+	// The run's engines first on PATH (engines.go).
+	cmd.Env = r.nodeEnv()
 	// Its own process group, so a terminal's ^C reaches the runner only;
 	// killed with the runner if the runner dies (the engines it started
 	// are not, as in production: the teardown finds them by executable).

@@ -94,7 +94,11 @@ type runner struct {
 	res            *Result
 	// namespaces is the network of net=netns; nil with net=loopback.
 	namespaces *netnsNet
-	pollEvery  time.Duration
+	// binDir is first on every node's PATH: the engines a profile names
+	// by command (vllm, python3 -m sglang.launch_server), played by the
+	// fake engine's personalities (see engines.go).
+	binDir    string
+	pollEvery time.Duration
 }
 
 // cmdSpec is one command: the keys it accepts, space-separated (every
@@ -108,7 +112,7 @@ type cmdSpec struct {
 // it once and keeps it on the runner, so no table is package state.
 func commandTable() map[string]cmdSpec {
 	return map[string]cmdSpec{
-		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net", (*runner).cmdCluster},
+		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net " + nodeFlagKeys(), (*runner).cmdCluster},
 		"add-node":     {"gpus labels within", (*runner).cmdAddNode},
 		"kill":         {"as engines", (*runner).cmdKill},
 		"stop":         {"as", (*runner).cmdStop},
@@ -117,17 +121,18 @@ func commandTable() map[string]cmdSpec {
 		"thaw":         {"", (*runner).cmdThaw},
 		"partition":    {"", (*runner).cmdPartition},
 		"heal":         {"", (*runner).cmdHeal},
-		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update via", (*runner).cmdPlace},
+		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update start-timeout via", (*runner).cmdPlace},
 		"weights":      {"family model", (*runner).cmdWeights},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
-		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by model", (*runner).cmdWaitUntil},
+		"hang-engine":  {"as", (*runner).cmdHangEngine},
+		"wait-until":   {"within for on alive suspect dead left ready status lease engine running by model before after", (*runner).cmdWaitUntil},
 		"expect":       {"on columns since min-routable min-success before match", (*runner).cmdExpect},
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment via stream on workers min-routable min-success before after", (*runner).cmdRequestLoop},
-		"health-loop":  {"deployment", (*runner).cmdHealthLoop},
+		"request-loop": {"deployment via stream on workers tokens timeout min-routable min-success min-share before after at", (*runner).cmdRequestLoop},
+		"health-loop":  {"deployment timeout", (*runner).cmdHealthLoop},
 		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}
 }
@@ -276,6 +281,10 @@ func newRunner(ctx context.Context, opts Options, commands map[string]cmdSpec, r
 	_, _ = rand.Read(tok)
 	r.token = hex.EncodeToString(tok)
 	if err := os.WriteFile(r.tokenFile, []byte(r.token+"\n"), 0o600); err != nil {
+		return nil, cleanup, err
+	}
+	r.binDir = filepath.Join(work, "bin")
+	if err := writeEngineShims(r.binDir, opts.Binary); err != nil {
 		return nil, cleanup, err
 	}
 	r.gossipKeyFile = filepath.Join(work, "gossip.key")

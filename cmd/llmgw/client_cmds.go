@@ -142,6 +142,7 @@ func placeCommand() *cli.Command {
 		&cli.StringSliceFlag{Name: "env", Usage: "engine environment K=V (repeatable)"},
 		waitFlag(),
 		&cli.StringFlag{Name: "update", Usage: "how a new version replaces the old: surge (default: beside it, the old serving until the new is ready) or recreate (the old stops first: a planned gap, for replicas too large to surge)"},
+		&cli.DurationFlag{Name: "start-timeout", Usage: "how long an engine may start (after its image pull) without becoming ready and without progress (its log or the weights cache growing); default 2h; changing it restarts nothing"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -159,7 +160,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		}
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
-		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update"} {
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -184,6 +185,12 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		Replicas: int(c.Int("replicas")), PipelineParallel: int(c.Int("pp")),
 		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"), Update: c.String("update"),
 		MaxModelLen: int(c.Int("max-model-len")), MaxNumSeqs: int(c.Int("max-num-seqs")),
+		StartTimeout: placement.Duration(c.Duration("start-timeout")),
+	}
+	// Zero is how a spec says "unset" (omitempty), so an explicit 0 would
+	// be sent as nothing: refused here, as the node refuses it.
+	if c.IsSet("start-timeout") && (d.StartTimeout <= 0 || time.Duration(d.StartTimeout) > placement.MaxStartTimeout) {
+		return nil, "", fmt.Errorf("--start-timeout %s: want a duration above 0 and at most 168h (7 days), such as 2h", c.Duration("start-timeout"))
 	}
 	d.TensorParallelAuto = c.String("tp") == "auto"
 	if !d.TensorParallelAuto {
@@ -392,12 +399,32 @@ func shardsCommand() *cli.Command {
 				if s.LastExit != nil {
 					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))
 				}
-				note = strings.TrimSpace(note + " " + gangNote(s))
+				note = strings.TrimSpace(note + " " + gangNote(s) + " " + engineNote(s, time.Now()))
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, gangRank(s), dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// engineNote is what the holder says its engine is doing while it does
+// not serve: "pulling image 43%", "loading, log grew 2s ago", "not
+// routable: ...". A note about a moment says how long ago, by this
+// machine's clock (the record carries the moment, not the words, so it
+// need not change every second).
+func engineNote(s status.ShardInfo, now time.Time) string {
+	if s.Note == "" || s.Lease == placement.LeaseValid {
+		return ""
+	}
+	if s.Note == "loading" && !s.NoteAt.IsZero() {
+		// The moment is the start itself until the log or the weights
+		// grow for the first time.
+		if d := s.NoteAt.Sub(s.StartedAt); d > -time.Second && d < time.Second {
+			return fmt.Sprintf("loading for %s, no log output yet", shortDuration(now.Sub(s.NoteAt)))
+		}
+		return fmt.Sprintf("loading, log grew %s ago", shortDuration(now.Sub(s.NoteAt)))
+	}
+	return s.Note
 }
 
 // gangRank is a gang member's rank of its gang's size ("1/2"); "-" for

@@ -14,60 +14,155 @@ import (
 // reach the fake engine through `llmgw place --engine fake`.
 func engineCommand() *cli.Command {
 	return &cli.Command{
-		Name:   "engine",
-		Hidden: true,
-		Usage:  "engines built into llmgw",
-		Commands: []*cli.Command{{
-			Name:  "fake",
-			Usage: "a fake inference engine speaking vLLM's HTTP surface (no GPU needed)",
-			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "model", Required: true, Usage: "served model name"},
-				&cli.IntFlag{Name: "port", Value: 8000},
-				&cli.StringFlag{Name: "host", Value: "0.0.0.0"},
-				&cli.DurationFlag{Name: "startup-delay", Usage: "answer 503 on /health for this long, like loading weights"},
-				&cli.DurationFlag{Name: "crash-after", Usage: "exit abruptly after this long"},
-				&cli.IntFlag{Name: "exit-code", Value: 1, Usage: "exit code of --crash-after"},
-				&cli.BoolFlag{Name: "fail-health", Usage: "always answer 503 on /health"},
-				&cli.BoolFlag{Name: "legacy-kv-metric", Usage: "export vllm:gpu_cache_usage_perc (vLLM before 0.10)"},
-				// The engine model (see package fakeengine); vLLM's names
-				// where vLLM has the knob.
-				&cli.DurationFlag{Name: "token-delay", Usage: "time per generated token after the first"},
-				&cli.DurationFlag{Name: "prefill-base", Usage: "fixed part of the time to first token"},
-				&cli.DurationFlag{Name: "prefill-per-1k-tokens", Usage: "time to first token per 1000 prompt tokens not in the prefix cache"},
-				&cli.IntFlag{Name: "max-num-seqs", Value: 256, Usage: "sequences run at once; the rest queue"},
-				&cli.IntFlag{Name: "block-size", Value: 16, Usage: "tokens per KV-cache block"},
-				&cli.IntFlag{Name: "num-gpu-blocks-override", Value: 8192, Usage: "KV-cache size in blocks (bounds the tokens in flight and the prefix cache)"},
-				&cli.BoolFlag{Name: "no-enable-prefix-caching", Usage: "compute every prompt whole"},
-				// The engine runner passes the engine's key in VLLM_API_KEY,
-				// as it does vLLM's (off the command line, which every local
-				// user can read); the flag wins, as vLLM's does.
-				&cli.StringFlag{Name: "api-key", Sources: cli.EnvVars("VLLM_API_KEY"), Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
-				// Gang mode, with vLLM's multi-node flags (see fakeengine.Gang).
-				&cli.IntFlag{Name: "nnodes", Value: 1, Usage: "nodes of the gang; above 1, rank 0 listens on the master port and the others connect"},
-				&cli.IntFlag{Name: "node-rank", Usage: "this member's rank in the gang"},
-				&cli.StringFlag{Name: "master-addr", Usage: "rank 0's rendezvous address"},
-				&cli.IntFlag{Name: "master-port", Usage: "rank 0's rendezvous port"},
-				&cli.BoolFlag{Name: "headless", Usage: "serve no HTTP (every rank above 0)"},
-				&cli.BoolFlag{Name: "hang-on-peer-loss", Usage: "keep running when a gang peer is lost, as vLLM's ranks hang (only llmgw's gang teardown stops it)"},
-			},
-			Action: func(ctx context.Context, c *cli.Command) error {
-				g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
-					MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
-				err := fakeengine.RunMaybeGang(ctx, fakeengine.Config{
-					Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
-					StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
-					ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
-					LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"), APIKey: c.String("api-key"),
-					PrefillBase: c.Duration("prefill-base"), PrefillPer1KTokens: c.Duration("prefill-per-1k-tokens"),
-					MaxRunning: int(c.Int("max-num-seqs")), BlockSize: int(c.Int("block-size")),
-					KVCacheBlocks: int(c.Int("num-gpu-blocks-override")), NoPrefixCaching: c.Bool("no-enable-prefix-caching"),
-					Log: os.Stderr, Now: time.Now,
-				}, g)
-				if code := fakeengine.ExitCode(err); code != 0 {
-					return codedError{msg: err.Error(), code: code}
-				}
-				return nil
-			},
-		}},
+		Name:     "engine",
+		Hidden:   true,
+		Usage:    "engines built into llmgw",
+		Commands: []*cli.Command{fakeCommand()},
+	}
+}
+
+// fakeDescription is the fake engine's help beyond its flags: the two
+// ways to call it.
+const fakeDescription = `Without --personality, the fake speaks vLLM's HTTP surface and takes the
+flags below.
+
+With --personality (first, before anything else), it behaves like that
+real engine where llmgw can tell (loading, the cost of /health, metric
+names, which paths the key guards) and the rest of the command line is the
+real engine's, as llmgw's profiles render it:
+
+  llmgw engine fake --personality vllm serve MODEL --served-model-name X \
+      --tensor-parallel-size N --host H --port P [--max-num-seqs=N ...]
+  llmgw engine fake --personality sglang -m sglang.launch_server \
+      --model-path M --served-model-name X --tp-size N --host H --port P \
+      --enable-metrics [--api-key=K ...]
+  llmgw engine fake --personality llamacpp --model M --alias X --host H \
+      --port P --n-gpu-layers 999 --metrics
+
+A flag the real engine does not have is refused (exit status 2); the
+accepted flags are listed in supervisor/fakeengine/testdata/flags-*.txt.
+Keys come as the real engines take them: VLLM_API_KEY or --api-key (vllm),
+--api-key (sglang), LLAMA_API_KEY or --api-key (llamacpp). What only the
+fake has comes from the environment: FAKE_ENGINE_STARTUP_DELAY,
+FAKE_ENGINE_TOKEN_DELAY, FAKE_ENGINE_PREFILL_BASE,
+FAKE_ENGINE_PREFILL_PER_1K_TOKENS, FAKE_ENGINE_HEALTH_DELAY_PER_RUNNING
+(vllm; 500ms per running request), FAKE_ENGINE_HANG_AFTER,
+FAKE_ENGINE_CRASH_AFTER, FAKE_ENGINE_EXIT_CODE; sglang also reads
+SGLANG_HEALTH_CHECK_TIMEOUT and SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.
+
+Every form serves POST /debug/hang (with the engine's key as a bearer
+token when it has one): from then on nothing answers and the token
+counters stop, while the process stays up.`
+
+// fakeCommand is `llmgw engine fake`. Its flags are parsed by plainFake
+// or, after --personality, by the real engine's own rules
+// (fakeengine.ParseCommandLine), which urfave/cli cannot do: `-m`, `serve`
+// and --alias are no flags of ours. Hence it takes its arguments unparsed.
+func fakeCommand() *cli.Command {
+	return &cli.Command{
+		Name:            "fake",
+		Usage:           "a fake inference engine speaking vLLM's HTTP surface, or with --personality vLLM's, SGLang's or llama.cpp's (no GPU needed)",
+		Description:     fakeDescription,
+		SkipFlagParsing: true,
+		Action: func(ctx context.Context, c *cli.Command) error {
+			args := c.Args().Slice()
+			p, rest, ok, err := fakeengine.PersonalityArgs(args)
+			if err != nil {
+				return usageError(err.Error())
+			}
+			if !ok {
+				return runPlainFake(ctx, c, args)
+			}
+			cfg, g, err := fakeengine.ParseCommandLine(p, rest, os.Getenv)
+			if err != nil {
+				return usageError(err.Error())
+			}
+			cfg.Log, cfg.Now = os.Stderr, time.Now
+			return fakeExit(fakeengine.RunMaybeGang(ctx, cfg, g))
+		},
+	}
+}
+
+// fakeExit maps the engine's end to the process's exit status.
+func fakeExit(err error) error {
+	if code := fakeengine.ExitCode(err); code != 0 {
+		return codedError{msg: err.Error(), code: code}
+	}
+	return nil
+}
+
+// runPlainFake parses args with the plain fake's flags, as a command of its
+// own (the help shows them), and runs it.
+func runPlainFake(ctx context.Context, parent *cli.Command, args []string) error {
+	plain := plainFake()
+	plain.Name = "llmgw engine fake"
+	plain.Writer, plain.ErrWriter = parent.Root().Writer, parent.Root().ErrWriter
+	// A context that carries no command, so plain runs as a root, not as
+	// a child of `fake` (its help would read `fake fake`); it ends with
+	// ctx.
+	pctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer stop()
+	return plain.Run(pctx, append([]string{plain.Name}, args...))
+}
+
+// plainFake is the fake engine without a personality.
+func plainFake() *cli.Command {
+	return &cli.Command{
+		Usage:       "a fake inference engine speaking vLLM's HTTP surface (no GPU needed)",
+		Description: fakeDescription,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "model", Required: true, Usage: "served model name"},
+			&cli.IntFlag{Name: "port", Value: 8000},
+			&cli.StringFlag{Name: "host", Value: "0.0.0.0"},
+			&cli.DurationFlag{Name: "startup-delay", Usage: "answer 503 on /health for this long, like loading weights"},
+			&cli.DurationFlag{Name: "crash-after", Usage: "exit abruptly after this long"},
+			&cli.IntFlag{Name: "exit-code", Value: 1, Usage: "exit code of --crash-after"},
+			&cli.BoolFlag{Name: "fail-health", Usage: "always answer 503 on /health"},
+			&cli.BoolFlag{Name: "legacy-kv-metric", Usage: "export vllm:gpu_cache_usage_perc (vLLM before 0.10)"},
+			&cli.DurationFlag{Name: "hang-after", Sources: cli.EnvVars(fakeengine.EnvHangAfter),
+				Usage: "hang after this long: every request blocks without a byte and the counters stop, while the process stays up (also POST /debug/hang)"},
+			// The engine model (see package fakeengine); vLLM's names
+			// where vLLM has the knob.
+			&cli.DurationFlag{Name: "token-delay", Usage: "time per generated token after the first"},
+			&cli.DurationFlag{Name: "prefill-base", Usage: "fixed part of the time to first token"},
+			&cli.DurationFlag{Name: "prefill-per-1k-tokens", Usage: "time to first token per 1000 prompt tokens not in the prefix cache"},
+			&cli.IntFlag{Name: "max-num-seqs", Value: 256, Usage: "sequences run at once; the rest queue"},
+			&cli.IntFlag{Name: "block-size", Value: 16, Usage: "tokens per KV-cache block"},
+			&cli.IntFlag{Name: "num-gpu-blocks-override", Value: 8192, Usage: "KV-cache size in blocks (bounds the tokens in flight and the prefix cache)"},
+			&cli.BoolFlag{Name: "no-enable-prefix-caching", Usage: "compute every prompt whole"},
+			// The engine runner passes the engine's key in VLLM_API_KEY,
+			// as it does vLLM's (off the command line, which every local
+			// user can read); the flag wins, as vLLM's does.
+			&cli.StringFlag{Name: "api-key", Sources: cli.EnvVars("VLLM_API_KEY"), Usage: "demand this key as a bearer token on /v1/* (401 without it), as vLLM's --api-key; /health and /metrics stay open"},
+			// Gang mode, with vLLM's multi-node flags (see fakeengine.Gang).
+			&cli.IntFlag{Name: "nnodes", Value: 1, Usage: "nodes of the gang; above 1, rank 0 listens on the master port and the others connect"},
+			&cli.IntFlag{Name: "node-rank", Usage: "this member's rank in the gang"},
+			&cli.StringFlag{Name: "master-addr", Usage: "rank 0's rendezvous address"},
+			&cli.IntFlag{Name: "master-port", Usage: "rank 0's rendezvous port"},
+			&cli.BoolFlag{Name: "headless", Usage: "serve no HTTP (every rank above 0)"},
+			&cli.BoolFlag{Name: "hang-on-peer-loss", Usage: "keep running when a gang peer is lost, as vLLM's ranks hang (only llmgw's gang teardown stops it)"},
+			// Only to say where it belongs: first.
+			&cli.StringFlag{Name: "personality", Usage: "vllm, sglang or llamacpp: must come first (see above)",
+				Action: func(context.Context, *cli.Command, string) error {
+					return usageError("--personality must come first: everything after it is the real engine's command line")
+				}},
+		},
+		Action: func(ctx context.Context, c *cli.Command) error {
+			g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
+				MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
+			return fakeExit(fakeengine.RunMaybeGang(ctx, fakeengine.Config{
+				Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
+				StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
+				ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
+				LegacyKVMetric: c.Bool("legacy-kv-metric"), TokenDelay: c.Duration("token-delay"), APIKey: c.String("api-key"),
+				PrefillBase: c.Duration("prefill-base"), PrefillPer1KTokens: c.Duration("prefill-per-1k-tokens"),
+				MaxRunning: int(c.Int("max-num-seqs")), BlockSize: int(c.Int("block-size")),
+				KVCacheBlocks: int(c.Int("num-gpu-blocks-override")), NoPrefixCaching: c.Bool("no-enable-prefix-caching"),
+				HangAfter: c.Duration("hang-after"),
+				Log:       os.Stderr, Now: time.Now,
+			}, g))
+		},
 	}
 }

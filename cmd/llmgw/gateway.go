@@ -35,6 +35,8 @@ func gatewayFlags() []cli.Flag {
 		&cli.IntFlag{Name: "gateway-prefix-bytes", Value: gateway.DefaultPrefixBytes, Usage: "how much of a prompt the prefix policy hashes, in bytes of its messages' roles and contents", Sources: cli.EnvVars("LLMGW_GATEWAY_PREFIX_BYTES")},
 		&cli.FloatFlag{Name: "gateway-balance", Value: gateway.DefaultBalance, Usage: "the prefix policy's load bound: a replica takes a prefix's requests while its load is within this many times the mean", Sources: cli.EnvVars("LLMGW_GATEWAY_BALANCE")},
 		&cli.DurationFlag{Name: "gateway-scrape-interval", Value: gateway.DefaultScrapeInterval, Usage: "the least time between two reads of one engine's /metrics for routing; engines are read every tenth of their requests' duration, within this and 1s", Sources: cli.EnvVars("LLMGW_GATEWAY_SCRAPE_INTERVAL")},
+		&cli.DurationFlag{Name: "gateway-first-byte-timeout", Usage: "how long the gateway waits for the first byte of an engine's answer before it answers 504 and counts a failure against the replica; 0: the engine profile's (10m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")},
+		&cli.DurationFlag{Name: "gateway-stream-idle-timeout", Usage: "the longest the gateway waits between two reads of an engine's answer before it cuts it (a stream ends with an error event); 0: the engine profile's (2m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_STREAM_IDLE_TIMEOUT")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
 	}
 }
@@ -50,6 +52,10 @@ type gatewaySetup struct {
 	accessLog bool
 	policy    gateway.Policy
 	scrape    time.Duration
+	// firstByte and streamIdle bound the waits on engines; 0 is each
+	// engine kind's profile.
+	firstByte  time.Duration
+	streamIdle time.Duration
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -80,6 +86,13 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 	s.scrape = c.Duration("gateway-scrape-interval")
 	if s.scrape < 10*time.Millisecond || s.scrape > time.Minute {
 		return s, fmt.Errorf("--gateway-scrape-interval %v: want 10ms to 1m (default %v)", s.scrape, gateway.DefaultScrapeInterval)
+	}
+	s.firstByte, s.streamIdle = c.Duration("gateway-first-byte-timeout"), c.Duration("gateway-stream-idle-timeout")
+	if s.firstByte < 0 {
+		return s, fmt.Errorf("--gateway-first-byte-timeout %v: want 0 (the engine profile's) or more", s.firstByte)
+	}
+	if s.streamIdle < 0 {
+		return s, fmt.Errorf("--gateway-stream-idle-timeout %v: want 0 (the engine profile's) or more", s.streamIdle)
 	}
 	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
 	switch {
@@ -131,6 +144,7 @@ func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gat
 		access = os.Stderr
 	}
 	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy, ScrapeInterval: s.scrape,
+		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) }})

@@ -30,6 +30,7 @@ import (
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/nodemetrics"
 	"github.com/llmgw/llmgw/supervisor/page"
+	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
 func nodeCommand() *cli.Command {
@@ -68,6 +69,13 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache (hub cache layout, model dirs, .gguf files): scanned and published to the cluster, bind-mounted into engine containers", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
 		&cli.StringFlag{Name: "hub-url", Value: weights.DefaultHub, Usage: "where gpu_memory: auto reads the headers of a model no node has (HTTP range requests; empty: nowhere)", Sources: cli.EnvVars("LLMGW_HUB_URL")},
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
+		// The readiness rule's knobs; 0 keeps each engine profile's own
+		// (see README "Readiness").
+		&cli.DurationFlag{Name: "engine-probe-timeout", Usage: "bound of one engine health probe (0: the engine profile's, e.g. vLLM 10s)", Sources: cli.EnvVars("LLMGW_ENGINE_PROBE_TIMEOUT")},
+		&cli.IntFlag{Name: "engine-probe-failures", Usage: "probes failed in a row before a ready engine without progress leaves routing (0: the profile's, 3)", Sources: cli.EnvVars("LLMGW_ENGINE_PROBE_FAILURES")},
+		&cli.DurationFlag{Name: "engine-progress-window", Usage: "counters that moved within this keep a slow engine routable (0: the profile's, e.g. 30s)", Sources: cli.EnvVars("LLMGW_ENGINE_PROGRESS_WINDOW")},
+		&cli.DurationFlag{Name: "engine-hung-restart", Usage: "restart an engine unroutable without progress for this long (0: the profile's, 2m)", Sources: cli.EnvVars("LLMGW_ENGINE_HUNG_RESTART")},
+		&cli.DurationFlag{Name: "engine-start-timeout", Value: 2 * time.Hour, Usage: "how long an engine may start silently (after its image pull) when its deployment names no start_timeout", Sources: cli.EnvVars("LLMGW_ENGINE_START_TIMEOUT")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
@@ -164,6 +172,17 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	default:
 		return cfg, fmt.Errorf("--runtime %q: want containerd, process, none or auto", c.String("runtime"))
 	}
+	for _, name := range []string{"engine-probe-timeout", "engine-progress-window", "engine-hung-restart"} {
+		if c.Duration(name) < 0 {
+			return cfg, fmt.Errorf("--%s %s: want a duration of 0 or more (0: the engine profile's)", name, c.Duration(name))
+		}
+	}
+	if n := c.Int("engine-probe-failures"); n < 0 || n > 100 {
+		return cfg, fmt.Errorf("--engine-probe-failures %d: want 0 (the engine profile's) to 100", n)
+	}
+	if d := c.Duration("engine-start-timeout"); d <= 0 || d > placement.MaxStartTimeout {
+		return cfg, fmt.Errorf("--engine-start-timeout %s: want a duration above 0 and at most 168h", d)
+	}
 	if _, _, err := parsePortRange(c.String("engine-ports")); err != nil {
 		return cfg, err
 	}
@@ -227,6 +246,15 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 			scrapeErrors = runner.ScrapeErrors
 		}
 		collectors := []prometheus.Collector{m}
+		if runner != nil {
+			collectors = append(collectors,
+				prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "llmgw_engine_unroutable_total",
+					Help: "Ready engines on this node that left routing: probes failing in a row and counters frozen (see the readiness rule)."},
+					func() float64 { return float64(runner.Unroutable()) }),
+				prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "llmgw_engine_hung_restarts_total",
+					Help: "Engines on this node restarted because they stayed unroutable without progress (hung)."},
+					func() float64 { return float64(runner.HungRestarts()) }))
+		}
 		if gw != nil {
 			collectors = append(collectors, gw)
 		}
@@ -427,6 +455,9 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 	return engine.NewRunner(ctx, engine.Config{
 		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Clock: cfg.Clock, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
+		StartTimeout: c.Duration("engine-start-timeout"),
+		Readiness: profile.Readiness{ProbeTimeout: c.Duration("engine-probe-timeout"), Failures: int(c.Int("engine-probe-failures")),
+			ProgressWindow: c.Duration("engine-progress-window"), HungRestart: c.Duration("engine-hung-restart")},
 		// Derived, not stored: every node (and a gateway on any of them)
 		// computes the same key for an engine from the token alone.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) },

@@ -121,7 +121,8 @@ func (r *Runner) probeAdopted(ctx context.Context, adopted []adoptedEngine) {
 				r.setReady(a.e, true, pid)
 				return
 			}
-			r.setReady(a.e, r.probeReady(ctx, a.e) && r.ownsPort(a.e, pid), pid)
+			ok, _ := r.probeReady(ctx, a.e)
+			r.setReady(a.e, ok && r.ownsPort(a.e, pid), pid)
 		})
 	}
 	wg.Wait()

@@ -45,6 +45,10 @@ type managed struct {
 	startErr string
 	// gangNote says what holds a gang member back (see gang.go).
 	gangNote string
+	// note and noteAt say what the engine is doing while it does not
+	// serve, or why it stopped (see gossip.ShardRecord.Note).
+	note   string
+	noteAt time.Time
 	// drain: it served when it was told to stop, so it keeps serving for
 	// Config.DrainDelay first (see finish).
 	drain bool

@@ -3,51 +3,67 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
-// probeReady is the readiness rule: /health answers 200 and the models
-// list names the served model. Both probes carry the engine's key: the
-// models path is guarded by it (a wrong key, like another engine's on a
-// reused port, is not ready), and the engines leave /health open, so the
-// header costs nothing there.
-func (r *Runner) probeReady(ctx context.Context, e *managed) bool {
+// probeReady runs one readiness probe: /health answers 200 and the models
+// list names the served model, each within the profile's probe timeout.
+// Both probes carry the engine's key: the models path is guarded by it (a
+// wrong key, like another engine's on a reused port, is not ready), and
+// the engines leave /health open, so the header costs nothing there. It
+// says how a failed probe failed.
+func (r *Runner) probeReady(ctx context.Context, e *managed) (bool, string) {
 	r.mu.Lock()
 	port, served := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName
 	r.mu.Unlock()
 	prof, err := r.profileOf(e)
-	if err != nil || port == 0 {
-		return false
+	if err != nil {
+		return false, err.Error()
 	}
+	if port == 0 {
+		return false, "no port"
+	}
+	timeout := r.ruleOf(prof).ProbeTimeout
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	key := r.engineKey(e.id)
-	ok := func(path string, body *[]byte) bool {
-		req, _ := http.NewRequestWithContext(ctx, "GET", base+path, nil)
+	get := func(path string, body *[]byte) string {
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(pctx, "GET", base+path, nil)
 		if key != "" {
 			req.Header.Set("Authorization", "Bearer "+key)
 		}
 		resp, err := r.cfg.HTTP.Do(req)
 		if err != nil {
-			return false
+			if pctx.Err() != nil && ctx.Err() == nil {
+				return fmt.Sprintf("%s timed out after %s", path, timeout)
+			}
+			return fmt.Sprintf("%s: %v", path, errors.Unwrap(err))
 		}
 		defer resp.Body.Close()
 		if body != nil {
 			*body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		}
-		return resp.StatusCode == http.StatusOK
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Sprintf("%s answered %d", path, resp.StatusCode)
+		}
+		return ""
 	}
-	if !ok(prof.HealthPath, nil) {
-		return false
+	if why := get(prof.HealthPath, nil); why != "" {
+		return false, why
 	}
 	var body []byte
-	if !ok(prof.ModelsPath, &body) {
-		return false
+	if why := get(prof.ModelsPath, &body); why != "" {
+		return false, why
 	}
 	var models struct {
 		Data []struct {
@@ -55,14 +71,40 @@ func (r *Runner) probeReady(ctx context.Context, e *managed) bool {
 		} `json:"data"`
 	}
 	if json.Unmarshal(body, &models) != nil {
-		return false
+		return false, prof.ModelsPath + " is not a models list"
 	}
 	for _, m := range models.Data {
 		if m.ID == served || served == "" {
-			return true
+			return true, ""
 		}
 	}
-	return false
+	return false, fmt.Sprintf("%s does not list %q", prof.ModelsPath, served)
+}
+
+// ruleOf is prof's readiness rule with the node's overrides applied.
+func (r *Runner) ruleOf(prof profile.Profile) profile.Readiness {
+	rule := prof.Readiness
+	o := r.cfg.Readiness
+	if o.ProbeTimeout > 0 {
+		rule.ProbeTimeout = o.ProbeTimeout
+	}
+	if o.Failures > 0 {
+		rule.Failures = o.Failures
+	}
+	if o.ProgressWindow > 0 {
+		rule.ProgressWindow = o.ProgressWindow
+	}
+	if o.HungRestart > 0 {
+		rule.HungRestart = o.HungRestart
+	}
+	// A profile loaded without a rule still gets a bounded probe.
+	if rule.ProbeTimeout <= 0 {
+		rule.ProbeTimeout = 2 * time.Second
+	}
+	if rule.Failures <= 0 {
+		rule.Failures = 1
+	}
+	return rule
 }
 
 // ownsPort checks, when an engine is about to be believed ready, that the
@@ -91,21 +133,29 @@ func (r *Runner) ownsPort(e *managed, pid int) bool {
 	return !foreign
 }
 
-// scrapeLoad reads the engine's /metrics every LoadInterval. Rates come
-// from counter deltas; the tracker re-baselines when the engine restarted.
-func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
+// scrapeLoad reads the engine's /metrics every LoadInterval, or at once
+// when force (the readiness rule needs to know whether its counters move).
+// Rates come from counter deltas; the tracker re-baselines when the engine
+// restarted. It returns the token counters (prompt plus generation) when
+// it read them.
+func (r *Runner) scrapeLoad(ctx context.Context, e *managed, force bool, timeout time.Duration) (counters float64, ok bool) {
 	r.mu.Lock()
-	due := r.cfg.Clock.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
+	due := force || r.cfg.Clock.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
 	port := e.state.Spec.HTTPPort
 	r.mu.Unlock()
 	if !due {
-		return
+		return 0, false
 	}
 	prof, err := r.profileOf(e)
 	if err != nil || prof.MetricsPath == "" {
-		return
+		return 0, false
 	}
-	sample, err := r.scraperOf(e, prof).Scrape(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
+	if timeout <= 0 {
+		timeout = r.ruleOf(prof).ProbeTimeout
+	}
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sample, err := r.scraperOf(e, prof).Scrape(sctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
 	var l load.Load
 	if err != nil {
 		r.scrapeErrors.Add(1)
@@ -120,6 +170,12 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed) {
 		ScrapedAt: l.ScrapedAt, Error: l.Error}
 	r.notifyLocked()
 	r.mu.Unlock()
+	if err != nil {
+		return 0, false
+	}
+	// The engine's start time takes part: a restarted engine's counters
+	// start over, and that is a change too.
+	return sample.PromptTokens + sample.GenerationTokens + sample.StartTime, true
 }
 
 // scraperOf is e's /metrics scraper, made on first use with prof's metric
@@ -138,3 +194,18 @@ func (r *Runner) scraperOf(e *managed, prof profile.Profile) *load.Scraper {
 
 // ScrapeErrors counts failed engine /metrics scrapes.
 func (r *Runner) ScrapeErrors() uint64 { return r.scrapeErrors.Load() }
+
+// Unroutable counts ready engines that left routing by the readiness rule
+// (judge.go): probes failing and counters frozen.
+func (r *Runner) Unroutable() uint64 { return r.unroutable.Load() }
+
+// HungRestarts counts engines restarted because they stayed unroutable
+// without progress for their profile's HungRestart.
+func (r *Runner) HungRestarts() uint64 { return r.hungRestarts.Load() }
+
+// scrapeDue reports whether e's load is due to be read (every LoadInterval).
+func (r *Runner) scrapeDue(e *managed) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg.Clock.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
+}

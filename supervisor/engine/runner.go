@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/probes/sockets"
 	"github.com/llmgw/llmgw/supervisor/datadir"
+	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
 )
@@ -64,10 +65,17 @@ type Config struct {
 	// minutes and then runs out of memory is crash-looping), and neither is
 	// readiness alone (an engine that serves for a second and dies is too).
 	StableAfter time.Duration
-	// StartTimeout bounds how long an engine may run without becoming
-	// ready (loading weights included) before it counts as a crash. An
-	// engine hung in start-up would otherwise hold its shard forever.
+	// StartTimeout bounds how long an engine may start without becoming
+	// ready and without a sign of progress (its log or the weights dir
+	// growing), counted from the end of its image pull, before it counts
+	// as a crash: an engine hung in start-up would otherwise hold its
+	// shard forever. A deployment's start_timeout wins. 0: 2 h (a 70B
+	// model is ~140 GB to download).
 	StartTimeout time.Duration
+	// Readiness overrides the engine profiles' readiness rule where a
+	// field is set (see profile.Readiness): node flags, and tests that
+	// cannot wait minutes for a hung engine.
+	Readiness profile.Readiness
 	// ListenerOwner says which process among pid and its descendants
 	// listens on port (sockets.FS.Owner); default: the host's /proc.
 	ListenerOwner func(port, pid int) (owner int, found bool, err error)
@@ -123,6 +131,9 @@ type Runner struct {
 	tracker *load.Tracker
 	// scrapeErrors counts failed /metrics scrapes, for our own metrics.
 	scrapeErrors atomic.Uint64
+	// unroutable and hungRestarts count ready engines that left routing
+	// and hung engines restarted (see judge.go), for our own metrics.
+	unroutable, hungRestarts atomic.Uint64
 	// quit detaches every watcher without stopping its engine; base is
 	// cancelled with it, so a start in progress (an image pull) gives up.
 	quit       chan struct{}
@@ -145,7 +156,9 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.HTTP == nil {
-		cfg.HTTP = &http.Client{Timeout: 2 * time.Second}
+		// No client-wide timeout: each probe and scrape is bounded by its
+		// profile's probe timeout (a busy vLLM needs more than 2 s).
+		cfg.HTTP = &http.Client{}
 	}
 	if cfg.Poll == 0 {
 		cfg.Poll = 500 * time.Millisecond
@@ -163,7 +176,7 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 		cfg.FailingAfter = 5
 	}
 	if cfg.StartTimeout == 0 {
-		cfg.StartTimeout = 30 * time.Minute
+		cfg.StartTimeout = 2 * time.Hour
 	}
 	if cfg.ListenerOwner == nil {
 		cfg.ListenerOwner = sockets.Host().Owner
@@ -328,6 +341,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
 			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
 			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load, Error: e.startErr,
+			Note: e.note, NoteAt: e.noteAt,
 		}
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment

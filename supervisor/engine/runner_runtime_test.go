@@ -22,16 +22,22 @@ import (
 type imageRuntime struct {
 	runtime.Runtime
 	pullErr error
-	mu      sync.Mutex
-	calls   []string
+	// pulled, when set, runs inside EnsureImage (a test's clock moves
+	// there, as a long pull's would).
+	pulled func()
+	mu     sync.Mutex
+	calls  []string
 }
 
 var _ runtime.ImagePuller = (*imageRuntime)(nil)
 
-func (f *imageRuntime) EnsureImage(_ context.Context, ref string) error {
+func (f *imageRuntime) EnsureImage(_ context.Context, ref string, _ func(done, total int64)) error {
 	f.mu.Lock()
 	f.calls = append(f.calls, "pull "+ref)
 	f.mu.Unlock()
+	if f.pulled != nil {
+		f.pulled()
+	}
 	return f.pullErr
 }
 

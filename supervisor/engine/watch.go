@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
@@ -39,6 +44,21 @@ type watchState struct {
 	// movedSince is when the plan first moved a peer of this gang member
 	// away from the generation's member (see gangMoveGrace).
 	movedSince time.Time
+	// live judges a ready engine's probes and progress (judge.go); clock
+	// times a starting one.
+	live  liveness
+	clock startClock
+	// scraping: a /metrics read is in flight; its result arrives on
+	// scraped (buffered: the reader never waits for the watcher).
+	scraping bool
+	scraped  chan scrapeResult
+}
+
+// scrapeResult is one background /metrics read: the token counters, when
+// it read them.
+type scrapeResult struct {
+	counters float64
+	ok       bool
 }
 
 // watch drives one engine: start it (unless adopted), then check it every
@@ -47,7 +67,15 @@ type watchState struct {
 // the engine is stopped and forgotten.
 func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.wg.Done()
-	w := &watchState{started: adopted, attemptAt: r.cfg.Clock.Now()}
+	w := &watchState{started: adopted, attemptAt: r.cfg.Clock.Now(), scraped: make(chan scrapeResult, 1)}
+	w.clock.begin(w.attemptAt)
+	if adopted && r.isReady(e) {
+		// Judged ready at adoption: from now on by the rule, so a busy
+		// engine found by a restarted agent is never taken for a
+		// starting one that stopped answering.
+		w.everReady = true
+		w.live.becameReady(w.attemptAt)
+	}
 	tick := time.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
 	for {
@@ -66,7 +94,13 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		if mayStart {
 			w.attemptAt, w.everReady = r.cfg.Clock.Now(), false
-			if err := r.start(ctx, e, gs); err != nil {
+			err := r.start(ctx, e, gs)
+			// The start timeout counts from here, after the image pull
+			// that start waited for: a 20 GB image on a slow link must not
+			// eat the engine's own time to load.
+			w.attemptAt = r.cfg.Clock.Now()
+			w.clock.begin(w.attemptAt)
+			if err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
 				}
@@ -111,7 +145,8 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		// engine itself still can. A dead one stops being ready, so
 		// its lease is no longer renewed and nothing routes to it.
 		r.log.Warn("engine status unknown; judging by readiness alone", "shard", e.state.ShardID, "err", err)
-		r.setReady(e, r.probeReady(ctx, e), 0)
+		ok, _ := r.probeReady(ctx, e)
+		r.setReady(e, ok, 0)
 	case err == nil && st.State == runtime.StateUnknown && w.unknowns < 20:
 		// containerd restarting or a shim not answering: look again
 		// rather than kill a possibly healthy engine.
@@ -139,33 +174,228 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		w.retryAt = r.crashed(e, &code)
 	default:
 		w.unknowns = 0
-		member := r.isMember(e)
-		var ready bool
-		if member {
-			ready = r.memberReady(e)
-		} else {
-			ready = r.probeReady(ctx, e) && r.ownsPort(e, st.PID)
-		}
-		w.everReady = w.everReady || ready
-		r.setReady(e, ready, st.PID)
-		if ready && !member {
-			r.scrapeLoad(ctx, e)
-		} else if !ready && !w.everReady && r.cfg.Clock.Now().Sub(w.attemptAt) > r.cfg.StartTimeout {
-			r.log.Warn("engine not ready within the start timeout; restarting it", "shard", e.state.ShardID, "timeout", r.cfg.StartTimeout)
-			if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-				// Still running: starting it again would clash with
-				// itself. Try the stop again at the next poll.
-				r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
-				return
+		if r.isMember(e) {
+			ready := r.memberReady(e)
+			w.everReady = w.everReady || ready
+			r.setReady(e, ready, st.PID)
+			if !ready && !w.everReady && r.startExpired(e, w) {
+				r.restartStarting(e, w, true)
 			}
-			w.started = false
-			if member {
-				r.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
-				return
-			}
-			w.retryAt = r.crashed(e, nil)
+			return
 		}
+		if !w.everReady {
+			r.checkStarting(ctx, e, w, st.PID)
+			return
+		}
+		r.checkServing(ctx, e, w, st.PID)
 	}
+}
+
+// checkStarting is one poll of an engine that has not been ready yet: its
+// probes alone decide, and its start clock runs.
+func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, pid int) {
+	ok, why := r.probeReady(ctx, e)
+	ready := ok && r.ownsPort(e, pid)
+	now := r.cfg.Clock.Now()
+	if ready {
+		w.everReady = true
+		w.live.becameReady(now)
+		r.setNote(e, "", time.Time{})
+		r.setReady(e, true, pid)
+		r.scrapeLoad(ctx, e, false, 0)
+		return
+	}
+	r.setReady(e, false, pid)
+	if r.startExpired(e, w) {
+		r.log.Warn("engine not ready within the start timeout and silent; restarting it", "shard", e.state.ShardID,
+			"timeout", r.startTimeout(e), "last_probe", why)
+		r.restartStarting(e, w, false)
+		return
+	}
+	r.setNote(e, "loading", w.clock.activityAt)
+}
+
+// startExpired samples the starting engine's signs of progress (its log,
+// the weights dir) and reports whether it has been silent for longer than
+// its start timeout.
+func (r *Runner) startExpired(e *managed, w *watchState) bool {
+	now := r.cfg.Clock.Now()
+	if fi, err := os.Stat(r.logPath(e.id)); err == nil {
+		w.clock.sawLog(now, fi.Size())
+	}
+	if r.cfg.WeightsDir != "" && (w.clock.weightsAt.IsZero() || now.Sub(w.clock.weightsAt) >= weightsEvery) {
+		w.clock.sawWeights(now, dirSize(r.cfg.WeightsDir))
+	}
+	return w.clock.expired(now, r.startTimeout(e))
+}
+
+// startTimeout is e's deployment's start_timeout, or the runner's default.
+func (r *Runner) startTimeout(e *managed) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t := time.Duration(e.desired.Spec.StartTimeout); t > 0 {
+		return t
+	}
+	return r.cfg.StartTimeout
+}
+
+// restartStarting stops an engine that never became ready in time and
+// counts the crash (a gang member waits for rank 0's next generation).
+func (r *Runner) restartStarting(e *managed, w *watchState, member bool) {
+	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		// Still running: starting it again would clash with itself. Try
+		// the stop again at the next poll.
+		r.log.Error("stop engine that never became ready", "shard", e.state.ShardID, "err", err)
+		return
+	}
+	w.started = false
+	if member {
+		r.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
+		return
+	}
+	r.mu.Lock()
+	e.startErr = clipError(fmt.Sprintf("not ready within the start timeout (%s without progress)", r.startTimeoutLocked(e)), 300)
+	r.mu.Unlock()
+	w.retryAt = r.crashed(e, nil)
+}
+
+// startTimeoutLocked is startTimeout with r.mu held.
+func (r *Runner) startTimeoutLocked(e *managed) time.Duration {
+	if t := time.Duration(e.desired.Spec.StartTimeout); t > 0 {
+		return t
+	}
+	return r.cfg.StartTimeout
+}
+
+// checkServing is one poll of an engine that has been ready: the rule of
+// judge.go decides whether it stays routable, and whether it is hung. The
+// health probe and the /metrics read run side by side, so a hung engine
+// costs one probe timeout per poll, not two.
+func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pid int) {
+	prof, err := r.profileOf(e)
+	if err != nil {
+		r.setReady(e, false, pid)
+		return
+	}
+	rule := r.ruleOf(prof)
+	// The /metrics read runs in the background, apart from the probe:
+	// vLLM serves /metrics on the same loop as /health, so under load it
+	// is as slow, and a read bounded by the probe timeout would never see
+	// the progress that tells busy from hung. It gets the whole progress
+	// window, and one read at a time is in flight; the poll goes on.
+	if !w.scraping && (w.live.failures > 0 || r.scrapeDue(e)) {
+		w.scraping = true
+		force := w.live.failures > 0
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			sctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			stop := context.AfterFunc(r.base, cancel) // Close waits for this read
+			defer stop()
+			c, ok := r.scrapeLoad(sctx, e, force, max(rule.ProbeTimeout, rule.ProgressWindow))
+			w.scraped <- scrapeResult{counters: c, ok: ok}
+		}()
+	}
+	ok, why := r.probeReady(ctx, e)
+	var counters float64
+	var haveCounters bool
+	select {
+	case res := <-w.scraped:
+		w.scraping = false
+		counters, haveCounters = res.counters, res.ok
+	default:
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	now := r.cfg.Clock.Now()
+	v := w.live.observe(rule, now, ok, why, counters, haveCounters)
+	r.setReady(e, v.routable, pid)
+	switch {
+	case v.changed && v.routable:
+		r.log.Info("engine routable again", "shard", e.state.ShardID, "engine", e.id)
+		r.setNote(e, "", time.Time{})
+	case v.changed:
+		r.unroutable.Add(1)
+		r.log.Warn("engine not routable: "+v.why, "shard", e.state.ShardID, "engine", e.id,
+			"probe_timeout", rule.ProbeTimeout, "failures", rule.Failures, "progress_window", rule.ProgressWindow)
+		r.setNote(e, "not routable: "+v.why, now)
+	}
+	if !v.hung {
+		return
+	}
+	r.hungRestarts.Add(1)
+	reason := fmt.Sprintf("hung: not routable and no progress for %s (%s)", rule.HungRestart, v.why)
+	r.log.Error("engine hung; restarting it", "shard", e.state.ShardID, "engine", e.id, "reason", reason)
+	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		r.log.Error("stop hung engine", "shard", e.state.ShardID, "err", err)
+		return
+	}
+	w.started, w.everReady = false, false
+	r.mu.Lock()
+	e.startErr = clipError(reason, 300)
+	r.mu.Unlock()
+	r.setNote(e, "restarted: "+reason, now)
+	if r.isGang(e) {
+		r.setGangNote(e, "rank 0 hung; gang restarting")
+	}
+	w.retryAt = r.crashed(e, nil)
+}
+
+// isReady reports e's last readiness verdict.
+func (r *Runner) isReady(e *managed) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.ready
+}
+
+// setNote records what e's engine is doing for its record, notifying only
+// when the words change: at says when, so "loading, log grew 2s ago" needs
+// no republication every poll (a move of at alone waits for the next
+// record the engine's other changes send, or is sent when 15 s old).
+func (r *Runner) setNote(e *managed, note string, at time.Time) {
+	note = clipError(printableOnly(note), 300)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.note == note && (at.Sub(e.noteAt) < noteRefresh) {
+		return
+	}
+	e.note, e.noteAt = note, at
+	r.notifyLocked()
+}
+
+// noteRefresh is how stale a note's moment may get in the record before it
+// is republished (a phase change is published at once).
+const noteRefresh = 15 * time.Second
+
+// printableOnly replaces what a record may not carry (newlines, control
+// characters) with spaces.
+func printableOnly(s string) string {
+	return strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// dirSize is the bytes of the regular files under dir (a download in
+// progress grows it); unreadable parts count nothing.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // start starts e's engine; gs is its gang start (nil: not a gang).
@@ -185,7 +415,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 		return err
 	}
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
-		APIKey: r.engineKey(e.id), Gang: r.gangInputs(gs)}
+		APIKey: r.engineKey(e.id), Gang: r.gangInputs(gs), StartTimeout: r.startTimeout(e)}
 	if gs != nil {
 		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
 	}
@@ -218,7 +448,21 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	// 12-28 GB; the runtime logs progress). The engine stays "starting"
 	// meanwhile, holding its claim.
 	if p, ok := r.cfg.Runtime.(runtime.ImagePuller); ok && image != "" {
-		if err := p.EnsureImage(ctx, image); err != nil {
+		// The phase is published at once, its percentage at most every
+		// 15 s (setNote), so a pull does not churn the node's record.
+		var last time.Time
+		progress := func(done, total int64) {
+			now := r.cfg.Clock.Now()
+			if total <= 0 || now.Sub(last) < noteRefresh {
+				return
+			}
+			last = now
+			r.setNote(e, fmt.Sprintf("pulling image %d%%", min(done*100/total, 99)), now)
+		}
+		r.setNote(e, "pulling image", r.cfg.Clock.Now())
+		err := p.EnsureImage(ctx, image, progress)
+		r.setNote(e, "", time.Time{})
+		if err != nil {
 			return err
 		}
 	}

@@ -61,10 +61,14 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer q.release()
+	if !s.step(r.Context()) {
+		return
+	}
 	s.m.prompt.Add(float64(tokens))
 	if !s.sleep(r.Context(), s.prefillTime(tokens)) {
 		return
 	}
+	s.outputs.Add(1)
 	data := make([]map[string]any, len(inputs))
 	for i, in := range inputs {
 		v := embed(s.cfg.Model, in)

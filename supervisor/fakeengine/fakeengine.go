@@ -10,7 +10,25 @@
 //
 // Its misbehaviour is scripted by Config, in the style of a mock driver: slow
 // start, a crash after a while with a chosen exit code, a health endpoint
-// that never turns healthy, and the metric name of older vLLM releases.
+// that never turns healthy, the metric name of older vLLM releases, and a
+// hang (Config.HangAfter, POST /debug/hang, Server.Hang): the process stays
+// up with its port open, and every request, streams in flight included,
+// blocks without a byte while the token counters stop, as a wedged engine
+// core leaves a real engine.
+//
+// A Personality (Config.Personality; `llmgw engine fake --personality
+// vllm|sglang|llamacpp`) makes it behave like that real engine where
+// llmgw's supervisor and gateway can tell the difference: vLLM opens no
+// port while loading and slows every request, /health included, by the
+// requests running; SGLang's /health runs a generation through the
+// scheduler; llama.cpp answers 503 on every path while loading; each has
+// its own metric names and its own rule for which paths its key guards.
+// Under a personality the fake reads the real engine's command line as
+// llmgw's profiles render it (ParseCommandLine), refusing any flag the real
+// engine does not have; what is only the fake's (the loading time, the
+// token delays, the hang) comes from FAKE_ENGINE_* variables, so that a
+// real engine's flag set never grows. Without a personality the fake is
+// unchanged.
 //
 // Its performance is a small model of a vLLM engine, shaped by Config (and
 // the flags of `llmgw engine fake`, which a deployment's args reach), so
@@ -67,7 +85,9 @@ type Config struct {
 	Port int
 	Host string
 	// StartupDelay keeps /health (and the model endpoints) at 503 for this
-	// long after Run starts, like an engine loading weights.
+	// long after Run starts, like an engine loading weights. Under the vllm
+	// personality Run instead listens only once it has passed, waiting it
+	// through Sleep; under llamacpp every path answers 503.
 	StartupDelay time.Duration
 	// CrashAfter, when positive, makes Run stop serving abruptly after this
 	// long and return a *CrashError carrying ExitCode.
@@ -104,15 +124,45 @@ type Config struct {
 	// NoPrefixCaching turns the prefix cache off, as vLLM's
 	// --no-enable-prefix-caching: every prompt is computed whole.
 	NoPrefixCaching bool
+	// MaxModelLen is the context /v1/models reports (vLLM's
+	// --max-model-len). Zero means 4096.
+	MaxModelLen int
+
+	// HangAfter, when positive, makes Run hang the engine (see
+	// Server.Hang) this long after it starts; the process keeps running.
+	HangAfter time.Duration
+
+	// Personality makes the fake behave like one real engine (see
+	// Personality); empty is the plain fake.
+	Personality Personality
+	// HealthDelayPerRunning is how long the vllm personality holds every
+	// request for each request running when it arrives. Zero means
+	// DefaultHealthDelayPerRunning (500 ms).
+	HealthDelayPerRunning time.Duration
+	// SGLangCheapHealth makes the sglang personality's /health answer at
+	// once, as SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 does, instead of
+	// generating a token.
+	SGLangCheapHealth bool
+	// SGLangHealthTimeout bounds the sglang personality's health
+	// generation (SGLANG_HEALTH_CHECK_TIMEOUT). Zero means 20 s.
+	SGLangHealthTimeout time.Duration
+	// NoMetrics serves no metrics, as SGLang without --enable-metrics
+	// (404) and llama.cpp without --metrics (501).
+	NoMetrics bool
 
 	// The fields below are not CLI flags; tests and benchmarks set them.
 
 	// Sleep waits d unless ctx ends first, reporting whether d passed; the
-	// prefill and token delays go through it. Nil means a timer; a test
-	// passes one that records the delays or holds them until told.
+	// prefill and token delays, the vllm personality's loop delay and
+	// loading, and the sglang personality's health polls go through it.
+	// Nil means a timer; a test passes one that records the delays or
+	// holds them until told.
 	Sleep func(ctx context.Context, d time.Duration) bool
 	// Listener, when set, is served instead of listening on Host:Port, so a
 	// caller can bind port 0 and learn the address first. Run closes it.
+	// Under the vllm personality with a StartupDelay, Run closes it at once
+	// and listens on its address again once loaded, so that connections
+	// are refused meanwhile, as vLLM's are.
 	Listener net.Listener
 	// Now is the clock StartupDelay is measured on; nil means time.Now.
 	Now func() time.Time
@@ -163,9 +213,51 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// A hang blocks requests until the engine stops; release them first,
+	// or the graceful shutdown would wait on them.
+	defer srv.stop()
+	var crash <-chan time.Time
+	if cfg.CrashAfter > 0 {
+		t := time.NewTimer(cfg.CrashAfter)
+		defer t.Stop()
+		crash = t.C
+	}
+	crashed := func() error {
+		srv.logf("fake engine crashing with exit code %d", cfg.ExitCode)
+		return &CrashError{ExitCode: cfg.ExitCode, After: cfg.CrashAfter}
+	}
+	if cfg.HangAfter > 0 {
+		t := time.AfterFunc(cfg.HangAfter, srv.Hang)
+		defer t.Stop()
+	}
+
 	ln := cfg.Listener
+	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
+	if cfg.Personality == PersonalityVLLM && cfg.StartupDelay > 0 {
+		// vLLM's API server binds its port only once the engine core is
+		// up: until then a client's connection is refused.
+		if ln != nil {
+			addr = ln.Addr().String()
+			_ = ln.Close()
+			ln = nil
+		}
+		srv.logf("fake engine loading model %q for %s (vllm: no listener until loaded)", cfg.Model, cfg.StartupDelay)
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		loaded := make(chan bool, 1)
+		go func() { loaded <- srv.cfg.Sleep(lctx, cfg.StartupDelay) }()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-crash:
+			return crashed()
+		case ok := <-loaded:
+			if !ok {
+				return nil
+			}
+		}
+	}
 	if ln == nil {
-		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
 		ln, err = net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("fake engine: listen on %s: %w", addr, err)
@@ -175,20 +267,15 @@ func Run(ctx context.Context, cfg Config) error {
 		Handler:           srv,
 		ReadHeaderTimeout: 10 * time.Second,
 	}
-	srv.logf("fake engine serving model %q on %s (startup delay %s)", cfg.Model, ln.Addr(), cfg.StartupDelay)
+	srv.logf("fake engine serving model %q on %s (personality %q, startup delay %s)", cfg.Model, ln.Addr(), cfg.Personality, cfg.StartupDelay)
 
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 
-	var crash <-chan time.Time
-	if cfg.CrashAfter > 0 {
-		t := time.NewTimer(cfg.CrashAfter)
-		defer t.Stop()
-		crash = t.C
-	}
 	select {
 	case <-ctx.Done():
 		srv.logf("fake engine shutting down: %v", context.Cause(ctx))
+		srv.stop()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := hs.Shutdown(sctx); err != nil {
@@ -198,10 +285,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	case <-crash:
 		// A crash drops connections mid-stream, as a dying engine would.
+		srv.stop()
 		_ = hs.Close()
 		<-served
-		srv.logf("fake engine crashing with exit code %d", cfg.ExitCode)
-		return &CrashError{ExitCode: cfg.ExitCode, After: cfg.CrashAfter}
+		return crashed()
 	case err := <-served:
 		return fmt.Errorf("fake engine: serve: %w", err)
 	}

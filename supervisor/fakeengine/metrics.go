@@ -39,43 +39,52 @@ type metrics struct {
 
 func newMetrics(cfg Config, sched *scheduler) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
-	labels := prometheus.Labels{LabelModel: cfg.Model}
+	names := cfg.Personality.metricNames(cfg.LegacyKVMetric)
+	var labels prometheus.Labels
+	if names.modelLabel != "" {
+		labels = prometheus.Labels{names.modelLabel: cfg.Model}
+	}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
 	}
 	gauge := func(name, help string, f func() float64) prometheus.GaugeFunc {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
 	}
-	m.prompt = counter(MetricPromptTokens, "Number of prefill tokens processed.")
-	m.generation = counter(MetricGenerationTokens, "Number of generation tokens processed.")
+	// Every counter exists, so the engine model counts without asking
+	// which the personality exports; only the exported ones register.
+	m.prompt = counter(names.prompt, "Number of prefill tokens processed.")
+	m.generation = counter(names.generation, "Number of generation tokens processed.")
 	m.queries = counter(MetricPrefixCacheQueries, "Prefix cache queries, in terms of number of queried tokens.")
 	m.hits = counter(MetricPrefixCacheHits, "Prefix cache hits, in terms of number of cached tokens.")
-	kvName := MetricKVCache
-	if cfg.LegacyKVMetric {
-		kvName = MetricKVCacheLegacy
-	}
 	m.reg.MustRegister(
-		gauge(MetricRunning, "Number of requests in model execution batches.", func() float64 {
+		gauge(names.running, "Number of requests in model execution batches.", func() float64 {
 			r, _, _ := sched.load()
 			return float64(r)
 		}),
-		gauge(MetricWaiting, "Number of requests waiting to be processed.", func() float64 {
+		gauge(names.waiting, "Number of requests waiting to be processed.", func() float64 {
 			_, w, _ := sched.load()
 			return float64(w)
 		}),
-		gauge(kvName, "KV-cache usage. 1 means 100 percent usage.", func() float64 {
+		m.prompt, m.generation,
+	)
+	if names.kvUsage != "" {
+		m.reg.MustRegister(gauge(names.kvUsage, "KV-cache usage. 1 means 100 percent usage.", func() float64 {
 			_, _, kv := sched.load()
 			return kv
-		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: MetricCacheConfig, Help: "Information of the LLMEngine CacheConfig",
-			ConstLabels: prometheus.Labels{
-				"block_size":            strconv.Itoa(cfg.BlockSize),
-				"num_gpu_blocks":        strconv.Itoa(cfg.KVCacheBlocks),
-				"enable_prefix_caching": map[bool]string{true: "True", false: "False"}[!cfg.NoPrefixCaching], // Python's spelling, as vLLM writes it
-			},
-		}, func() float64 { return 1 }),
-		m.prompt, m.generation, m.queries, m.hits,
-	)
+		}))
+	}
+	if names.vllmExtras {
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: MetricCacheConfig, Help: "Information of the LLMEngine CacheConfig",
+				ConstLabels: prometheus.Labels{
+					"block_size":            strconv.Itoa(cfg.BlockSize),
+					"num_gpu_blocks":        strconv.Itoa(cfg.KVCacheBlocks),
+					"enable_prefix_caching": map[bool]string{true: "True", false: "False"}[!cfg.NoPrefixCaching], // Python's spelling, as vLLM writes it
+				},
+			}, func() float64 { return 1 }),
+			m.queries, m.hits,
+		)
+	}
 	return m
 }

@@ -259,11 +259,16 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	}
 	for i, t := range tokens {
 		// Prefill made the first token; each further one is a decode step.
-		if i > 0 && !s.sleep(ctx, s.cfg.TokenDelay) {
+		delay := s.cfg.TokenDelay
+		if i == 0 {
+			delay = 0
+		}
+		if !s.sleep(ctx, delay) {
 			return
 		}
 		q.grow(1)
 		s.m.generation.Add(1)
+		s.outputs.Add(1)
 		if ex.stream && !send(choice(map[string]any{"content": t}, t, nil), false) {
 			return
 		}
@@ -299,6 +304,9 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 // waits out the computation of the rest; false means the client left. The
 // prompt's blocks are cached once computed.
 func (s *Server) prefill(ctx context.Context, p prompt, n int) bool {
+	if !s.step(ctx) {
+		return false
+	}
 	s.m.prompt.Add(float64(n))
 	hit := 0
 	var hashes []uint64
@@ -319,11 +327,12 @@ func (s *Server) prefill(ctx context.Context, p prompt, n int) bool {
 	return true
 }
 
-// sleep waits d through Config.Sleep; no delay does not call it, so the
-// default engine never waits.
+// sleep waits d through Config.Sleep, then takes the engine's next step
+// (which a hang blocks); false means ctx ended or the engine is hung. No
+// delay does not call Config.Sleep, so the default engine never waits.
 func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return true
+	if d > 0 && !s.cfg.Sleep(ctx, d) {
+		return false
 	}
-	return s.cfg.Sleep(ctx, d)
+	return s.step(ctx)
 }

@@ -2,13 +2,12 @@ package fakeengine
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +32,16 @@ type Server struct {
 	nextID  atomic.Uint64
 	mux     *http.ServeMux
 	metrics http.Handler
+	// outputs counts tokens the scheduler produced, health probes' too:
+	// SGLang's health check waits for it to move.
+	outputs atomic.Uint64
+	// hung is closed by Hang, stopped by stop; stuck counts the requests
+	// blocked by the hang (tests wait for it).
+	hung     chan struct{}
+	hangOnce sync.Once
+	stopped  chan struct{}
+	stopOnce sync.Once
+	stuck    atomic.Int64
 }
 
 // NewServer checks cfg and builds the handler. The startup delay is measured
@@ -56,24 +65,40 @@ func NewServer(cfg Config) (*Server, error) {
 		m:       newMetrics(cfg, sched),
 		sched:   sched,
 		mux:     http.NewServeMux(),
+		hung:    make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
 	if !cfg.NoPrefixCaching {
 		s.cache = newPrefixCache(cfg.KVCacheBlocks)
 	}
 	s.metrics = promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})
-	s.mux.HandleFunc("/health", s.health)
+	switch cfg.Personality {
+	case PersonalitySGLang:
+		s.mux.HandleFunc("/health", s.sglangHealth)
+		s.mux.HandleFunc("/health_generate", s.sglangHealth)
+	case PersonalityLlamaCpp:
+		s.mux.HandleFunc("/health", s.health)
+		s.mux.HandleFunc("/models", s.models)
+	default:
+		s.mux.HandleFunc("/health", s.health)
+	}
 	s.mux.HandleFunc("/v1/models", s.models)
 	s.mux.HandleFunc("/v1/chat/completions", s.chat)
 	s.mux.HandleFunc("/v1/completions", s.completions)
 	s.mux.HandleFunc("/v1/embeddings", s.embeddings)
 	s.mux.HandleFunc("/reset_prefix_cache", s.resetPrefixCache)
-	s.mux.Handle("/metrics", s.metrics)
+	s.mux.HandleFunc("/metrics", s.serveMetrics)
 	return s, nil
 }
 
 // withDefaults fills the zero knobs and refuses negative ones, naming the
 // flag that sets each.
 func (cfg *Config) withDefaults() error {
+	if cfg.Personality != PersonalityNone {
+		if _, err := ParsePersonality(string(cfg.Personality)); err != nil {
+			return err
+		}
+	}
 	for _, f := range []struct {
 		flag string
 		v    int64
@@ -81,6 +106,10 @@ func (cfg *Config) withDefaults() error {
 		{"--max-num-seqs", int64(cfg.MaxRunning)}, {"--block-size", int64(cfg.BlockSize)},
 		{"--num-gpu-blocks-override", int64(cfg.KVCacheBlocks)}, {"--token-delay", int64(cfg.TokenDelay)},
 		{"--prefill-base", int64(cfg.PrefillBase)}, {"--prefill-per-1k-tokens", int64(cfg.PrefillPer1KTokens)},
+		{"--startup-delay", int64(cfg.StartupDelay)}, {"--hang-after", int64(cfg.HangAfter)},
+		{"--max-model-len", int64(cfg.MaxModelLen)},
+		{"FAKE_ENGINE_HEALTH_DELAY_PER_RUNNING", int64(cfg.HealthDelayPerRunning)},
+		{"SGLANG_HEALTH_CHECK_TIMEOUT", int64(cfg.SGLangHealthTimeout)},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("fake engine: %s must not be negative (0 means the default)", f.flag)
@@ -89,6 +118,9 @@ func (cfg *Config) withDefaults() error {
 	cfg.MaxRunning = cmp.Or(cfg.MaxRunning, 256)
 	cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
 	cfg.KVCacheBlocks = cmp.Or(cfg.KVCacheBlocks, 8192)
+	cfg.MaxModelLen = cmp.Or(cfg.MaxModelLen, 4096)
+	cfg.HealthDelayPerRunning = cmp.Or(cfg.HealthDelayPerRunning, DefaultHealthDelayPerRunning)
+	cfg.SGLangHealthTimeout = cmp.Or(cfg.SGLangHealthTimeout, DefaultSGLangHealthTimeout)
 	if cfg.Sleep == nil {
 		cfg.Sleep = clock.Sleep
 	}
@@ -116,32 +148,58 @@ func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// ServeHTTP checks the API key, as vLLM's authentication middleware does,
-// before any handler: every /v1/* path, unknown ones included, needs it;
-// /health and /metrics do not (probes and scrapers of vLLM send none).
+// ServeHTTP runs what a real engine runs before any handler, in its order:
+// the hang (nothing answers), the vllm personality's loop delay, llama.cpp's
+// loading state, then the API key as the personality's middleware checks
+// it. Without a personality, as vLLM: every /v1/* path, unknown ones
+// included, needs the key; /health and /metrics do not (probes and
+// scrapers of vLLM send none).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.APIKey != "" && guarded(r.URL.Path) && !s.authorized(r) {
-		// vLLM's middleware answers exactly this, not its usual error
-		// shape.
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
+	if r.URL.Path == HangPath {
+		s.debugHang(w, r)
+		return
+	}
+	if !s.step(r.Context()) {
+		return
+	}
+	p := s.cfg.Personality
+	if p == PersonalityVLLM {
+		// One asyncio loop serves every request and streams every
+		// answer: the more run, the later any request is looked at.
+		running, _, _ := s.sched.load()
+		if !s.sleep(r.Context(), time.Duration(running)*s.cfg.HealthDelayPerRunning) {
+			return
+		}
+	}
+	if p == PersonalityLlamaCpp && !s.loaded() {
+		// Every path, as llmgw's notes on llama-server have it (newer
+		// builds' tools/server/server-http.cpp let /models and
+		// /v1/models through while loading).
+		llamaLoading(w)
+		return
+	}
+	if s.cfg.APIKey != "" && p.guarded(r) && !s.authorized(r) {
+		p.unauthorized(w)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// guarded reports whether path needs the API key.
-func guarded(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }
-
-// authorized reports whether r carries the API key as a bearer token (the
-// scheme is case-insensitive, as in vLLM). Comparing digests keeps the
-// comparison's time independent of the key and of its length.
+// authorized reports whether r carries the API key as the personality's
+// engine reads it.
 func (s *Server) authorized(r *http.Request) bool {
-	scheme, param, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !strings.EqualFold(scheme, "bearer") {
-		return false
+	key, ok := s.cfg.Personality.presentedKey(r)
+	return ok && keyMatches(key, s.cfg.APIKey)
+}
+
+// serveMetrics is /metrics, unless the engine was started without its
+// metrics flag.
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.NoMetrics {
+		s.cfg.Personality.metricsOff(w)
+		return
 	}
-	got, want := sha256.Sum256([]byte(param)), sha256.Sum256([]byte(s.cfg.APIKey))
-	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	s.metrics.ServeHTTP(w, r)
 }
 
 func (s *Server) logf(format string, args ...any) {
@@ -150,8 +208,12 @@ func (s *Server) logf(format string, args ...any) {
 	}
 }
 
-// loaded reports whether the scripted startup delay has passed.
-func (s *Server) loaded() bool { return !s.now().Before(s.started.Add(s.cfg.StartupDelay)) }
+// loaded reports whether the scripted startup delay has passed. Under the
+// vllm personality a Server is always loaded: Run keeps its port closed
+// until then, as vLLM does.
+func (s *Server) loaded() bool {
+	return s.cfg.Personality == PersonalityVLLM || !s.now().Before(s.started.Add(s.cfg.StartupDelay))
+}
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	switch {
@@ -161,6 +223,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "engine loading", http.StatusServiceUnavailable)
 	case s.cfg.Healthy != nil && !s.cfg.Healthy():
 		http.Error(w, "waiting for the gang's other ranks", http.StatusServiceUnavailable)
+	case s.cfg.Personality == PersonalityLlamaCpp:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	default:
 		// vLLM answers 200 with an empty body.
 		w.WriteHeader(http.StatusOK)
@@ -187,7 +251,7 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 		"object": "list",
 		"data": []modelCard{{
 			ID: s.cfg.Model, Object: "model", Created: s.started.Unix(),
-			OwnedBy: "vllm", Root: s.cfg.Model, MaxModelLen: 4096,
+			OwnedBy: s.cfg.Personality.ownedBy(), Root: s.cfg.Model, MaxModelLen: s.cfg.MaxModelLen,
 		}},
 	})
 }

@@ -3,17 +3,34 @@ package fakeengine
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
+	"time"
 )
 
 // MainForTests lets a test binary stand in for `llmgw engine fake`: the
 // fake profile runs `<self> engine fake --model M --port P ...`, and tests
 // of the engine runner point Self at their own binary. Given the binary's
 // arguments, it runs the engine and returns its exit code with true when
-// they ask for the fake engine, and returns false at once otherwise.
+// they ask for the fake engine, and returns false at once otherwise. As the
+// CLI, `engine fake --personality P ARGS...` reads ARGS as P's real
+// command line (ParseCommandLine).
 func MainForTests(args []string) (int, bool) {
 	if len(args) < 2 || args[0] != "engine" || args[1] != "fake" {
 		return 0, false
+	}
+	if p, rest, ok, err := PersonalityArgs(args[2:]); ok || err != nil {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2, true
+		}
+		cfg, g, err := ParseCommandLine(p, rest, os.Getenv)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2, true
+		}
+		cfg.Log = os.Stderr
+		return ExitCode(RunMaybeGang(context.Background(), cfg, g)), true
 	}
 	fs := flag.NewFlagSet("fake", flag.ExitOnError)
 	model := fs.String("model", "", "")
@@ -32,8 +49,18 @@ func MainForTests(args []string) (int, bool) {
 	fs.IntVar(&m.BlockSize, "block-size", 0, "")
 	fs.IntVar(&m.KVCacheBlocks, "num-gpu-blocks-override", 0, "")
 	fs.BoolVar(&m.NoPrefixCaching, "no-enable-prefix-caching", false, "")
+	hang := os.Getenv(EnvHangAfter)
+	fs.Func("hang-after", "", func(v string) error { hang = v; return nil })
 	g := gangFlags(fs)
 	_ = fs.Parse(args[2:])
+	if hang != "" {
+		d, err := time.ParseDuration(hang)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fake engine: --hang-after (or %s) %q: want a duration\n", EnvHangAfter, hang)
+			return 2, true
+		}
+		m.HangAfter = d
+	}
 	m.Model, m.Port, m.Host, m.CrashAfter, m.ExitCode, m.FailHealth, m.APIKey = *model, *port, *host, *crash, *code, *failHealth, *apiKey
 	err := RunMaybeGang(context.Background(), m, g)
 	return ExitCode(err), true

@@ -21,6 +21,20 @@
 //     mode, streaming of server-sent events event by event with an error
 //     event when the engine dies mid-stream, and cancellation of the
 //     upstream request when the client goes away.
+//   - telling busy from dead (see forward). Ejection counts, in a row,
+//     connection failures, 500/502/504 answers and first-byte timeouts;
+//     429 and 503 say busy and never count. 502/504 are tried on another
+//     replica like a failed connection; 500 is relayed. The first byte of
+//     an answer is awaited for the engine profile's
+//     Readiness.FirstByteTimeout (Config.FirstByteTimeout overrides it),
+//     then 504, not retried; after it, a gap between two reads longer than
+//     Readiness.StreamIdleTimeout (Config.StreamIdleTimeout) cuts the
+//     answer: a stream ends with an error event, a plain answer is
+//     aborted. A plain answer's status goes out only with its first byte.
+//   - letting go of an engine that leaves routing unready (Update): its
+//     requests in flight are cut, tried elsewhere (else 503) when the
+//     client has nothing yet, a stream ended with an error event; a
+//     stopping or draining copy's requests finish whole.
 //   - client API keys (KeySet, LoadKeys, Gateway.SetKeys) and the engines'
 //     own keys (Config.EngineKey), errors in OpenAI's shape, admission
 //     (Config.MaxInflight) and draining (Gateway.Shutdown).

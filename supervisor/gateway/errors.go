@@ -31,6 +31,9 @@ const (
 	typeAuth    = "authentication_error"
 	typeServer  = "server_error"
 	typeRate    = "rate_limit_error"
+	// typeTimeout is not one of OpenAI's types (its clients go by the
+	// status), but says what happened better than server_error.
+	typeTimeout = "timeout"
 )
 
 // retryAfterNoRoute is what a client waits before retrying a deployment with
@@ -97,6 +100,24 @@ func errUpstream(format string, args ...any) *apiError {
 		message: fmt.Sprintf(format, args...)}
 }
 
+// errFirstByteTimeout is the answer when the engine sent no byte within
+// the first-byte bound. There is no Retry-After: the same request would
+// likely take as long again.
+func errFirstByteTimeout(msg string) *apiError {
+	return &apiError{status: http.StatusGatewayTimeout, typ: typeTimeout, code: reasonFirstByte, message: msg}
+}
+
+// codeLeftRouting is the error code of a request whose replica left
+// routing unready while it waited.
+const codeLeftRouting = "replica_left_routing"
+
+// errLeftRouting is the answer when the replica a request waited on left
+// routing unready and no other could take it.
+func errLeftRouting(msg string) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: codeLeftRouting, retryAfter: time.Second,
+		message: msg}
+}
+
 // body is the JSON of the error.
 func (e *apiError) body() []byte {
 	type inner struct {
@@ -126,9 +147,10 @@ func (e *apiError) write(w http.ResponseWriter) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// sseError is the final event of a stream the engine broke off: a client
+// sseError is the final event of a stream that ended early (the engine
+// broke it off, went quiet past a bound, or left routing): a client
 // reading events sees an error rather than an answer that merely stops.
-func sseError(msg string) []byte {
-	e := &apiError{typ: typeServer, code: "upstream_stream_error", message: msg}
+func sseError(code, msg string) []byte {
+	e := &apiError{typ: typeServer, code: code, message: msg}
 	return append(append([]byte("data: "), e.body()...), '\n', '\n')
 }

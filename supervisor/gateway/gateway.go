@@ -56,10 +56,19 @@ type Config struct {
 	// their requests' mean duration within [ScrapeInterval, 1 s], and only
 	// those of deployments that see requests.
 	ScrapeInterval time.Duration
-	// EjectAfter connection failures in a row eject a replica for EjectFor
-	// (3 and 10 s when zero).
+	// EjectAfter failures in a row (connection failures, 500/502/504
+	// answers, first-byte timeouts; never 429 or 503, which say busy)
+	// eject a replica for EjectFor (3 and 10 s when zero).
 	EjectAfter int
 	EjectFor   time.Duration
+	// FirstByteTimeout bounds the wait for the first byte of an engine's
+	// answer, from sending the request; StreamIdleTimeout bounds the gap
+	// between two reads of an answer's body after it. Zero is the engine
+	// kind's profile (Readiness.FirstByteTimeout, StreamIdleTimeout), and
+	// an engine kind with neither is not bounded. They are real time, as
+	// network deadlines are, whatever Now says.
+	FirstByteTimeout  time.Duration
+	StreamIdleTimeout time.Duration
 	// StatsWindow is the window Stats reports over (1 min when zero).
 	StatsWindow time.Duration
 }
@@ -110,11 +119,14 @@ type Gateway struct {
 	states   map[string]*tracked
 }
 
-// tracked is one engine's live state with the names it is reported under.
+// tracked is one engine's live state with the names it is reported under,
+// and the engine and node its routes went to.
 type tracked struct {
 	rep        *replica
 	deployment string
 	replicaID  string
+	engineID   string
+	node       string
 }
 
 // routing is one installed table with the live state of its routes.
@@ -183,6 +195,16 @@ func New(cfg Config) *Gateway {
 // whenever it publishes one (every reconcile pass), so leases are judged
 // afresh at least every pass; a request also skips a route whose lease
 // lapsed since.
+//
+// An engine that leaves the table because it is no longer ready (its
+// holder alive and renewing, its engine neither ready nor stopping nor
+// draining: Table.unready) has its requests in flight cut: one that has
+// sent the client nothing is tried elsewhere, a stream gets its final
+// error event. A hung engine would otherwise hold them until the bounds
+// of its profile, minutes. A stopping or draining copy leaves them be:
+// that is how a rolling update loses no request. A gang is judged by its
+// rank-0 engine, the one its requests go to; when another rank fails,
+// rank 0's holder restarts the gang, and rank 0 reads unready too.
 func (g *Gateway) Update(snap *status.Snapshot) {
 	now := g.now()
 	t := BuildTable(snap, now)
@@ -196,8 +218,10 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 			if st == nil {
 				if st = g.states[k]; st == nil {
 					st = &tracked{rep: newReplica()}
+				} else {
+					st.rep.uncut()
 				}
-				st.deployment, st.replicaID = r.Deployment, r.ReplicaID
+				st.deployment, st.replicaID, st.engineID, st.node = r.Deployment, r.ReplicaID, r.EngineID, r.Node
 				next[k] = st
 			}
 			rt.routes[name] = append(rt.routes[name], &liveRoute{Route: r, rep: st.rep})
@@ -205,14 +229,27 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 	}
 	// An engine that left the table with requests still in flight stays
 	// counted until they end.
+	var cut []*tracked
 	for k, st := range g.states {
-		if _, ok := next[k]; !ok && st.rep.inFlight() > 0 {
+		if _, ok := next[k]; ok {
+			continue
+		}
+		if t.unready[engineAt(st.engineID, st.node)] {
+			cut = append(cut, st)
+		}
+		if st.rep.inFlight() > 0 {
 			next[k] = st
 		}
 	}
 	g.states = next
 	g.statesMu.Unlock()
+	// The new table first, so that the retries of the requests cut read
+	// it.
 	g.routing.Store(rt)
+	for _, st := range cut {
+		st.rep.cutAll(&cutError{reason: reasonLeftRouting,
+			msg: fmt.Sprintf("replica %s on %s left routing: its engine is no longer ready", st.replicaID, st.node)})
+	}
 	g.stats.forget(func(m string) bool { _, ok := t.entries[m]; return ok })
 }
 

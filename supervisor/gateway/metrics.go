@@ -52,15 +52,15 @@ func newMetrics() *metrics {
 		}, []string{"model"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_retries_total",
-			Help: "Requests sent to another replica, by deployment and why: connect (refused or reset before any byte), auth (the engine refused the gateway's key), busy (429 or 503).",
+			Help: "Requests sent to another replica, by deployment and why: connect (refused or reset before any byte), auth (the engine refused the gateway's key), busy (429 or 503), status_502 and status_504 (the engine's answer), left_routing (the replica left routing unready while the request waited).",
 		}, []string{"model", "reason"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_ejections_total",
-			Help: "Replicas skipped for a while by passive outlier detection, by deployment, replica and why (connect, auth).",
+			Help: "Replicas skipped for a while by passive outlier detection, by deployment, replica and why: auth (401/403, at once), or the failure that completed a run of them: connect, status_500, status_502, status_504, first_byte_timeout. 429 and 503 (busy) never count.",
 		}, []string{"model", "replica", "reason"}),
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_upstream_errors_total",
-			Help: "Failures of engines behind the gateway, by deployment, replica and kind: connect, auth (401/403), busy (429/503), stream (the engine broke off an answer).",
+			Help: "Failures of engines behind the gateway, by deployment, replica and kind: connect, auth (401/403), busy (429/503), status_500, status_502, status_504, first_byte_timeout (no byte of the answer within the bound), stream_idle_timeout (the answer stalled past the bound), left_routing (the replica left routing unready with the request in flight), stream (the engine broke off an answer).",
 		}, []string{"model", "replica", "kind"}),
 		affinity: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_affinity_total",

@@ -161,14 +161,14 @@ func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
 func TestEjection(t *testing.T) {
 	r := newReplica()
 	for i := range 2 {
-		if r.connectFailed(t0, 3, time.Second) {
+		if r.failed(t0, 3, time.Second) {
 			t.Fatalf("ejected after %d failures", i+1)
 		}
 	}
 	r.answered()
-	r.connectFailed(t0, 3, time.Second)
-	r.connectFailed(t0, 3, time.Second)
-	if !r.connectFailed(t0, 3, time.Second) || !r.ejected(t0) {
+	r.failed(t0, 3, time.Second)
+	r.failed(t0, 3, time.Second)
+	if !r.failed(t0, 3, time.Second) || !r.ejected(t0) {
 		t.Fatal("not ejected after three failures in a row")
 	}
 	if r.ejected(t0.Add(time.Second)) {

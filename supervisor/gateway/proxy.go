@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -160,31 +163,55 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 
 // forward sends the request to a replica, retrying on another where that is
 // safe: nothing of the answer has reached the client yet, because the
-// gateway commits to an upstream answer only once it decided to relay it.
+// gateway commits to an upstream answer only once it decided to relay it,
+// and to a plain (not event-stream) answer only with its first byte in
+// hand. Busy is not dead: an engine under load answers slowly or says so,
+// a hung one answers nothing, and only what a broken engine shows counts
+// toward ejecting it (failures in a row: Config.EjectAfter).
 //
 //   - The connection fails (refused, reset, closed before any answer):
-//     another replica, at most twice; several failures in a row eject the
-//     replica for a while.
+//     another replica, at most twice; counts toward ejection.
 //   - 401 or 403: the engine and the gateway disagree on the engine's key.
 //     That is the replica's fault, never the client's: it is ejected, and
 //     another replica tried.
-//   - 429 or 503: the engine is busy or loading; one other replica, when
-//     there is one, else its answer goes back.
+//   - 502 or 504: something in or before the engine could not answer, not
+//     the request's fault; counts toward ejection, and is tried on
+//     another replica like a failed connection (else relayed).
+//   - 500: counts toward ejection (an engine whose core died answers 500
+//     to everything) but is relayed, not retried: it is as often the
+//     request's own error (a bad parameter the engine failed on), which
+//     every replica would repeat, at the cost of a generation each.
+//   - 429 or 503: the engine is busy or loading, which is no fault:
+//     never counted toward ejection; one other replica, when there is
+//     one, else its answer goes back.
+//   - No byte of the answer within the first-byte bound (Config.
+//     FirstByteTimeout, else the engine's profile): counts toward
+//     ejection, and the client gets 504 at once. Not retried: the bound is
+//     minutes, long enough for a full-context prefill behind a queue, and
+//     a request that needs longer would time out on the next replica too.
+//   - The replica leaves routing unready while the request waits
+//     (Gateway.Update): another replica, else 503. The table keeps it out
+//     already, so nothing is counted against it.
 //
 // Every other answer, 4xx included, is relayed and never counts against
-// the replica.
+// the replica; its first byte resets the replica's failures and lifts an
+// ejection.
 func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body []byte) {
 	routes := rt.routes[e.Name]
 	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
-	var tried []*liveRoute
-	var lastErr error
-	retryReason := ""
+	firstByte, idle := g.bounds(e.Engine)
+	var t tries
 	busyRetried := false
-	for attempt := range maxAttempts {
+	for n := range maxAttempts {
 		now := g.now()
-		lr := g.choose(req, e, routes, tried, now)
+		if n > 0 {
+			// A retry reads the table in use: the one the request began
+			// with may still hold the replica that just left it.
+			routes = g.routing.Load().routes[e.Name]
+		}
+		lr := g.choose(req, e, routes, t.tried, now)
 		if lr == nil {
-			if attempt == 0 {
+			if n == 0 {
 				why := e.Why
 				if why == "" {
 					why = "the leases of its replicas lapsed since the last view"
@@ -194,54 +221,283 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 			}
 			break
 		}
-		if attempt > 0 {
-			g.m.retries.WithLabelValues(e.Name, retryReason).Inc()
+		if n > 0 {
+			g.m.retries.WithLabelValues(e.Name, t.reason).Inc()
 		}
-		tried = append(tried, lr)
-		x.entry.replica, x.entry.node, x.entry.attempts = lr.ReplicaID, lr.Node, attempt+1
+		t.tried = append(t.tried, lr.rep)
+		x.entry.replica, x.entry.node, x.entry.attempts = lr.ReplicaID, lr.Node, n+1
 		tk := lr.rep.begin(now)
-		resp, err := g.send(x, lr, body)
+		a := g.newAttempt(x, lr, firstByte, idle)
+		resp, err := g.send(x, a, body)
 		if err != nil {
 			lr.rep.end(tk)
-			if x.r.Context().Err() != nil {
-				x.gone, x.entry.err = true, "client went away"
-				return
+			a.done()
+			if g.lost(x, a, err, now, &t) {
+				continue
 			}
-			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, "connect").Inc()
-			if lr.rep.connectFailed(now, g.cfg.EjectAfter, g.cfg.EjectFor) {
-				g.m.ejections.WithLabelValues(e.Name, lr.ReplicaID, "connect").Inc()
-			}
-			lastErr, retryReason = fmt.Errorf("%s on %s: %w", lr.ReplicaID, lr.Node, err), "connect"
-			continue
+			return
 		}
-		switch resp.StatusCode {
+		switch code := resp.StatusCode; code {
 		case http.StatusUnauthorized, http.StatusForbidden:
 			discard(resp)
 			lr.rep.end(tk)
+			a.done()
 			lr.rep.eject(now, g.cfg.EjectFor)
-			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, "auth").Inc()
-			g.m.ejections.WithLabelValues(e.Name, lr.ReplicaID, "auth").Inc()
-			lastErr = fmt.Errorf("%s on %s refused the gateway's engine key (%s)", lr.ReplicaID, lr.Node, resp.Status)
-			retryReason = "auth"
+			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, reasonAuth).Inc()
+			g.m.ejections.WithLabelValues(e.Name, lr.ReplicaID, reasonAuth).Inc()
+			t.lastErr = fmt.Errorf("%s on %s refused the gateway's engine key (%s)", lr.ReplicaID, lr.Node, resp.Status)
+			t.reason, t.final = reasonAuth, nil
 			continue
 		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, "busy").Inc()
-			if !busyRetried && attempt+1 < maxAttempts && g.hasCandidate(routes, tried, now) {
+			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, reasonBusy).Inc()
+			if !busyRetried && n+1 < maxAttempts && g.hasCandidate(routes, t.tried, now) {
 				discard(resp)
 				lr.rep.end(tk)
+				a.done()
 				lr.rep.answered()
-				busyRetried, retryReason = true, "busy"
+				busyRetried, t.reason = true, reasonBusy
+				continue
+			}
+		case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+			reason := statusReason(code)
+			g.m.upstreamErrors.WithLabelValues(e.Name, lr.ReplicaID, reason).Inc()
+			g.failed(lr, now, reason)
+			a.counted = true
+			if code != http.StatusInternalServerError && n+1 < maxAttempts && g.hasCandidate(routes, t.tried, now) {
+				discard(resp)
+				lr.rep.end(tk)
+				a.done()
+				t.lastErr = fmt.Errorf("%s on %s answered %s", lr.ReplicaID, lr.Node, resp.Status)
+				t.reason, t.final = reason, nil
 				continue
 			}
 		}
-		lr.rep.answered()
+		// Deferred: a relay that breaks off a plain answer aborts the
+		// handler with a panic.
 		func() {
-			defer func() { lr.rep.finish(tk, g.now()) }()
-			g.relay(x, lr, resp)
+			defer func() {
+				if a.committed {
+					lr.rep.finish(tk, g.now())
+				} else {
+					lr.rep.end(tk)
+				}
+				a.done()
+			}()
+			err = g.relay(x, a, resp)
 		}()
+		if a.committed || !g.lost(x, a, err, now, &t) {
+			return
+		}
+	}
+	if t.final != nil {
+		x.fail(t.final)
 		return
 	}
-	x.fail(errUpstream("no replica of %q could take the request: %v", e.Name, lastErr))
+	x.fail(errUpstream("no replica of %q could take the request: %v", e.Name, t.lastErr))
+}
+
+// tries is what forward's attempts so far leave to the next.
+type tries struct {
+	tried   []*replica
+	lastErr error
+	// reason is why the next attempt is a retry (the retries' label).
+	reason string
+	// final, when set, is the answer when no replica is left to try, in
+	// place of errUpstream.
+	final *apiError
+}
+
+// Why an attempt failed, as the metrics' reason and kind labels say it.
+const (
+	reasonConnect     = "connect"
+	reasonAuth        = "auth"
+	reasonBusy        = "busy"
+	reasonStream      = "stream"
+	reasonFirstByte   = "first_byte_timeout"
+	reasonStreamIdle  = "stream_idle_timeout"
+	reasonLeftRouting = "left_routing"
+)
+
+// statusReason labels an engine's 5xx answer: status_500, status_502...
+func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
+
+// failed counts a failure against the replica, and an ejection when it
+// tips it over.
+func (g *Gateway) failed(lr *liveRoute, now time.Time, reason string) {
+	if lr.rep.failed(now, g.cfg.EjectAfter, g.cfg.EjectFor) {
+		g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, reason).Inc()
+	}
+}
+
+// lost handles an attempt that failed before any byte of its answer
+// reached the client, err being the failure. It reports whether to try
+// another replica; when it does not, x has its answer, or its client went
+// away.
+func (g *Gateway) lost(x *exchange, a *attempt, err error, now time.Time, t *tries) (retry bool) {
+	lr := a.lr
+	if x.r.Context().Err() != nil {
+		x.gone, x.entry.err = true, "client went away"
+		return false
+	}
+	if c := a.cut(); c != nil {
+		g.m.upstreamErrors.WithLabelValues(lr.Deployment, lr.ReplicaID, c.reason).Inc()
+		if c.reason == reasonLeftRouting {
+			t.lastErr, t.reason, t.final = c, c.reason, errLeftRouting(c.msg)
+			return true
+		}
+		// Only the first-byte bound runs before the first byte.
+		if !a.counted {
+			g.failed(lr, now, c.reason)
+		}
+		x.fail(errFirstByteTimeout(c.msg + "; not retried on another replica, where it would likely take as long"))
+		return false
+	}
+	g.m.upstreamErrors.WithLabelValues(lr.Deployment, lr.ReplicaID, reasonConnect).Inc()
+	if !a.counted {
+		g.failed(lr, now, reasonConnect)
+	}
+	t.lastErr = fmt.Errorf("%s on %s: %w", lr.ReplicaID, lr.Node, err)
+	t.reason, t.final = reasonConnect, nil
+	return true
+}
+
+// bounds are the first-byte and stream-idle bounds of an engine kind's
+// answers: the configured ones, else its profile's; zero is none.
+func (g *Gateway) bounds(engine string) (firstByte, idle time.Duration) {
+	r := g.cfg.Profiles[engine].Readiness
+	firstByte, idle = r.FirstByteTimeout, r.StreamIdleTimeout
+	if g.cfg.FirstByteTimeout > 0 {
+		firstByte = g.cfg.FirstByteTimeout
+	}
+	if g.cfg.StreamIdleTimeout > 0 {
+		idle = g.cfg.StreamIdleTimeout
+	}
+	return firstByte, idle
+}
+
+// cutError is why the gateway cancelled an attempt itself: a bound passed,
+// or the engine left routing. reason is its metrics label.
+type cutError struct {
+	reason string
+	msg    string
+}
+
+func (e *cutError) Error() string { return e.msg }
+
+// code is the error code the client sees.
+func (e *cutError) code() string {
+	if e.reason == reasonLeftRouting {
+		return codeLeftRouting
+	}
+	return e.reason
+}
+
+// attempt is one try of a request on one replica. Its context is the
+// client's, which the gateway also cancels, with a cutError as the cause,
+// when a bound passes (its timer) or the engine leaves routing (the
+// replica's tracking).
+type attempt struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	lr     *liveRoute
+	id     uint64 // the replica's tracking id
+	// firstByte and idle are the bounds; timer enforces the one that
+	// runs: firstByte until begun, idle after every read since.
+	firstByte, idle time.Duration
+	timer           *time.Timer
+	begun           atomic.Bool
+	// counted: a failure was counted against the replica already (a 5xx
+	// answer), so nothing else of this attempt counts, and its first byte
+	// does not clear it.
+	counted bool
+	// committed: the answer's status went to the client (commit).
+	committed bool
+}
+
+func (g *Gateway) newAttempt(x *exchange, lr *liveRoute, firstByte, idle time.Duration) *attempt {
+	a := &attempt{lr: lr, firstByte: firstByte, idle: idle}
+	a.ctx, a.cancel = context.WithCancelCause(x.r.Context())
+	if firstByte > 0 {
+		a.timer = time.AfterFunc(firstByte, a.expire)
+	}
+	a.id = lr.rep.track(a.cancel)
+	return a
+}
+
+// expire cancels the attempt when its timer fires: which bound it was is
+// whether a byte had come.
+func (a *attempt) expire() {
+	lr := a.lr
+	if a.begun.Load() {
+		a.cancel(&cutError{reason: reasonStreamIdle, msg: fmt.Sprintf("replica %s on %s sent nothing more of its answer for %v (the stream-idle bound)",
+			lr.ReplicaID, lr.Node, a.idle)})
+		return
+	}
+	a.cancel(&cutError{reason: reasonFirstByte, msg: fmt.Sprintf("replica %s on %s sent no byte of its answer within %v (the first-byte bound)",
+		lr.ReplicaID, lr.Node, a.firstByte)})
+}
+
+// progress notes a read of the answer's body that brought bytes, or its
+// end: the first byte proves the engine answers, and starts the idle
+// bound, which every later read starts afresh.
+func (a *attempt) progress(end bool) {
+	if !a.begun.Swap(true) && !a.counted {
+		a.lr.rep.answered()
+	}
+	switch {
+	case end || a.idle <= 0:
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+	case a.timer == nil:
+		a.timer = time.AfterFunc(a.idle, a.expire)
+	default:
+		a.timer.Reset(a.idle)
+	}
+}
+
+// cut is why the gateway cancelled the attempt, if it did.
+func (a *attempt) cut() *cutError {
+	if a.ctx.Err() == nil {
+		return nil
+	}
+	var c *cutError
+	if errors.As(context.Cause(a.ctx), &c) {
+		return c
+	}
+	return nil
+}
+
+// done ends the attempt: its timer, its tracking, its context.
+func (a *attempt) done() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.lr.rep.untrack(a.id)
+	a.cancel(nil)
+}
+
+// watchedBody is an answer's body as the attempt reads it: each read feeds
+// the bounds, and a read the gateway cut says why.
+type watchedBody struct {
+	io.ReadCloser
+	a *attempt
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case errors.Is(err, io.EOF):
+		b.a.progress(true)
+	case n > 0:
+		b.a.progress(false)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		if c := b.a.cut(); c != nil {
+			err = c
+		}
+	}
+	return n, err
 }
 
 // candidates are the routes a request may go to now: live leases, not yet
@@ -249,11 +505,11 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 // then routes on suspect nodes, then ejected ones: when every replica is
 // ejected they are tried anyway (Envoy's panic threshold), since refusing
 // is certain to fail and an ejection may be stale.
-func (g *Gateway) candidates(routes, tried []*liveRoute, now time.Time) []*liveRoute {
+func (g *Gateway) candidates(routes []*liveRoute, tried []*replica, now time.Time) []*liveRoute {
 	best := 3
 	var out []*liveRoute
 	for _, lr := range routes {
-		if !lr.live(now) || slices.Contains(tried, lr) {
+		if !lr.live(now) || slices.Contains(tried, lr.rep) {
 			continue
 		}
 		tier := 0
@@ -273,13 +529,13 @@ func (g *Gateway) candidates(routes, tried []*liveRoute, now time.Time) []*liveR
 	return out
 }
 
-func (g *Gateway) hasCandidate(routes, tried []*liveRoute, now time.Time) bool {
+func (g *Gateway) hasCandidate(routes []*liveRoute, tried []*replica, now time.Time) bool {
 	return len(g.candidates(routes, tried, now)) > 0
 }
 
 // choose asks the policy among the candidates, and starts the load scrapes
 // that are due for them.
-func (g *Gateway) choose(req *Request, e *Entry, routes, tried []*liveRoute, now time.Time) *liveRoute {
+func (g *Gateway) choose(req *Request, e *Entry, routes []*liveRoute, tried []*replica, now time.Time) *liveRoute {
 	lrs := g.candidates(routes, tried, now)
 	if len(lrs) == 0 {
 		return nil
@@ -332,14 +588,14 @@ func cleanHeader(h http.Header, drop ...string) http.Header {
 // send makes one attempt. The client's Authorization never goes upstream:
 // it is the client's key to the gateway, and the engine has a key of its
 // own.
-func (g *Gateway) send(x *exchange, lr *liveRoute, body []byte) (*http.Response, error) {
-	r := x.r
+func (g *Gateway) send(x *exchange, a *attempt, body []byte) (*http.Response, error) {
+	r, lr := x.r, a.lr
 	url := lr.URL + r.URL.Path
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
 	rd := x.bb.reader(body)
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, url, rd)
+	req, err := http.NewRequestWithContext(a.ctx, http.MethodPost, url, rd)
 	if err != nil {
 		_ = rd.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -376,8 +632,30 @@ const maxEvent = 1 << 20
 // relay passes the engine's answer to the client. The status and headers go
 // first; a stream of server-sent events is then passed event by event,
 // each flushed as it completes, and anything else as it arrives.
-func (g *Gateway) relay(x *exchange, lr *liveRoute, resp *http.Response) {
+//
+// A stream is committed to at once: the client learns that its stream
+// began. A plain answer is committed to only with its first byte read, so
+// that until then a failure can still be retried or answered in full
+// (504, 503) instead of cutting a response whose status went out: when it
+// is not, a.committed is false and err says why.
+func (g *Gateway) relay(x *exchange, a *attempt, resp *http.Response) error {
 	defer resp.Body.Close()
+	resp.Body = &watchedBody{ReadCloser: resp.Body, a: a}
+	if isEventStream(resp.Header) {
+		g.commit(x, a, resp)
+		x.entry.stream = true
+		// The client learns at once that its stream began.
+		_ = x.rc.Flush()
+		g.relayEvents(x, a, resp)
+		return nil
+	}
+	return g.relayBody(x, a, resp)
+}
+
+// commit sends the engine's status and headers to the client.
+func (g *Gateway) commit(x *exchange, a *attempt, resp *http.Response) {
+	a.committed = true
+	lr := a.lr
 	h := x.w.Header()
 	for k, vs := range cleanHeader(resp.Header) {
 		h[k] = vs
@@ -386,14 +664,6 @@ func (g *Gateway) relay(x *exchange, lr *liveRoute, resp *http.Response) {
 	h.Set("Llmgw-Node", lr.Node)
 	x.w.WriteHeader(resp.StatusCode)
 	x.status = resp.StatusCode
-	if isEventStream(resp.Header) {
-		x.entry.stream = true
-		// The client learns at once that its stream began.
-		_ = x.rc.Flush()
-		g.relayEvents(x, lr, resp)
-		return
-	}
-	g.relayBody(x, lr, resp)
 }
 
 func isEventStream(h http.Header) bool {
@@ -417,22 +687,32 @@ func (x *exchange) write(b []byte) error {
 	return err
 }
 
-// relayBody copies a body that is not an event stream. An engine that dies
-// part-way leaves a body that must not pass for a whole one: the client's
-// connection is aborted, so it sees a failed transfer instead.
-func (g *Gateway) relayBody(x *exchange, lr *liveRoute, resp *http.Response) {
+// relayBody copies a body that is not an event stream, committing to it
+// once its first byte (or its end) is read. An engine that dies part-way,
+// or goes quiet past the stream-idle bound, leaves a body that must not
+// pass for a whole one: the client's connection is aborted, so it sees a
+// failed transfer instead.
+func (g *Gateway) relayBody(x *exchange, a *attempt, resp *http.Response) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
+	var n int
+	var err error
+	for n == 0 && err == nil {
+		n, err = resp.Body.Read(buf)
+	}
+	if n == 0 && !errors.Is(err, io.EOF) {
+		return err
+	}
+	g.commit(x, a, resp)
 	chunked := resp.ContentLength < 0
 	for {
-		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			if x.key != nil && len(x.body)+n <= maxUsageBody {
 				x.body = append(x.body, buf[:n]...)
 			}
 			if x.write(buf[:n]) != nil {
-				return
+				return nil
 			}
 			if chunked {
 				_ = x.rc.Flush()
@@ -442,25 +722,48 @@ func (g *Gateway) relayBody(x *exchange, lr *liveRoute, resp *http.Response) {
 			if u, ok := usageOf(x.body); ok {
 				x.use = u
 			}
-			return
+			return nil
 		}
 		if err != nil {
 			if x.r.Context().Err() != nil {
 				x.gone, x.entry.err = true, "client went away"
-				return
+				return nil
 			}
-			g.m.upstreamErrors.WithLabelValues(x.model, lr.ReplicaID, "stream").Inc()
-			x.entry.err = "engine broke off the answer: " + err.Error()
+			g.brokeOff(x, a, err, "answer")
 			panic(http.ErrAbortHandler)
 		}
+		n, err = resp.Body.Read(buf)
 	}
+}
+
+// brokeOff counts an answer that ended early after the client got its
+// status, and says why: the engine broke it off, or the gateway cut it
+// (a bound, or the engine left routing). Only a first-byte timeout counts
+// against the replica here (the stream's headers came, nothing else): a
+// stream that goes quiet had its first byte, which cleared the replica's
+// failures, so one more would never add up to an ejection; a hung
+// engine leaves routing by its readiness instead, and its streams are cut
+// then (Update).
+func (g *Gateway) brokeOff(x *exchange, a *attempt, err error, what string) (code, msg string) {
+	lr := a.lr
+	if c := a.cut(); c != nil {
+		g.m.upstreamErrors.WithLabelValues(x.model, lr.ReplicaID, c.reason).Inc()
+		if c.reason == reasonFirstByte && !a.counted {
+			g.failed(lr, g.now(), c.reason)
+		}
+		x.entry.err = c.msg
+		return c.code(), c.msg
+	}
+	g.m.upstreamErrors.WithLabelValues(x.model, lr.ReplicaID, reasonStream).Inc()
+	x.entry.err = "engine broke off the " + what + ": " + err.Error()
+	return "upstream_stream_error", fmt.Sprintf("the engine of replica %s on %s broke off the %s: %v", lr.ReplicaID, lr.Node, what, err)
 }
 
 // relayEvents passes server-sent events one at a time. An event is only
 // written whole, so when the engine dies mid-stream the client gets the
 // events that completed and then a final error event, never half an event
 // or a stream that merely stops.
-func (g *Gateway) relayEvents(x *exchange, lr *liveRoute, resp *http.Response) {
+func (g *Gateway) relayEvents(x *exchange, a *attempt, resp *http.Response) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	br := bufio.NewReaderSize(resp.Body, len(*bp))
@@ -518,10 +821,9 @@ func (g *Gateway) relayEvents(x *exchange, lr *liveRoute, resp *http.Response) {
 			x.gone, x.entry.err = true, "client went away"
 			return
 		default:
-			g.m.upstreamErrors.WithLabelValues(x.model, lr.ReplicaID, "stream").Inc()
-			x.entry.err = "engine broke off the stream: " + err.Error()
+			code, msg := g.brokeOff(x, a, err, "stream")
 			ev = ev[:0]
-			_ = x.write(sseError(fmt.Sprintf("the engine of replica %s on %s broke off the stream: %v", lr.ReplicaID, lr.Node, err)))
+			_ = x.write(sseError(code, msg))
 			_ = x.rc.Flush()
 			return
 		}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -34,8 +35,19 @@ type replica struct {
 	// requests it served to the end; zero before the first.
 	meanDur time.Duration
 
-	failures     int // connection failures in a row
+	// failures counts, in a row, what a broken engine shows the gateway:
+	// connection failures, 500/502/504 answers and first-byte timeouts.
+	failures     int
 	ejectedUntil time.Time
+
+	// calls cancels the attempts in flight to the engine, by id, so that
+	// an engine that leaves routing unready can be let go of (cut).
+	calls    map[uint64]context.CancelCauseFunc
+	lastCall uint64
+	// cut is, once the engine left routing unready, why: an attempt that
+	// begins after it chose the engine from the table just replaced, and
+	// is cancelled at once.
+	cut error
 }
 
 // ticket is one request to the replica, from begin to end or finish.
@@ -200,6 +212,55 @@ func (r *replica) scrapeDone(epoch uint64, value float64, at time.Time, ok bool)
 	}
 }
 
+// track registers an attempt's cancel function until untrack; an attempt
+// to an engine already cut is cancelled at once.
+func (r *replica) track(cancel context.CancelCauseFunc) (id uint64) {
+	r.mu.Lock()
+	cut := r.cut
+	if cut == nil {
+		if r.calls == nil {
+			r.calls = map[uint64]context.CancelCauseFunc{}
+		}
+		r.lastCall++
+		id = r.lastCall
+		r.calls[id] = cancel
+	}
+	r.mu.Unlock()
+	if cut != nil {
+		cancel(cut)
+	}
+	return id
+}
+
+func (r *replica) untrack(id uint64) {
+	if id == 0 {
+		return
+	}
+	r.mu.Lock()
+	delete(r.calls, id)
+	r.mu.Unlock()
+}
+
+// cutAll cancels every attempt in flight to the engine with cause, and
+// those that begin until uncut.
+func (r *replica) cutAll(cause error) {
+	r.mu.Lock()
+	r.cut = cause
+	calls := r.calls
+	r.calls = nil
+	r.mu.Unlock()
+	for _, cancel := range calls {
+		cancel(cause)
+	}
+}
+
+// uncut lets attempts to the engine run again: it is routable anew.
+func (r *replica) uncut() {
+	r.mu.Lock()
+	r.cut = nil
+	r.mu.Unlock()
+}
+
 // ejected reports whether passive outlier detection skips the replica now.
 func (r *replica) ejected(now time.Time) bool {
 	r.mu.Lock()
@@ -207,10 +268,10 @@ func (r *replica) ejected(now time.Time) bool {
 	return now.Before(r.ejectedUntil)
 }
 
-// connectFailed counts a failure to connect; the replica is ejected for
+// failed counts a failure (see failures); the replica is ejected for
 // ejectFor once after failures in a row. It reports whether this call
 // ejected it.
-func (r *replica) connectFailed(now time.Time, after int, ejectFor time.Duration) bool {
+func (r *replica) failed(now time.Time, after int, ejectFor time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.failures++
@@ -232,7 +293,8 @@ func (r *replica) eject(now time.Time, d time.Duration) {
 }
 
 // answered resets the failure count and lifts an ejection: the engine is
-// reachable (a request tried it in panic mode, and it answered).
+// reachable and answers (a request tried it in panic mode, and the first
+// byte of an answer came back, or a busy answer).
 func (r *replica) answered() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -73,6 +73,11 @@ type Table struct {
 	names      []string
 	// byModel maps a model id to the deployments serving it, sorted.
 	byModel map[string][]string
+	// unready holds the engines ("<engine ID>@<node>") whose holder is
+	// alive and renewing but whose engine is not ready, and that are
+	// neither stopping nor draining: a replica of one that leaves the
+	// table has its requests in flight cut (Gateway.Update).
+	unready map[string]bool
 }
 
 // BuildTable makes the routing table from a snapshot, judging leases at now
@@ -88,7 +93,8 @@ type Table struct {
 // old copies as draining until their replacements are ready. A gang is
 // routed to through its rank-0 shard only.
 func BuildTable(snap *status.Snapshot, now time.Time) *Table {
-	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{}}
+	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{},
+		unready: map[string]bool{}}
 	if snap == nil {
 		return t
 	}
@@ -132,6 +138,16 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		byDep[si.Deployment] = append(byDep[si.Deployment], si)
 		if si.Node == "" {
 			continue // unplaced
+		}
+		// A starting lease is a live holder that renews it while its
+		// engine is not ready (supervisor.JudgeLease): after having been
+		// ready, that is an engine its runner judged unready (hung,
+		// crashed, restarting). A stopping copy's lease reads lapsed
+		// instead, and a draining or unplanned one is being let go of on
+		// purpose: both finish their requests whole.
+		if si.Lease == placement.LeaseStarting && si.Status != gossip.ShardStopping && !si.Draining &&
+			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] {
+			t.unready[engineAt(si.ShardID+"-"+si.SpecVersion, si.Node)] = true
 		}
 		idx, ok := placement.ShardIndex(si.ShardID, si.ReplicaID)
 		if !ok {
@@ -202,6 +218,9 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	}
 	return t
 }
+
+// engineAt names one engine on one node, as Table.unready holds them.
+func engineAt(engineID, node string) string { return engineID + "@" + node }
 
 // sameGeneration reports whether every member of a gang runs against
 // rank 0's generation: a member still in the one before (rank 0 restarted

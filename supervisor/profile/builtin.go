@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Optional flags are written --flag=value in one element so that the whole
@@ -22,6 +23,14 @@ const (
 	// built-in engine that reads its key from no environment variable (see
 	// Profile.KeyEnv), so its key shows on its command line.
 	sglangKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
+	// sglangCheapHealth makes SGLang's /health the cheap check instead of a
+	// one-token generation (see the sglang profile's Readiness).
+	sglangCheapHealth = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
+	// vllmReadyTimeout raises vLLM's own wait for its engine core
+	// (VLLM_ENGINE_READY_TIMEOUT_S, 600 s in vllm/envs.py, too short for
+	// large weight loads: vllm PR #35616) to the deployment's start
+	// timeout, which llmgw enforces itself.
+	vllmReadyTimeout = "{{if .StartTimeoutSeconds}}VLLM_ENGINE_READY_TIMEOUT_S={{.StartTimeoutSeconds}}{{end}}"
 )
 
 // gang writes a multi-node flag only for a replica that spans nodes:
@@ -71,7 +80,7 @@ func Builtin() map[string]Profile {
 				gang("master-port", "MasterPort"),
 				headless,
 			},
-			Env:         append([]string{hfHome}, gangEnv...),
+			Env:         append([]string{hfHome, vllmReadyTimeout}, gangEnv...),
 			KeyEnv:      "VLLM_API_KEY",
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
@@ -87,6 +96,16 @@ func Builtin() map[string]Profile {
 				PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
 				ModelLabel:           "model_name",
 			},
+			// vLLM's /health runs on the API server's asyncio loop, the
+			// same loop that streams every answer (vllm/entrypoints/openai/
+			// api_server.py, `health`): under heavy load it takes seconds,
+			// 30-40 s in vllm PR #38157, and proves nothing but that the
+			// loop turned. A probe of 10 s, three in a row, and counters
+			// frozen for 30 s are what a hung engine shows and a busy one
+			// does not. A 128k-token prompt queued behind others can take
+			// minutes to its first token, hence 10 min.
+			Readiness: Readiness{ProbeTimeout: 10 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
+				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
 		},
 		"sglang": {
 			Name:  "sglang",
@@ -109,7 +128,7 @@ func Builtin() map[string]Profile {
 				gang("node-rank", "NodeRank"),
 				"{{if gt .NNodes 1}}--dist-init-addr={{.MasterAddr}}:{{.MasterPort}}{{end}}",
 			},
-			Env:         append([]string{hfHome}, gangEnv...),
+			Env:         append([]string{hfHome, sglangCheapHealth}, gangEnv...),
 			HealthPath:  "/health",
 			ModelsPath:  "/v1/models",
 			MetricsPath: "/metrics",
@@ -121,6 +140,17 @@ func Builtin() map[string]Profile {
 				GenerationTokens: "sglang:generation_tokens_total",
 				ModelLabel:       "model_name",
 			},
+			// SGLang's /health is health_generate by default: it submits a
+			// one-token generation and polls once a second until output
+			// arrives, up to SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
+			// (python/sglang/srt/entrypoints/http_server.py). The profile's
+			// env turns that off (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0),
+			// so /health is the cheap check of the server's loop, and
+			// progress comes from the token counters (not
+			// sglang:num_running_reqs, a gauge that can stay stale for 30 s
+			// after going idle: sglang PR #26495).
+			Readiness: Readiness{ProbeTimeout: 10 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
+				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
 		},
 		"llamacpp": {
 			Name: "llamacpp",
@@ -152,6 +182,12 @@ func Builtin() map[string]Profile {
 				PromptTokens:     "llamacpp:prompt_tokens_total",
 				GenerationTokens: "llamacpp:tokens_predicted_total",
 			},
+			// llama-server answers /health from its HTTP threads, apart
+			// from the slots that generate (tools/server/server.cpp), so a
+			// busy server answers it quickly; 503 while loading. Same K and
+			// W as the others; a shorter probe is enough.
+			Readiness: Readiness{ProbeTimeout: 5 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
+				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
 		},
 		"fake": {
 			Name: "fake",
@@ -185,6 +221,12 @@ func Builtin() map[string]Profile {
 				PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
 				ModelLabel:           "model_name",
 			},
+			// The fake engine answers /health at once (unless its vLLM
+			// personality slows it: then it is run as --engine vllm), so a
+			// short probe; the rule is vLLM's otherwise, with a shorter
+			// window since its counters move with every request.
+			Readiness: Readiness{ProbeTimeout: 2 * time.Second, Failures: 3, ProgressWindow: 10 * time.Second,
+				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
 		},
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/load"
@@ -73,6 +74,45 @@ type Profile struct {
 	ModelsPath  string  `json:"models_path"`
 	MetricsPath string  `json:"metrics_path,omitempty"`
 	Metrics     Metrics `json:"metrics"`
+	// Readiness is how busy this engine may look before llmgw calls it
+	// dead, and how long the gateway waits on it (see Readiness).
+	Readiness Readiness `json:"readiness"`
+}
+
+// Readiness is one engine kind's tolerance: real engines answer their
+// health check slowly when busy (vLLM's shares the event loop with
+// generation; SGLang's runs a generation), so one slow or failed probe
+// says nothing. The rule (supervisor/engine, judge.go): an engine stops
+// being routable when its process is gone, or when Failures probes in a
+// row failed or timed out AND its token and request counters did not move
+// during the last ProgressWindow. An engine that stays so for HungRestart
+// after having been ready is restarted. A truly hung engine therefore
+// leaves routing within about Failures × (ProbeTimeout + poll) (or
+// ProgressWindow when that is longer), and is restarted HungRestart later.
+type Readiness struct {
+	// ProbeTimeout bounds one health (and models) probe.
+	ProbeTimeout time.Duration `json:"probe_timeout"`
+	// Failures is K: probes failed or timed out in a row.
+	Failures int `json:"failures"`
+	// ProgressWindow is W: counters that moved within it keep a slow
+	// engine routable whatever its probes say.
+	ProgressWindow time.Duration `json:"progress_window"`
+	// HungRestart is R: not routable and no progress for this long,
+	// after having been ready, and the engine is restarted (a crash).
+	HungRestart time.Duration `json:"hung_restart"`
+	// FirstByteTimeout bounds, at the gateway, the wait for an answer's
+	// first byte: long enough for a full-context prefill behind a queue.
+	FirstByteTimeout time.Duration `json:"first_byte_timeout"`
+	// StreamIdleTimeout bounds, at the gateway, the gap between two
+	// events of a streamed answer (or two reads of a plain one).
+	StreamIdleTimeout time.Duration `json:"stream_idle_timeout"`
+}
+
+// HangBound is how long a truly hung engine (no answer, no progress)
+// stays routable at most, polled every poll: K probes that each time out,
+// or the progress window when that is longer.
+func (r Readiness) HangBound(poll time.Duration) time.Duration {
+	return max(time.Duration(r.Failures)*(r.ProbeTimeout+poll), r.ProgressWindow)
 }
 
 // Inputs are the facts of this node and this shard a profile needs beyond
@@ -109,6 +149,10 @@ type Inputs struct {
 	// reach.
 	HostIP   string
 	NetIface string
+	// StartTimeout is how long the runner lets the engine start (the
+	// deployment's start_timeout, or its default); 0 leaves the engine's
+	// own start-up limits alone.
+	StartTimeout time.Duration
 }
 
 // GangInputs is one member's place in its gang: the engines' own
@@ -161,6 +205,9 @@ type Data struct {
 	// HostIP and NetIface are Inputs.HostIP and Inputs.NetIface.
 	HostIP   string
 	NetIface string
+	// StartTimeoutSeconds is Inputs.StartTimeout in whole seconds (0:
+	// unset), for an engine's own start-up wait.
+	StartTimeoutSeconds int
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -180,6 +227,7 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
 		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
 		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
+		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
 	}
 	if d.PipelineParallel > 1 {
 		g := in.Gang
@@ -327,7 +375,7 @@ func (p Profile) Validate() error {
 	// Both a single engine and a gang member, so that a template that
 	// only a gang takes (an {{if gt .NNodes 1}} branch) is checked too.
 	single := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k",
-		MaxModelLen: 8192, MaxNumSeqs: 1, NNodes: 1, TPTotal: 1, HostIP: "10.0.0.1", NetIface: "eth0"}
+		MaxModelLen: 8192, MaxNumSeqs: 1, NNodes: 1, TPTotal: 1, HostIP: "10.0.0.1", NetIface: "eth0", StartTimeoutSeconds: 7200}
 	member := single
 	member.PP, member.NNodes, member.NodeRank, member.MasterAddr, member.MasterPort, member.Headless, member.TPTotal = 2, 2, 1, "10.0.0.2", 29500, true, 2
 	for _, sample := range []Data{single, member} {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmgw/llmgw/placement"
 )
@@ -83,7 +84,7 @@ func TestResolve(t *testing.T) {
 			wantCmd: []string{"python3", "-m", "sglang.launch_server", "--model-path", "m",
 				"--served-model-name", "auto", "--tp-size", "1", "--host", "0.0.0.0", "--port", "1",
 				"--enable-metrics", "--mem-fraction-static=0.25", "--context-length=8192", "--max-running-requests=4"},
-			wantEnv:   []string{},
+			wantEnv:   []string{"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"},
 			wantImage: "lmsysorg/sglang:latest",
 		},
 		{
@@ -94,7 +95,7 @@ func TestResolve(t *testing.T) {
 			wantCmd: []string{"python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-32B",
 				"--served-model-name", "qwen", "--tp-size", "4", "--host", "0.0.0.0", "--port", "30000",
 				"--enable-metrics", "--mem-fraction-static=0.50"},
-			wantEnv:   []string{},
+			wantEnv:   []string{"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"},
 			wantImage: "lmsysorg/sglang:latest",
 		},
 		{
@@ -301,5 +302,43 @@ func TestValidateRefusesABadKeyEnv(t *testing.T) {
 	p.KeyEnv = "MY_ENGINE_KEY"
 	if err := p.Validate(); err != nil {
 		t.Errorf("key_env MY_ENGINE_KEY: %v", err)
+	}
+}
+
+// vLLM's own wait for its engine core follows the deployment's start
+// timeout, which llmgw enforces: at its default 600 s vLLM would give up on
+// a large model llmgw still waits for.
+func TestVLLMReadyTimeoutFollowsTheStartTimeout(t *testing.T) {
+	p, err := Lookup("vllm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, env, _, err := Resolve(p, placement.Deployment{Name: "big", Model: "m"}, Inputs{Port: 1, StartTimeout: 2 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(env, "VLLM_ENGINE_READY_TIMEOUT_S=7200") {
+		t.Fatalf("env %q lacks VLLM_ENGINE_READY_TIMEOUT_S=7200", env)
+	}
+	_, env, _, _ = Resolve(p, placement.Deployment{Name: "big", Model: "m"}, Inputs{Port: 1})
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "VLLM_ENGINE_READY_TIMEOUT_S=") {
+			t.Fatalf("without a start timeout the engine's own default stays: got %q", kv)
+		}
+	}
+}
+
+// Every built-in profile states its readiness rule, and the hang bound it
+// gives is what the README says (about K × (timeout + poll)).
+func TestBuiltinReadinessRules(t *testing.T) {
+	for name, p := range Builtin() {
+		r := p.Readiness
+		if r.ProbeTimeout <= 0 || r.Failures < 1 || r.ProgressWindow <= 0 || r.HungRestart <= 0 || r.FirstByteTimeout <= 0 || r.StreamIdleTimeout <= 0 {
+			t.Errorf("%s: incomplete readiness rule %+v", name, r)
+		}
+	}
+	v, _ := Lookup("vllm")
+	if got := v.Readiness.HangBound(500 * time.Millisecond); got != 31500*time.Millisecond {
+		t.Errorf("vLLM's hang bound %s, want 31.5s (3 × (10s + 0.5s))", got)
 	}
 }

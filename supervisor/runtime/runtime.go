@@ -130,8 +130,10 @@ type Runtime interface {
 // implement it.
 type ImagePuller interface {
 	// EnsureImage makes ref present and ready to start from, pulling it
-	// when missing.
-	EnsureImage(ctx context.Context, ref string) error
+	// when missing. progress, when not nil, is told from time to time
+	// how many bytes arrived of how many known so far (the total grows as
+	// manifests are read), so a caller can say "pulling image 43%".
+	EnsureImage(ctx context.Context, ref string, progress func(done, total int64)) error
 }
 
 // Stray is an engine the supervisor's state file remembers but the runtime

@@ -131,6 +131,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		si := &sh.info
 		si.Status, si.URL, si.PID, si.Container = r.Status, r.URL, r.PID, r.Container
 		si.Restarts, si.LastExit, si.StartedAt, si.Gang = r.Restarts, r.LastExit, r.StartedAt, r.Gang
+		si.Note, si.NoteAt = r.Note, r.NoteAt
 		sh.load = r.Load
 		if r.Error != "" && si.Reason == "" {
 			si.Reason = "start failed: " + r.Error

@@ -119,6 +119,10 @@ type ShardInfo struct {
 	StartedAt    time.Time          `json:"started_at,omitzero"`
 	Load         gossip.ShardLoad   `json:"load,omitzero"`
 	Reason       string             `json:"reason,omitempty"`
+	// Note and NoteAt are what the holder says its engine is doing (see
+	// gossip.ShardRecord.Note).
+	Note   string    `json:"note,omitempty"`
+	NoteAt time.Time `json:"note_at,omitzero"`
 	// Gang is the member's part of its gang (rank, size, generation, rank
 	// 0's rendezvous, what holds it back) as its holder reports it; nil
 	// for a replica of one shard.

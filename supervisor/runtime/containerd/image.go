@@ -28,7 +28,7 @@ func normalizeRef(ref string) (string, error) {
 // unpacked, pulling it when missing. Engine
 // images are 12-28 GB, so a pull logs its progress every progress interval.
 // Pulls use no registry credentials.
-func (r *Runtime) EnsureImage(ctx context.Context, ref string) error {
+func (r *Runtime) EnsureImage(ctx context.Context, ref string, progress func(done, total int64)) error {
 	name, err := normalizeRef(ref)
 	if err != nil {
 		return fmt.Errorf("containerd runtime: %w", err)
@@ -56,7 +56,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.reportProgress(ctx, name, p, done)
+		r.reportProgress(ctx, name, p, done, progress)
 	}()
 	_, err = r.c.Pull(ctx, name,
 		client.WithPullUnpack,
@@ -119,7 +119,7 @@ func (p *pullProgress) snapshot() (total, doneBytes int64, blobs, done int) {
 	return p.total, p.doneBytes, p.blobs, p.done
 }
 
-func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgress, done <-chan struct{}) {
+func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgress, done <-chan struct{}, progress func(done, total int64)) {
 	if r.progressTick <= 0 {
 		return
 	}
@@ -141,6 +141,9 @@ func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgre
 			for _, s := range sts {
 				inflight += s.Offset
 			}
+		}
+		if progress != nil {
+			progress(doneBytes+inflight, total)
 		}
 		r.log.Info("pulling image", "ref", name,
 			"have", humanBytes(doneBytes+inflight),

@@ -348,7 +348,7 @@ func TestIntegrationEnsureImagePulls(t *testing.T) {
 	ctx := r.nsCtx(context.Background())
 	t.Cleanup(func() { _ = r.c.ImageService().Delete(ctx, ref, images.SynchronousDelete()) })
 
-	if err := r.EnsureImage(context.Background(), ref); err != nil {
+	if err := r.EnsureImage(context.Background(), ref, nil); err != nil {
 		t.Fatal(err)
 	}
 	img, err := r.c.GetImage(ctx, ref)
@@ -359,7 +359,7 @@ func TestIntegrationEnsureImagePulls(t *testing.T) {
 		t.Fatalf("pulled image not unpacked: %v %v", ok, err)
 	}
 	// Present now: no second pull.
-	if err := r.EnsureImage(context.Background(), ref); err != nil {
+	if err := r.EnsureImage(context.Background(), ref, nil); err != nil {
 		t.Fatal(err)
 	}
 	out := logs.String()
@@ -400,7 +400,7 @@ func TestIntegrationLifecycleAndReattach(t *testing.T) {
 	cleanNamespace(t, r)
 	importFakeImage(t, r)
 	ctx := context.Background()
-	if err := r.EnsureImage(ctx, testImageRef); err != nil {
+	if err := r.EnsureImage(ctx, testImageRef, nil); err != nil {
 		t.Fatalf("EnsureImage of a present image: %v", err)
 	}
 
