@@ -237,11 +237,8 @@ func (r *runner) engineKey(row shardRow) string {
 	return secret.EngineKey(r.token, row.ShardID+"-"+row.SpecVersion)
 }
 
-// servedModel asks the engine behind row which model it serves.
-func (r *runner) servedModel(ctx context.Context, row shardRow) (string, error) {
-	return r.servedModelVia(ctx, r.http, row)
-}
-
+// servedModelVia asks the engine behind row, through client, which model
+// it serves.
 func (r *runner) servedModelVia(ctx context.Context, client *http.Client, row shardRow) (string, error) {
 	var m struct {
 		Data []struct {
