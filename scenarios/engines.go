@@ -89,21 +89,25 @@ type nodeFlag struct {
 }
 
 // nodeFlags are the node flags the cluster command passes on: the engines'
-// readiness rule and the gateway's bounds.
-var nodeFlags = []nodeFlag{
-	{key: "engine-probe-timeout"},
-	{key: "engine-probe-failures", integer: true},
-	{key: "engine-progress-window"},
-	{key: "engine-hung-restart"},
-	{key: "engine-start-timeout"},
-	{key: "gateway-first-byte-timeout"},
-	{key: "gateway-stream-idle-timeout"},
+// readiness rule and the gateway's bounds. A function, as commandTable,
+// so that no table is package state.
+func nodeFlags() []nodeFlag {
+	return []nodeFlag{
+		{key: "engine-probe-timeout"},
+		{key: "engine-probe-failures", integer: true},
+		{key: "engine-progress-window"},
+		{key: "engine-hung-restart"},
+		{key: "engine-start-timeout"},
+		{key: "gateway-first-byte-timeout"},
+		{key: "gateway-stream-idle-timeout"},
+	}
 }
 
 // nodeFlagKeys lists nodeFlags' keys, space-separated, for commandTable.
 func nodeFlagKeys() string {
-	keys := make([]string, len(nodeFlags))
-	for i, f := range nodeFlags {
+	flags := nodeFlags()
+	keys := make([]string, len(flags))
+	for i, f := range flags {
 		keys[i] = f.key
 	}
 	return strings.Join(keys, " ")
@@ -113,7 +117,7 @@ func nodeFlagKeys() string {
 // `llmgw node up`.
 func readNodeFlags(d *directive) ([]string, error) {
 	var args []string
-	for _, f := range nodeFlags {
+	for _, f := range nodeFlags() {
 		if !d.has(f.key) {
 			continue
 		}

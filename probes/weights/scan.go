@@ -77,6 +77,18 @@ func Scan(dir string) ([]Cached, error) {
 	return out, nil
 }
 
+// ModelSize is the bytes on disk of model under dir (see Find), links not
+// followed, and whether it is there. A download in progress grows it: the
+// hub writes its blobs, .incomplete ones included, inside the model's own
+// directory, so a caller watching one model walks that directory only.
+func ModelSize(dir, model string) (uint64, bool) {
+	path, ok := Find(dir, model)
+	if !ok {
+		return 0, false
+	}
+	return diskSize(path), true
+}
+
 // diskSize adds up the regular files under path without following links:
 // a hub cache snapshot links into blobs/, which are counted once.
 func diskSize(path string) uint64 {

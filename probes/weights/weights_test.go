@@ -226,3 +226,32 @@ func TestScan(t *testing.T) {
 		t.Errorf("a missing directory: %v, %v; want no models and no error", none, err)
 	}
 }
+
+// ModelSize counts one model's own directory, an unfinished download's
+// blobs included, and nothing of its neighbours: a starting engine watches
+// its download grow without walking the whole cache.
+func TestModelSizeGrowsWithADownload(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := weightstest.WriteHubCache(dir, "meta-llama/Llama-3.1-8B", fittest.Llama31_8B(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := weights.ModelSize(dir, "Qwen/Qwen3-8B"); ok {
+		t.Fatal("a model not there has a size")
+	}
+	// The hub creates the model's directory and writes blobs as .incomplete.
+	blobs := filepath.Join(dir, "hub", "models--Qwen--Qwen3-8B", "blobs")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before, ok := weights.ModelSize(dir, "Qwen/Qwen3-8B")
+	if !ok || before != 0 {
+		t.Fatalf("an empty download: size %d, found %v; want 0, true", before, ok)
+	}
+	if err := os.WriteFile(filepath.Join(blobs, "abc.incomplete"), make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := weights.ModelSize(dir, "Qwen/Qwen3-8B")
+	if after != 4096 {
+		t.Fatalf("after 4096 bytes of a blob: size %d (its neighbour's files counted, or the blob not)", after)
+	}
+}

@@ -122,12 +122,13 @@ type startClock struct {
 	activityAt  time.Time
 	logSize     int64
 	weightsSize int64
-	// weightsAt is when the weights dir was last measured (it is walked,
+	// weightsAt is when the model's weights were last measured (walked,
 	// so at most every weightsEvery).
 	weightsAt time.Time
 }
 
-// weightsEvery bounds how often a starting engine's weights dir is walked.
+// weightsEvery bounds how often a starting engine's model directory in the
+// weights dir is walked.
 const weightsEvery = 15 * time.Second
 
 // begin starts the clock for an attempt whose engine started at now.

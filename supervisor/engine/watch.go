@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 	"unicode"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/probes/weights"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -224,7 +223,13 @@ func (r *Runner) startExpired(e *managed, w *watchState) bool {
 		w.clock.sawLog(now, fi.Size())
 	}
 	if r.cfg.WeightsDir != "" && (w.clock.weightsAt.IsZero() || now.Sub(w.clock.weightsAt) >= weightsEvery) {
-		w.clock.sawWeights(now, dirSize(r.cfg.WeightsDir))
+		// The model's own directory, not the whole cache: that is where
+		// its download lands (HF_HOME is the weights dir).
+		r.mu.Lock()
+		model := e.desired.Spec.Model
+		r.mu.Unlock()
+		size, _ := weights.ModelSize(r.cfg.WeightsDir, model)
+		w.clock.sawWeights(now, int64(size))
 	}
 	return w.clock.expired(now, r.startTimeout(e))
 }
@@ -233,10 +238,7 @@ func (r *Runner) startExpired(e *managed, w *watchState) bool {
 func (r *Runner) startTimeout(e *managed) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if t := time.Duration(e.desired.Spec.StartTimeout); t > 0 {
-		return t
-	}
-	return r.cfg.StartTimeout
+	return r.startTimeoutLocked(e)
 }
 
 // restartStarting stops an engine that never became ready in time and
@@ -378,24 +380,6 @@ func printableOnly(s string) string {
 		}
 		return r
 	}, s)
-}
-
-// dirSize is the bytes of the regular files under dir (a download in
-// progress grows it); unreadable parts count nothing.
-func dirSize(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
 }
 
 // start starts e's engine; gs is its gang start (nil: not a gang).

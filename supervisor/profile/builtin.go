@@ -97,10 +97,11 @@ func Builtin() map[string]Profile {
 				ModelLabel:           "model_name",
 			},
 			// vLLM's /health runs on the API server's asyncio loop, the
-			// same loop that streams every answer (vllm/entrypoints/openai/
-			// api_server.py, `health`): under heavy load it takes seconds,
-			// 30-40 s in vllm PR #38157, and proves nothing but that the
-			// loop turned. A probe of 10 s, three in a row, and counters
+			// same loop that streams every answer, and only asks whether the
+			// engine core died (vllm/entrypoints/serve/instrumentator/
+			// health.py: 503 on EngineDeadError alone): under heavy load it
+			// takes seconds, 30-40 s in vllm PR #38157, and proves nothing
+			// but that the loop turned. A probe of 10 s, three in a row, and counters
 			// frozen for 30 s are what a hung engine shows and a busy one
 			// does not. A 128k-token prompt queued behind others can take
 			// minutes to its first token, hence 10 min.
@@ -144,8 +145,10 @@ func Builtin() map[string]Profile {
 			// one-token generation and polls once a second until output
 			// arrives, up to SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
 			// (python/sglang/srt/entrypoints/http_server.py). The profile's
-			// env turns that off (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0),
-			// so /health is the cheap check of the server's loop, and
+			// env turns that off (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0:
+			// health_generate then answers "/health" 200 at once, unless the
+			// server is starting or shutting down), so /health is the cheap
+			// check of the server's loop, and
 			// progress comes from the token counters (not
 			// sglang:num_running_reqs, a gauge that can stay stale for 30 s
 			// after going idle: sglang PR #26495).
@@ -182,9 +185,11 @@ func Builtin() map[string]Profile {
 				PromptTokens:     "llamacpp:prompt_tokens_total",
 				GenerationTokens: "llamacpp:tokens_predicted_total",
 			},
-			// llama-server answers /health from its HTTP threads, apart
-			// from the slots that generate (tools/server/server.cpp), so a
-			// busy server answers it quickly; 503 while loading. Same K and
+			// llama-server answers /health from its HTTP threads without
+			// touching the slots that generate (tools/server/server-context.
+			// cpp, server_routes' get_health: {"status":"ok"}; loading and
+			// errors are its HTTP middleware's 503), so a busy server
+			// answers it quickly. Same K and
 			// W as the others; a shorter probe is enough.
 			Readiness: Readiness{ProbeTimeout: 5 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
 				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
