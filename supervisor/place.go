@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -47,6 +49,15 @@ func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
 	return info, nil
 }
 
+// sameSpec reports whether a and b are the same spec after defaults,
+// field for field (json.Marshal writes maps sorted, as SpecVersion's hash
+// relies on too).
+func sameSpec(a, b placement.Deployment) bool {
+	ja, errA := json.Marshal(a.WithDefaults())
+	jb, errB := json.Marshal(b.WithDefaults())
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
+}
+
 // changeOf says what placing spec does to the live deployment of its
 // name, as this node knows it.
 func (n *Node) changeOf(spec placement.Deployment) string {
@@ -58,6 +69,8 @@ func (n *Node) changeOf(spec placement.Deployment) string {
 		return status.ChangeChanged
 	case old.Spec.WithDefaults().Replicas != spec.WithDefaults().Replicas:
 		return status.ChangeScaled
+	case !sameSpec(*old.Spec, spec):
+		return status.ChangeSettings
 	}
 	return status.ChangeUnchanged
 }

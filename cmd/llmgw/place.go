@@ -65,6 +65,8 @@ func changeWords(change string) string {
 		return "spec changed: replicas roll to the new spec, the old ones serving until the new are ready"
 	case status.ChangeScaled:
 		return "replicas changed, same spec: replicas that serve keep running"
+	case status.ChangeSettings:
+		return "settings changed (update or start_timeout), same spec: no replica restarts"
 	case status.ChangeUnchanged:
 		return "unchanged: the cluster already had this spec and replica count"
 	}

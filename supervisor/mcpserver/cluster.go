@@ -188,7 +188,7 @@ func (s *Server) addClusterTools() {
 		"or change a deployment (the same as llmgw place). The spec is validated first and a bad one is refused " +
 		"with the field at fault. Accepted, it is replicated to every node by gossip and placed by all of them " +
 		"alike; a changed spec rolls: new shards start beside the old, which stop once the new are ready. " +
-		"Returns the stored spec and its version, change (new, changed, scaled or unchanged), how many replicas the plan computed with it places now and, for the rest, placement's reasons; call why_not a few seconds later to see where it landed."}, s.place)
+		"Returns the stored spec and its version, change (new, changed, scaled, settings or unchanged), how many replicas the plan computed with it places now and, for the rest, placement's reasons; call why_not a few seconds later to see where it landed."}, s.place)
 	addCluster(s, &mcp.Tool{Name: "unplace", Annotations: &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(true)}, Description: "Remove " +
 		"a deployment (the same as llmgw unplace): every node stops its shards. Fails for a name the cluster " +
 		"does not know, listing the ones it does."}, s.unplace)

@@ -62,7 +62,7 @@ type DeploymentInfo struct {
 	Why         []string     `json:"why,omitempty"`
 	// Change is set only in the answer to a place: what the write did to
 	// the spec the cluster held (ChangeNew, ChangeChanged, ChangeScaled,
-	// ChangeUnchanged).
+	// ChangeSettings, ChangeUnchanged).
 	Change string `json:"change,omitempty"`
 }
 
@@ -92,6 +92,10 @@ const (
 	// ChangeScaled: the same spec version with another replica count;
 	// replicas that serve keep serving.
 	ChangeScaled = "scaled"
+	// ChangeSettings: the same spec version and replicas, another value
+	// of a field that restarts no engine (update, start_timeout): stored,
+	// and no replica rolls.
+	ChangeSettings = "settings"
 	// ChangeUnchanged: the same spec and replicas.
 	ChangeUnchanged = "unchanged"
 )
