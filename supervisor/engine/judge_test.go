@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/llmgw/llmgw/supervisor/profile"
 )
@@ -127,5 +128,18 @@ func TestStartClock(t *testing.T) {
 	now = now.Add(time.Second)
 	if !c.expired(now, timeout) {
 		t.Fatal("silent for longer than the timeout and not expired")
+	}
+}
+
+// A reason cut to fit a record is cut at a character's start: half a
+// UTF-8 sequence would make the note unprintable, and peers refuse a
+// record with one.
+func TestClipKeepsUTF8Whole(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes, two each
+	for _, n := range []int{299, 300, 301} {
+		got := clipError(long, n)
+		if !utf8.ValidString(got) || len(got) > n+len("…") {
+			t.Fatalf("clip to %d: %d bytes, valid UTF-8 %v", n, len(got), utf8.ValidString(got))
+		}
 	}
 }

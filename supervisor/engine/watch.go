@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
@@ -31,9 +32,8 @@ type watchState struct {
 	started bool
 	// retryAt is when a start may be tried again after a crash.
 	retryAt time.Time
-	// attemptAt is when the current start attempt began; everReady
-	// whether it became ready since.
-	attemptAt time.Time
+	// everReady: the current attempt's engine became ready (when it
+	// began is clock.since).
 	everReady bool
 	// unknowns counts "unknown" runtime states in a row.
 	unknowns int
@@ -66,14 +66,14 @@ type scrapeResult struct {
 // the engine is stopped and forgotten.
 func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.wg.Done()
-	w := &watchState{started: adopted, attemptAt: r.cfg.Clock.Now(), scraped: make(chan scrapeResult, 1)}
-	w.clock.begin(w.attemptAt)
+	w := &watchState{started: adopted, scraped: make(chan scrapeResult, 1)}
+	w.clock.begin(r.cfg.Clock.Now())
 	if adopted && r.isReady(e) {
 		// Judged ready at adoption: from now on by the rule, so a busy
 		// engine found by a restarted agent is never taken for a
 		// starting one that stopped answering.
 		w.everReady = true
-		w.live.becameReady(w.attemptAt)
+		w.live.becameReady(w.clock.since)
 	}
 	tick := time.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
@@ -92,13 +92,12 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 			}
 		}
 		if mayStart {
-			w.attemptAt, w.everReady = r.cfg.Clock.Now(), false
+			w.everReady = false
 			err := r.start(ctx, e, gs)
 			// The start timeout counts from here, after the image pull
 			// that start waited for: a 20 GB image on a slow link must not
 			// eat the engine's own time to load.
-			w.attemptAt = r.cfg.Clock.Now()
-			w.clock.begin(w.attemptAt)
+			w.clock.begin(r.cfg.Clock.Now())
 			if err != nil {
 				if r.base.Err() != nil {
 					return // the agent is closing: not a crash
@@ -489,10 +488,15 @@ func shardIndex(d Desired) int {
 	return j
 }
 
-// clipError keeps an error message short enough for a node record.
+// clipError keeps an error message short enough for a node record, cut
+// at a character's start: half a UTF-8 sequence would make the record's
+// note unprintable, and peers refuse a record with one.
 func clipError(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }
