@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
 	"net/http"
 	"strconv"
 	"testing"
@@ -34,25 +32,7 @@ func fakeDemands(t *testing.T, key string, extra ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		app := newApp()
-		app.Writer, app.ErrWriter = io.Discard, io.Discard
-		done <- app.Run(ctx, append([]string{"llmgw", "engine", "fake", "--model", "m", "--host", "127.0.0.1",
-			"--port", strconv.Itoa(port)}, extra...))
-	}()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("engine fake after cancel: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("engine fake did not stop")
-		}
-	}()
+	defer runEngineFake(t, append([]string{"--model", "m", "--host", "127.0.0.1", "--port", strconv.Itoa(port)}, extra...))()
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	status := func(path, auth string) int {
 		req, _ := http.NewRequest("GET", base+path, nil)
