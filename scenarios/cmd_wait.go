@@ -283,6 +283,6 @@ func (r *runner) poll(within time.Duration, c func() (bool, string)) (bool, stri
 		if time.Now().After(deadline) || r.ctx.Err() != nil {
 			return false, last
 		}
-		clock.Sleep(r.ctx, r.pollEvery)
+		clock.SleepReal(r.ctx, r.pollEvery)
 	}
 }

@@ -228,7 +228,7 @@ func (r *runner) waitHealthy(ctx context.Context, n *node, within time.Duration)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: API did not answer within %v", n.name, within)
 		}
-		if !clock.Sleep(ctx, 25*time.Millisecond) {
+		if !clock.SleepReal(ctx, 25*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

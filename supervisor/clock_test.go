@@ -23,7 +23,7 @@ func TestPlaceOnANodeWithAWrongClockIsRefusedThere(t *testing.T) {
 	a := h.start("a")
 	h.start("b", h.gossipAddr("a"))
 	cfg := h.config("c", h.gossipAddr("a"))
-	cfg.Clock = clock.Func(func() time.Time { return time.Now().Add(skew) })
+	cfg.Clock = clock.Offset(clock.Real(), func() time.Duration { return skew })
 	h.cfgs["c"] = cfg
 	c := h.start("c", h.gossipAddr("a"))
 	testwait.Until(t, 15*time.Second, "a's /v1/cluster shows c's clock off and its own right", func() (bool, string) {

@@ -24,7 +24,7 @@ func TestDriverFaultMarksSurviveAReadError(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	var reading host.DriverFaults
 	var readErr error
-	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.Func(func() time.Time { return now }), cfg: Config{
+	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.NewFake(now), cfg: Config{
 		DriverFaults: func(context.Context) (host.DriverFaults, error) { return reading, readErr },
 	}}
 	fresh := func() []placement.GPU {
@@ -75,7 +75,7 @@ func TestNVRMFaultMarksTheWholeNode(t *testing.T) {
 	now := time.Date(2026, 8, 27, 22, 40, 0, 0, time.UTC)
 	text := "[Thu Aug 27 22:13:26 2026] NVRM: nvCheckOkFailedNoLog: Check failed: Out of memory [NV_ERR_NO_MEMORY] (0x00000051) returned from _memdescAllocInternal(pMemDesc) @ mem_desc.c:1359\n" +
 		"[Thu Aug 27 22:20:02 2026] NVRM: Persistence mode is deprecated and will be removed in a future release.\n"
-	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.Func(func() time.Time { return now }), cfg: Config{
+	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.NewFake(now), cfg: Config{
 		GPUsSimulated: true,
 		DriverFaults: func(context.Context) (host.DriverFaults, error) {
 			return host.ParseDriverFaults(text, now, 30*time.Minute, time.UTC, time.Time{}), nil

@@ -49,7 +49,7 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
 			warned = true
 		}
-		if !clock.Sleep(ctx, backoff) {
+		if !clock.Sleep(ctx, n.clock, backoff) {
 			return
 		}
 		backoff = min(backoff*2, 30*time.Second)

@@ -99,7 +99,7 @@ func TestRestartAfterTheTTLReclaims(t *testing.T) {
 func TestLeaseGapReclaims(t *testing.T) {
 	var skew atomic.Int64
 	_, r, cfg := startHolding(t, time.Now(), func(cfg *Config) {
-		cfg.Clock = clock.Func(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
+		cfg.Clock = clock.Offset(clock.Real(), func() time.Duration { return time.Duration(skew.Load()) })
 	})
 	testwait.StaysTrue(t, 2*cfg.LeaseTTL/3, "no reclaim while the node renews", func() (bool, string) {
 		return r.count() == 0, fmt.Sprint(r.count(), " reclaims")

@@ -36,7 +36,8 @@ func TestTelemetryIsRoundedAndThrottled(t *testing.T) {
 	}}
 	links := []host.LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 1234.5678, RxMBps: 0.04}}
 	icReads := 0
-	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.Func(func() time.Time { return now }), cfg: Config{
+	clk := clock.NewFake(now)
+	n := &Node{log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clk, cfg: Config{
 		GPUs: gpus,
 		Interconnect: func(context.Context) (host.Interconnect, error) {
 			icReads++
@@ -53,20 +54,23 @@ func TestTelemetryIsRoundedAndThrottled(t *testing.T) {
 		t.Fatalf("first reading: changed %v\n got %+v\nwant %+v", changed, tel, want)
 	}
 	// Within the interval nothing is read, whatever the GPUs do.
-	now = now.Add(loadPublishInterval - time.Second)
+	clk.Advance(loadPublishInterval - time.Second)
+	now = clk.Now()
 	gpus.reading[0].UtilPct = 40
 	if _, changed := n.telemetryDue(context.Background(), tel); changed || gpus.reads != 1 || icReads != 1 {
 		t.Fatalf("within the interval: changed %v, %d GPU reads, %d link reads", changed, gpus.reads, icReads)
 	}
 	// Past it, a change the rounding hides is not republished.
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
+	now = clk.Now()
 	gpus.reading[0].UtilPct, gpus.reading[0].PowerW = 101, 688
 	links[0].TxMBps = 1234.61
 	if got, changed := n.telemetryDue(context.Background(), tel); changed || gpus.reads != 2 || !got.ReadAt.Equal(tel.ReadAt) {
 		t.Fatalf("rounded alike: changed %v, %d reads, read at %v", changed, gpus.reads, got.ReadAt)
 	}
 	// A real change is.
-	now = now.Add(loadPublishInterval)
+	clk.Advance(loadPublishInterval)
+	now = clk.Now()
 	gpus.reading[1].UtilPct = 73
 	got, changed := n.telemetryDue(context.Background(), tel)
 	if !changed || got.GPUs[1].UtilPct != 75 || !got.ReadAt.Equal(now) {

@@ -32,7 +32,7 @@ func keepAlive(ctx context.Context, dir datadir.Dir, a datadir.Alive, clk clock.
 		} else {
 			failing = false
 		}
-		if !clock.Sleep(ctx, every) {
+		if !clock.Sleep(ctx, clk, every) {
 			return
 		}
 	}

@@ -116,7 +116,7 @@ func TestFailedPullIsAFailedStart(t *testing.T) {
 func TestProcessEngineHasNoContainerAndClockStampsIt(t *testing.T) {
 	env := newRunnerEnv(t)
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	r := env.openWith(func(c *Config) { c.Clock = clock.Func(func() time.Time { return at }) })
+	r := env.openWith(func(c *Config) { c.Clock = clock.NewFake(at) })
 	defer func() {
 		r.Reconcile(context.Background(), nil)
 		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })

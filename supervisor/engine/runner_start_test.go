@@ -26,7 +26,7 @@ func TestStartTimeoutWaitsForAGrowingDownload(t *testing.T) {
 	r := env.openWith(func(c *Config) {
 		f = &imageRuntime{Runtime: c.Runtime, pulled: func() { advance(3 * time.Hour) }}
 		c.Runtime = f
-		c.Clock = clock.Func(now)
+		c.Clock = clock.Offset(clock.Real(), func() time.Duration { return time.Duration(skew.Load()) })
 		c.BackoffMin, c.BackoffMax = time.Hour, time.Hour // one crash is all this test looks at
 	})
 	defer func() {

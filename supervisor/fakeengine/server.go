@@ -122,7 +122,7 @@ func (cfg *Config) withDefaults() error {
 	cfg.HealthDelayPerRunning = cmp.Or(cfg.HealthDelayPerRunning, DefaultHealthDelayPerRunning)
 	cfg.SGLangHealthTimeout = cmp.Or(cfg.SGLangHealthTimeout, DefaultSGLangHealthTimeout)
 	if cfg.Sleep == nil {
-		cfg.Sleep = clock.Sleep
+		cfg.Sleep = clock.SleepReal
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/load"
 )
 
@@ -53,7 +52,7 @@ func (s *scrapers) forEngine(engine string) *engineScraper {
 	if p, ok := s.g.cfg.Profiles[engine]; ok && p.MetricsPath != "" && (p.Metrics.Running != "" || p.Metrics.Waiting != "") {
 		client := &http.Client{Transport: s.g.tr, Timeout: scrapeTimeout}
 		es = &engineScraper{path: p.MetricsPath,
-			s: load.NewScraper(client, clock.Func(s.g.now), load.WithNames(p.Metrics.LoadNames()))}
+			s: load.NewScraper(client, nowFunc(s.g.now), load.WithNames(p.Metrics.LoadNames()))}
 	}
 	s.byEngine[engine] = es
 	return es
@@ -106,3 +105,8 @@ func (s *scrapers) close() {
 	s.cancel()
 	s.wg.Wait()
 }
+
+// nowFunc adapts the gateway's time source to the scraper's.
+type nowFunc func() time.Time
+
+func (f nowFunc) Now() time.Time { return f() }

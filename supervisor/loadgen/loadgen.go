@@ -114,7 +114,7 @@ func (cfg *Config) check() error {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = clock.Sleep
+		cfg.Sleep = clock.SleepReal
 	}
 	if cfg.Client == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -138,8 +138,3 @@ func saveShard(t *testing.T, d datadir.Dir, shard, model string, gpus []int, por
 		t.Fatal(err)
 	}
 }
-
-// fixedClock is a clock that says t.
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }

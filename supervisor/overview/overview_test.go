@@ -8,6 +8,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/charmbracelet/lipgloss"
@@ -29,7 +31,7 @@ func machine(t *testing.T, api API, gpus gpu.Discoverer) (Overview, *fakeRunner)
 		journalctl:    "time=2026-12-01T19:59:00Z level=WARN msg=\"engine llama-1 exited\" code=137\n",
 		"dmesg -T":    "",
 	}}
-	clk := fixedClock{t0}
+	clk := clock.NewFake(t0)
 	o := Overview{Dir: d, Clock: clk, Timeout: 200 * time.Millisecond,
 		Agent:    AgentReader{Run: run, API: api, Version: "dev", DataDir: d.Root()},
 		Peers:    PeersReader{API: api, Dial: func(context.Context, string) error { return nil }},

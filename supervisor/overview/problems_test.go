@@ -11,6 +11,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
+
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 )
@@ -91,7 +93,7 @@ func TestFaultsFromH200Dmesg(t *testing.T) {
 	now := time.Date(2026, 11, 29, 23, 10, 0, 0, time.Local)
 	xid := "[Sun Nov 29 23:05:00 2026] NVRM: Xid (PCI:0000:00:06): 79, pid=448, GPU has fallen off the bus."
 	run := &fakeRunner{t: t, out: map[string]string{"dmesg -T": string(b) + xid + "\n"}}
-	f := FaultsReader{Run: run, Clock: fixedClock{now}, Root: fstest.MapFS{"proc/stat": {Data: []byte("btime 1764456799\n")}}, AsRoot: true}.Read(context.Background())
+	f := FaultsReader{Run: run, Clock: clock.NewFake(now), Root: fstest.MapFS{"proc/stat": {Data: []byte("btime 1764456799\n")}}, AsRoot: true}.Read(context.Background())
 	if f.err != "" || f.faults.Source != "dmesg -T" || f.faults.XidRecent != 1 {
 		t.Fatalf("faults = %+v", f)
 	}
@@ -119,7 +121,7 @@ func TestFaultsDmesgRestricted(t *testing.T) {
 		"dmesg -T": "dmesg: read kernel buffer failed: Operation not permitted\n",
 		"journalctl -k -b --no-pager -o short-iso": "-- No entries --\n",
 	}, errs: map[string]error{"dmesg -T": errors.New("exit status 1")}}
-	f := FaultsReader{Run: run, Clock: fixedClock{t0}, Root: fstest.MapFS{}}.Read(context.Background())
+	f := FaultsReader{Run: run, Clock: clock.NewFake(t0), Root: fstest.MapFS{}}.Read(context.Background())
 	var p ProblemsSection
 	p.addFaults(f, t0)
 	if len(p.NeedsRoot) != 1 || p.NeedsRoot[0] != "the kernel log" {
