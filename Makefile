@@ -49,10 +49,12 @@ bench:
 run: build
 	$(BIN) demo up --dir $(DEMO)
 
-stop:
+stop: build
 	$(BIN) demo down --dir $(DEMO)
 
-scenarios: build
+# Like test, it installs the SDK first: TestOpenAISDKThroughTheGateway is
+# one of the scenarios' tests.
+scenarios: build sdk
 	$(GO) test -v -timeout 60m ./scenarios/ -args -all
 
 lint:
@@ -65,6 +67,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzLoadDeployments -fuzztime 30s ./gossip/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeDeployment -fuzztime 30s ./placement/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeSpecMemory -fuzztime 30s ./supervisor/spec/
+	$(GO) test -run '^$$' -fuzz '^FuzzScanObject$$' -fuzztime 30s ./supervisor/gateway/
 
 clean:
 	rm -rf bin $(DEMO) $(SDK)/node_modules

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // Clocks are part of correctness once stamps and epochs are bounded by
@@ -118,7 +116,7 @@ func (c *Cluster) clockView(now time.Time) (self time.Duration, peers map[string
 func (c *Cluster) ClockOffset() (time.Duration, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	self, _, n := c.clockView(c.cfg.Now())
+	self, _, n := c.clockView(c.cfg.Clock.Now())
 	return self, n
 }
 
@@ -145,7 +143,7 @@ func (c *Cluster) sampleClock(peer string, rtt time.Duration, payload []byte) {
 		return
 	}
 	theirs := time.Unix(0, int64(binary.BigEndian.Uint64(payload[1:])))
-	now := c.cfg.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	if c.clocks == nil {
 		c.clocks = map[string]*clockSamples{}
@@ -184,25 +182,4 @@ func (c *Cluster) sampleClock(peer string, rtt time.Duration, payload []byte) {
 	case back:
 		c.log.Info("this node's clock is back within half the bound of the cluster's", "offset", fmtOffset(self), "peers", n)
 	}
-}
-
-// pingDelegate puts this node's wall time into every ack and takes the
-// peers' from theirs.
-type pingDelegate struct{ c *Cluster }
-
-var _ memberlist.PingDelegate = (*pingDelegate)(nil)
-
-func (p *pingDelegate) AckPayload() []byte {
-	b := make([]byte, 9)
-	b[0] = clockPayloadV1
-	binary.BigEndian.PutUint64(b[1:], uint64(p.c.cfg.Now().UnixNano()))
-	return b
-}
-
-func (p *pingDelegate) NotifyPingComplete(other *memberlist.Node, rtt time.Duration, payload []byte) {
-	if !p.c.ready.Load() || other == nil || other.Name == p.c.cfg.Name {
-		return
-	}
-	p.c.heard()
-	p.c.sampleClock(other.Name, rtt, payload)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 )
@@ -21,7 +22,7 @@ func TestClockOffsetIsEstimatedAndAWrongClockRefusesWrites(t *testing.T) {
 	skew := MaxClockOffset + 10*time.Second
 	a := startNode(t, "a", 0, t.TempDir(), nil)
 	b := startNode(t, "b", 0, t.TempDir(), nil)
-	c := startNode(t, "c", 0, t.TempDir(), func(cfg *Config) { cfg.Now = func() time.Time { return time.Now().Add(skew) } })
+	c := startNode(t, "c", 0, t.TempDir(), func(cfg *Config) { cfg.Clock = clock.Offset(clock.Real(), func() time.Duration { return skew }) })
 	mustJoin(t, b, a)
 	mustJoin(t, c, a)
 	const tol = time.Second

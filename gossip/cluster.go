@@ -1,33 +1,21 @@
-// Package gossip replicates llmgw's small cluster state over memberlist:
-// one NodeRecord per node (single writer, versioned), deployments
-// (last-writer-wins on a hybrid logical clock, tombstones for deletions) and
-// the leases that live inside node records.
-//
-// Deltas travel as named broadcasts, so a newer delta for the same key
-// replaces an older queued one; anything larger than half a UDP packet goes
-// to every member over TCP (SendReliable) instead, because memberlist never
-// sends a broadcast that does not fit a packet. Push/pull exchanges the whole
-// state and repairs whatever broadcasts were lost.
 package gossip
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"log/slog"
 	"net"
 	"os"
-	"slices"
+	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
-	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -47,7 +35,7 @@ type Config struct {
 	Label   string
 	Profile Profile
 	Logger  *slog.Logger
-	Now     func() time.Time
+	Clock   clock.Clock
 	// DeploymentsFile, when set, is where deployments persist so a
 	// whole-cluster restart loses nothing (the data dir's deployments.json,
 	// named by supervisor/datadir).
@@ -193,8 +181,8 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("gossip: node name is empty")
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -213,8 +201,8 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	c := &Cluster{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "gossip"),
-		store:   NewStore(cfg.Now, cfg.TombstoneTTL),
-		hlc:     NewHLC(cfg.Name, cfg.Now),
+		store:   NewStore(cfg.Clock, cfg.TombstoneTTL),
+		hlc:     NewHLC(cfg.Name, cfg.Clock),
 		members: map[string]*memberInfo{},
 		drops:   map[DropReason]*atomic.Uint64{},
 		changes: make(chan struct{}, 1),
@@ -337,7 +325,7 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 	c.mu.Unlock()
 	// Peers check this record as this node checks theirs. Sending one
 	// they refuse would leave this node out of their placement unnoticed.
-	if _, err := checkNode(r, c.cfg.Now()); err != nil && c.logNow("self/"+err.Error()) {
+	if _, err := checkNode(r, c.cfg.Clock.Now()); err != nil && c.logNow("self/"+err.Error()) {
 		c.log.Error("peers will refuse this node's record", "err", err)
 	}
 	c.store.MergeNode(r)
@@ -431,7 +419,7 @@ func (c *Cluster) Members() []Member {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	self, clocks, sampled := c.clockView(c.cfg.Now())
+	self, clocks, sampled := c.clockView(c.cfg.Clock.Now())
 	clockOf := func(name string) *time.Duration {
 		if d, ok := clocks[name]; ok {
 			return &d
@@ -472,6 +460,10 @@ func (c *Cluster) Members() []Member {
 	return out
 }
 
+func sortMembers(ms []Member) {
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+}
+
 // Stats returns traffic counters.
 func (c *Cluster) Stats() Stats {
 	drops := make(map[DropReason]uint64, len(c.drops))
@@ -497,40 +489,6 @@ func (c *Cluster) Stats() Stats {
 func (c *Cluster) otherToken(fingerprint string) bool {
 	return c.cfg.TokenFingerprint != "" && fingerprint != "" && fingerprint != c.cfg.TokenFingerprint
 }
-
-// refuse counts a refused record under reason and logs why. The log line
-// for one record is written at most once a minute: a bad record that a
-// peer holds arrives again with every push/pull, and the count says how
-// often.
-func (c *Cluster) refuse(reason DropReason, record string, err error, attrs ...any) {
-	c.drops[reason].Add(1)
-	if c.logNow(string(reason) + "/" + record) {
-		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
-	}
-}
-
-// logNow reports whether the line keyed key is due: not logged within
-// refusalLogEvery.
-func (c *Cluster) logNow(key string) bool {
-	now := c.cfg.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.refusedAt == nil || len(c.refusedAt) >= maxRefusalsLogged {
-		// Bounded: names come from peers. Forgetting them all only means
-		// a few lines are logged again.
-		c.refusedAt = map[string]time.Time{}
-	}
-	if last, seen := c.refusedAt[key]; seen && now.Sub(last) < refusalLogEvery {
-		return false
-	}
-	c.refusedAt[key] = now
-	return true
-}
-
-const (
-	refusalLogEvery   = time.Minute
-	maxRefusalsLogged = 1024
-)
 
 // Leave tells the cluster this node is leaving, so peers mark it left
 // rather than dead, then stops gossip.
@@ -579,45 +537,6 @@ func (c *Cluster) Shutdown() error {
 	return err
 }
 
-// send queues m as a named broadcast, or sends it reliably to every member
-// when it is too large for a packet.
-func (c *Cluster) send(name string, m message) {
-	b, err := encode(m)
-	if err != nil {
-		c.log.Error("encode gossip message", "err", err)
-		return
-	}
-	if len(b) <= c.bigThreshold {
-		c.queue.QueueBroadcast(&broadcast{name: name, msg: b})
-		return
-	}
-	c.toEveryone(b)
-}
-
-// toEveryone sends b to every other member over TCP, each send in its own
-// goroutine; the returned group is done when all have finished. A failed
-// send is left to push/pull to repair.
-func (c *Cluster) toEveryone(b []byte) *sync.WaitGroup {
-	var done sync.WaitGroup
-	for _, n := range c.ml.Members() {
-		if n.Name == c.cfg.Name {
-			continue
-		}
-		done.Add(1)
-		if !c.spawn(func() {
-			defer done.Done()
-			if err := c.ml.SendReliable(n, b); err != nil {
-				c.log.Debug("reliable send failed; push/pull will repair", "to", n.Name, "err", err)
-				return
-			}
-			c.sent.Add(1)
-		}) {
-			done.Done()
-		}
-	}
-	return &done
-}
-
 // spawn runs fn in a goroutine unless the cluster is shutting down; the
 // check and the WaitGroup add happen under one lock so Shutdown's Wait never
 // races an Add.
@@ -635,382 +554,3 @@ func (c *Cluster) spawn(fn func()) bool {
 	}()
 	return true
 }
-
-// relay passes on a delta this node just learned, as gossip. A delta too
-// big for a packet is not relayed: its origin sent it to every member over
-// TCP already, and relaying it the same way would cost n² connections.
-func (c *Cluster) relay(name string, m message) {
-	b, err := encode(m)
-	if err != nil || len(b) > c.bigThreshold {
-		return
-	}
-	c.queue.QueueBroadcast(&broadcast{name: name, msg: b})
-}
-
-// receive merges a message from a peer. rebroadcast is true for packets
-// that arrived as gossip, which are passed on when they taught us something
-// (that is how a broadcast reaches nodes its origin never picked).
-func (c *Cluster) receive(b []byte, rebroadcast bool) {
-	m, err := decode(b)
-	if err != nil {
-		c.dropped.Add(1)
-		c.drops[DropMalformed].Add(1)
-		c.log.Warn("dropped gossip message", "err", err)
-		return
-	}
-	c.received.Add(1)
-	// Every record is checked on its own: one bad record is refused and
-	// counted, and the rest of the message (a push/pull carries the whole
-	// state) is still taken.
-	now := c.cfg.Now()
-	changed := false
-	for _, n := range m.Nodes {
-		if n.Name == c.cfg.Name {
-			continue // our own record: we are its only writer
-		}
-		if reason, err := checkNode(n, now); err != nil {
-			c.refuse(reason, "node "+n.Name, err)
-			continue
-		}
-		if c.store.MergeNode(n) {
-			changed = true
-			if rebroadcast {
-				c.relay("node/"+n.Name, message{Nodes: []NodeRecord{n}})
-			}
-		}
-	}
-	for _, bt := range m.Beats {
-		if bt.Name == c.cfg.Name {
-			continue
-		}
-		if reason, err := checkBeat(bt, now); err != nil {
-			c.refuse(reason, "beat "+bt.Name, err)
-			continue
-		}
-		if c.store.MergeBeat(bt) {
-			changed = true
-			if rebroadcast {
-				c.relay("beat/"+bt.Name, message{Beats: []Beat{bt}})
-			}
-		} else if c.store.Lacks(bt) {
-			c.want(bt)
-		}
-	}
-	for _, w := range m.Wants {
-		if w == c.cfg.Name && m.From != "" {
-			c.sendLocalTo(m.From)
-		}
-	}
-	depChanged := false
-	for _, d := range m.Deployments {
-		if reason, err := checkDeployment(d, now); err != nil {
-			c.refuse(reason, "deployment "+d.Name, err)
-			continue
-		}
-		c.hlc.Witness(d.Stamp)
-		if c.store.MergeDeployment(d) {
-			depChanged = true
-			if rebroadcast {
-				c.relay("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
-			}
-		}
-	}
-	if depChanged {
-		select {
-		case c.persist <- struct{}{}:
-		default:
-		}
-	}
-	if changed || depChanged {
-		c.notify()
-	}
-}
-
-// want asks a beat's sender for the record content we lack, once per
-// content version.
-func (c *Cluster) want(b Beat) {
-	now := c.cfg.Now()
-	c.mu.Lock()
-	if c.wanted == nil {
-		c.wanted = map[string]wantedAt{}
-	}
-	if w := c.wanted[b.Name]; w.content == b.Content && now.Sub(w.at) < wantRetry {
-		c.mu.Unlock()
-		return
-	}
-	c.wanted[b.Name] = wantedAt{content: b.Content, at: now}
-	c.mu.Unlock()
-	c.sendTo(b.Name, message{From: c.cfg.Name, Wants: []string{b.Name}})
-}
-
-// wantRetry is how long a request for a missing record waits for its
-// answer before it is asked again.
-const wantRetry = 2 * time.Second
-
-type wantedAt struct {
-	content Version
-	at      time.Time
-}
-
-// sendLocalTo sends this node's record to one member over TCP.
-func (c *Cluster) sendLocalTo(name string) {
-	c.sendTo(name, message{Nodes: []NodeRecord{c.Local()}})
-}
-
-func (c *Cluster) sendTo(name string, m message) {
-	var to *memberlist.Node
-	for _, n := range c.ml.Members() {
-		if n.Name == name {
-			to = n
-		}
-	}
-	if to == nil {
-		return
-	}
-	b, err := encode(m)
-	if err != nil {
-		return
-	}
-	c.spawn(func() {
-		if err := c.ml.SendReliable(to, b); err == nil {
-			c.sent.Add(1)
-		}
-	})
-}
-
-func (c *Cluster) persistLoop() {
-	gc := time.NewTicker(time.Hour)
-	defer gc.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-gc.C:
-			c.store.GC()
-		case <-c.persist:
-			if err := c.saveDeployments(); err != nil {
-				c.log.Error("persist deployments", "err", err)
-			}
-		}
-	}
-}
-
-type deploymentsOnDisk struct {
-	FormatVersion int                `json:"format_version"`
-	Deployments   []DeploymentRecord `json:"deployments"`
-}
-
-func (c *Cluster) saveDeployments() error {
-	c.saveMu.Lock()
-	defer c.saveMu.Unlock()
-	return c.writeDeployments(c.store.Deployments())
-}
-
-// findDeployment finds the record named name in deps, sorted by name.
-func findDeployment(deps []DeploymentRecord, name string) (DeploymentRecord, bool) {
-	i, found := slices.BinarySearchFunc(deps, name, func(d DeploymentRecord, name string) int {
-		return strings.Compare(d.Name, name)
-	})
-	if !found {
-		return DeploymentRecord{}, false
-	}
-	return deps[i], true
-}
-
-// withDeployment returns deps, sorted by name, with r in place of the
-// record of the same name. r is a local change with a fresh stamp, so it
-// supersedes whatever is held.
-func withDeployment(deps []DeploymentRecord, r DeploymentRecord) []DeploymentRecord {
-	i, found := slices.BinarySearchFunc(deps, r.Name, func(d DeploymentRecord, name string) int {
-		return strings.Compare(d.Name, name)
-	})
-	if found {
-		deps[i] = r
-		return deps
-	}
-	return slices.Insert(deps, i, r)
-}
-
-// writeDeployments writes deps to the deployments file atomically; the
-// caller holds saveMu.
-func (c *Cluster) writeDeployments(deps []DeploymentRecord) error {
-	if c.cfg.DeploymentsFile == "" {
-		return nil
-	}
-	b, err := json.MarshalIndent(deploymentsOnDisk{FormatVersion: 1, Deployments: deps}, "", "  ")
-	if err != nil {
-		return fmt.Errorf("persist deployments: %w", err)
-	}
-	return atomicfile.Write(c.cfg.DeploymentsFile, b, 0o600)
-}
-
-func (c *Cluster) loadDeployments() error {
-	if c.cfg.DeploymentsFile == "" {
-		return nil
-	}
-	p := c.cfg.DeploymentsFile
-	b, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("load deployments: %w", err)
-	}
-	recs, err := parseDeployments(b, p)
-	if err != nil {
-		return err
-	}
-	// A bad record is left out, as it would be from a peer: the file may
-	// come from an older agent, or have been edited by hand.
-	now := c.cfg.Now()
-	for _, r := range recs {
-		if reason, err := checkDeployment(r, now); err != nil {
-			c.refuse(reason, "deployment "+r.Name, err, "file", p)
-			continue
-		}
-		c.hlc.Witness(r.Stamp)
-		c.store.MergeDeployment(r)
-	}
-	return nil
-}
-
-// parseDeployments reads the records of deployments.json at path. A file
-// that does not parse stops the start, naming the file and the fix; the
-// records it holds are checked one by one by the caller, as a peer's are.
-func parseDeployments(b []byte, path string) ([]DeploymentRecord, error) {
-	var d deploymentsOnDisk
-	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, fmt.Errorf("load deployments from %s: %w (move the file aside to start without them; peers will send theirs)", path, err)
-	}
-	return d.Deployments, nil
-}
-
-func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
-	var meta nodeMeta
-	_ = json.Unmarshal(n.Meta, &meta)
-	c.mu.Lock()
-	info, ok := c.members[n.Name]
-	if !ok || info.state != s {
-		prev := int64(0)
-		if ok {
-			prev = info.epoch
-		}
-		info = &memberInfo{state: s, addr: n.Address(), since: c.cfg.Now(), epoch: prev}
-		c.members[n.Name] = info
-	}
-	info.addr = n.Address()
-	newToken := meta.Tok != info.token
-	info.token = meta.Tok
-	// An epoch beyond the bound would void every record the node sends
-	// until the clocks caught up with it.
-	_, epochErr := checkEpoch("memberlist meta of "+n.Name, meta.Epoch, c.cfg.Now())
-	if meta.Epoch > info.epoch && epochErr == nil {
-		info.epoch = meta.Epoch
-	}
-	c.mu.Unlock()
-	if epochErr != nil {
-		c.refuse(DropEpochAhead, "meta "+n.Name, epochErr)
-	}
-	if newToken && c.otherToken(meta.Tok) {
-		// Gossip works (the key is another secret), but each node refuses
-		// the other's API calls: say so on both sides, or the cluster
-		// half-works with no one knowing why.
-		c.log.Error("peer has a different cluster token: API calls between this node and it are refused; give every node the same --token-file",
-			"peer", n.Name, "address", n.Address(), "peer_token_fingerprint", meta.Tok, "token_fingerprint", c.cfg.TokenFingerprint)
-	}
-	c.notify()
-}
-
-// broadcast is one queued delta. Named, so a newer delta for the same node
-// or deployment replaces the older one still waiting in the queue.
-type broadcast struct {
-	name string
-	msg  []byte
-}
-
-var _ memberlist.NamedBroadcast = (*broadcast)(nil)
-
-func (b *broadcast) Invalidates(o memberlist.Broadcast) bool {
-	nb, ok := o.(memberlist.NamedBroadcast)
-	return ok && nb.Name() == b.name
-}
-func (b *broadcast) Name() string    { return b.name }
-func (b *broadcast) Message() []byte { return b.msg }
-func (b *broadcast) Finished()       {}
-
-// delegate adapts memberlist's Delegate callbacks to the cluster.
-type delegate struct{ c *Cluster }
-
-var _ memberlist.Delegate = (*delegate)(nil)
-
-// nodeMeta rides on memberlist's alive messages. Epoch is the node's boot
-// epoch: it arrives with the very message that makes a restarted node alive
-// again, before the new record does, so receivers can tell the old boot's
-// record (and its claims) from the current one.
-//
-// Tok is the fingerprint of the cluster token (Config.TokenFingerprint),
-// never the token.
-type nodeMeta struct {
-	V     int    `json:"v"`
-	API   string `json:"api,omitempty"`
-	Epoch int64  `json:"epoch,omitempty"`
-	Tok   string `json:"tok,omitempty"`
-}
-
-func (d *delegate) NodeMeta(limit int) []byte {
-	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint})
-	if len(b) > limit {
-		// memberlist panics on oversized meta; an API address never gets
-		// close, but refuse to be the reason.
-		b, _ = json.Marshal(nodeMeta{V: 1})
-	}
-	return b
-}
-
-func (d *delegate) NotifyMsg(b []byte) {
-	if !d.c.ready.Load() {
-		return
-	}
-	d.c.heard()
-	// memberlist reuses b after we return: copy before keeping anything.
-	d.c.receive(append([]byte(nil), b...), true)
-}
-
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	if !d.c.ready.Load() {
-		return nil
-	}
-	out := d.c.queue.GetBroadcasts(overhead, limit)
-	d.c.sent.Add(uint64(len(out)))
-	return out
-}
-
-func (d *delegate) LocalState(join bool) []byte {
-	b, err := encode(d.c.store.full())
-	if err != nil {
-		d.c.log.Error("encode full state", "err", err)
-		return nil
-	}
-	return b
-}
-
-func (d *delegate) MergeRemoteState(buf []byte, join bool) {
-	if !d.c.ready.Load() {
-		return
-	}
-	d.c.heard()
-	d.c.receive(append([]byte(nil), buf...), false)
-}
-
-// eventDelegate tracks membership states. memberlist never calls it
-// concurrently, so events keep their order.
-type eventDelegate struct{ c *Cluster }
-
-var _ memberlist.EventDelegate = (*eventDelegate)(nil)
-
-func (e *eventDelegate) NotifyJoin(n *memberlist.Node)   { e.c.setMember(n, StateAlive) }
-func (e *eventDelegate) NotifyUpdate(n *memberlist.Node) { e.c.setMember(n, StateAlive) }
-
-// NotifyLeave cannot tell a leave from a death: n.State is stale in
-// memberlist v0.7.0. Members() consults the node's record for that.
-func (e *eventDelegate) NotifyLeave(n *memberlist.Node) { e.c.setMember(n, StateDead) }

@@ -7,6 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -60,8 +61,8 @@ func TestDeploymentMergeIsOrderIndependent(t *testing.T) {
 			spec := placement.Deployment{Name: name, Model: rapid.SampledFrom([]string{"x", "y"}).Draw(t, "model")}
 			return DeploymentRecord{Name: name, Spec: &spec, Stamp: st}
 		}), 1, 12).Draw(t, "records")
-		now := func() time.Time { return time.UnixMilli(1e12 + 10) }
-		s1, s2 := NewStore(now, time.Hour), NewStore(now, time.Hour)
+		clk := clock.NewFake(time.UnixMilli(1e12 + 10))
+		s1, s2 := NewStore(clk, time.Hour), NewStore(clk, time.Hour)
 		for _, r := range recs {
 			s1.MergeDeployment(r)
 		}
@@ -83,10 +84,10 @@ func TestDeploymentMergeIsOrderIndependent(t *testing.T) {
 }
 
 func TestHLCNeverGoesBackAndPassesWitnessedStamps(t *testing.T) {
-	wall := time.UnixMilli(1000)
-	h := NewHLC("n1", func() time.Time { return wall })
+	clk := clock.NewFake(time.UnixMilli(1000))
+	h := NewHLC("n1", clk)
 	s1 := h.Now()
-	wall = time.UnixMilli(500) // the clock steps back
+	clk.Advance(-500 * time.Millisecond) // the clock steps back
 	s2 := h.Now()
 	if !s1.Less(s2) {
 		t.Fatalf("%v then %v: went backwards", s1, s2)
@@ -101,9 +102,9 @@ func TestHLCNeverGoesBackAndPassesWitnessedStamps(t *testing.T) {
 // A record relayed by push/pull after beats advanced its version still
 // says which content it holds, so later beats keep renewing it.
 func TestRelayedRecordKeepsAcceptingBeats(t *testing.T) {
-	now := func() time.Time { return time.Unix(100, 0) }
+	clk := clock.NewFake(time.Unix(100, 0))
 	owner := NodeRecord{Name: "z", Version: Version{Epoch: 1, Seq: 5}, Content: Version{Epoch: 1, Seq: 5}}
-	y, x := NewStore(now, time.Hour), NewStore(now, time.Hour)
+	y, x := NewStore(clk, time.Hour), NewStore(clk, time.Hour)
 	y.MergeNode(owner)
 	if !y.MergeBeat(Beat{Name: "z", Version: Version{Epoch: 1, Seq: 6}, Content: owner.Content}) {
 		t.Fatal("y rejected the first beat")

@@ -11,7 +11,7 @@ import (
 // ack to this node's probe, a message, or a push/pull. A node that hears
 // nothing for several probe intervals is cut off, whatever memberlist's
 // suspicion timers still say about its peers (see LastHeard).
-func (c *Cluster) heard() { c.lastHeard.Store(c.cfg.Now().UnixNano()) }
+func (c *Cluster) heard() { c.lastHeard.Store(c.cfg.Clock.Now().UnixNano()) }
 
 // LastHeard is when this node last heard a peer (zero: never). Packets that
 // could not be decrypted do not count: a peer with another gossip key is not

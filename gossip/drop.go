@@ -3,7 +3,6 @@ package gossip
 import (
 	"fmt"
 	"net"
-	"sort"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -51,6 +50,8 @@ func newDropTransport(mc *memberlist.Config, drop func(string) bool) (*dropTrans
 
 func (t *dropTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	if t.dropped(a) {
+		// real time: memberlist times its probes against this stamp with
+		// its own time.Now, as NetTransport.WriteTo does.
 		return time.Now(), nil
 	}
 	return t.NetTransport.WriteTo(b, a.Addr)
@@ -61,8 +62,4 @@ func (t *dropTransport) DialAddressTimeout(a memberlist.Address, timeout time.Du
 		return nil, fmt.Errorf("partitioned from %s (test drop rule)", a.Addr)
 	}
 	return t.NetTransport.DialTimeout(a.Addr, timeout)
-}
-
-func sortMembers(ms []Member) {
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // Stamp is a hybrid logical clock reading: wall milliseconds, a logical
@@ -39,21 +41,21 @@ func (s Stamp) String() string {
 // clocks of the two nodes say.
 type HLC struct {
 	mu     sync.Mutex
-	now    func() time.Time
+	clock  clock.Clock
 	origin string
 	last   Stamp
 }
 
-// NewHLC returns a clock for origin reading wall time from now.
-func NewHLC(origin string, now func() time.Time) *HLC {
-	return &HLC{now: now, origin: origin}
+// NewHLC returns a clock for origin reading wall time from clk.
+func NewHLC(origin string, clk clock.Clock) *HLC {
+	return &HLC{clock: clk, origin: origin}
 }
 
 // Now returns a stamp later than every stamp issued or witnessed so far.
 func (h *HLC) Now() Stamp {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	wall := h.now().UnixMilli()
+	wall := h.clock.Now().UnixMilli()
 	switch {
 	case wall > h.last.Wall:
 		h.last = Stamp{Wall: wall, Origin: h.origin}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // FuzzMergeOrder decodes a list of deployment records from the input and
@@ -17,9 +19,9 @@ func FuzzMergeOrder(f *testing.F) {
 		if json.Unmarshal(data, &recs) != nil || len(recs) > 64 {
 			return
 		}
-		now := func() time.Time { return time.UnixMilli(1 << 40) }
+		clk := clock.NewFake(time.UnixMilli(1 << 40))
 		state := func(order []DeploymentRecord) string {
-			s := NewStore(now, time.Duration(1<<62))
+			s := NewStore(clk, time.Duration(1<<62))
 			for _, r := range order {
 				if r.Spec != nil {
 					r.Spec.Name = r.Name

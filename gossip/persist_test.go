@@ -1,12 +1,16 @@
 package gossip
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testmem"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -35,12 +39,12 @@ func FuzzLoadDeployments(f *testing.F) {
 			recs []DeploymentRecord
 			err  error
 		)
-		now := func() time.Time { return time.UnixMilli(1700000000000) }
-		store, hlc := NewStore(now, time.Hour), NewHLC("n", now)
+		clk := clock.NewFake(time.UnixMilli(1700000000000))
+		store, hlc := NewStore(clk, time.Hour), NewHLC("n", clk)
 		got := testmem.Allocated(func() {
 			if recs, err = parseDeployments(b, path); err == nil {
 				for _, r := range recs {
-					if _, bad := checkDeployment(r, now()); bad != nil {
+					if _, bad := checkDeployment(r, clk.Now()); bad != nil {
 						continue
 					}
 					hlc.Witness(r.Stamp)
@@ -67,4 +71,32 @@ func FuzzLoadDeployments(f *testing.F) {
 			t.Fatalf("a peer would drop what the store took in: %v", err)
 		}
 	})
+}
+
+// Tombstones past the TTL are forgotten by the hourly collection, which
+// runs on the cluster's clock; live deployments stay.
+func TestTombstonesAreCollectedHourlyOnTheClusterClock(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Clock = clk; c.TombstoneTTL = time.Minute })
+	for _, name := range []string{"chat", "gone"} {
+		if _, err := a.PutDeployment(*specNamed(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, err := a.DeleteDeployment("gone"); !ok || err != nil {
+		t.Fatalf("delete: %v, %v", ok, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clk.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("the collection ticker never armed: %v", err)
+	}
+	clk.Advance(time.Hour)
+	testwait.Until(t, 5*time.Second, "the tombstone collected", func() (bool, string) {
+		_, held := a.store.Deployment("gone")
+		return !held, fmt.Sprintf("held: %v", a.Deployments())
+	})
+	if _, ok := a.Deployment("chat"); !ok {
+		t.Error("the collection forgot a live deployment")
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // Store is one node's copy of the replicated state. Its merge operations
@@ -13,7 +15,7 @@ import (
 // arrive in, two stores that saw the same records hold the same state.
 type Store struct {
 	mu    sync.Mutex
-	now   func() time.Time
+	clock clock.Clock
 	nodes map[string]*nodeEntry
 	deps  map[string]DeploymentRecord
 	// tombstoneTTL is how long a deletion is remembered. It must outlast any
@@ -32,9 +34,9 @@ type nodeEntry struct {
 	seenAt time.Time
 }
 
-// NewStore returns an empty store judging time by now.
-func NewStore(now func() time.Time, tombstoneTTL time.Duration) *Store {
-	return &Store{now: now, nodes: map[string]*nodeEntry{}, deps: map[string]DeploymentRecord{}, tombstoneTTL: tombstoneTTL}
+// NewStore returns an empty store judging time by clk.
+func NewStore(clk clock.Clock, tombstoneTTL time.Duration) *Store {
+	return &Store{clock: clk, nodes: map[string]*nodeEntry{}, deps: map[string]DeploymentRecord{}, tombstoneTTL: tombstoneTTL}
 }
 
 // MergeNode keeps r if it is newer than what the store holds. It reports
@@ -54,7 +56,7 @@ func (s *Store) MergeNode(r NodeRecord) bool {
 		content = r.Version
 	}
 	r.Content = content
-	s.nodes[r.Name] = &nodeEntry{rec: r, content: content, seenAt: s.now()}
+	s.nodes[r.Name] = &nodeEntry{rec: r, content: content, seenAt: s.clock.Now()}
 	return true
 }
 
@@ -69,7 +71,7 @@ func (s *Store) MergeBeat(b Beat) bool {
 		return false
 	}
 	e.rec.Version = b.Version
-	e.seenAt = s.now()
+	e.seenAt = s.clock.Now()
 	return true
 }
 
@@ -120,7 +122,7 @@ func supersedes(d, old DeploymentRecord) bool {
 }
 
 func (s *Store) expired(d DeploymentRecord) bool {
-	return d.Deleted && s.now().Sub(time.UnixMilli(d.Stamp.Wall)) > s.tombstoneTTL
+	return d.Deleted && s.clock.Now().Sub(time.UnixMilli(d.Stamp.Wall)) > s.tombstoneTTL
 }
 
 // GC forgets tombstones older than the tombstone TTL.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -117,7 +118,7 @@ func writeDeploymentsFile(t *testing.T, dir string, recs ...DeploymentRecord) {
 // later stamp of this node as wrong as the sender's clock.
 func TestStampsFarAheadAreRefused(t *testing.T) {
 	now := time.Now()
-	a := startNode(t, "a", 0, "", func(c *Config) { c.Now = func() time.Time { return now } })
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Clock = clock.NewFake(now) })
 	ahead := now.Add(MaxClockOffset + time.Second).UnixMilli()
 	near := now.Add(MaxClockOffset - time.Second).UnixMilli()
 	b, _ := encode(message{Deployments: []DeploymentRecord{depRecord("far", specNamed("far"), ahead), depRecord("near", specNamed("near"), near)}})
@@ -139,8 +140,7 @@ func TestStampsFarAheadAreRefused(t *testing.T) {
 // The logical counter carries into the wall time instead of wrapping to
 // zero, which would issue a stamp older than the last one.
 func TestHLCLogicalCounterNeverWraps(t *testing.T) {
-	wall := time.UnixMilli(1000)
-	h := NewHLC("n1", func() time.Time { return wall })
+	h := NewHLC("n1", clock.NewFake(time.UnixMilli(1000)))
 	top := Stamp{Wall: 1000, Logical: ^uint32(0), Origin: "n2"}
 	h.Witness(top)
 	s := h.Now()
@@ -156,7 +156,7 @@ func TestHLCLogicalCounterNeverWraps(t *testing.T) {
 // real records older than a bogus one until the clocks catch up.
 func TestEpochsFarAheadAreRefused(t *testing.T) {
 	now := time.Now()
-	a := startNode(t, "a", 0, "", func(c *Config) { c.Now = func() time.Time { return now } })
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Clock = clock.NewFake(now) })
 	good := NodeRecord{Name: "peer", Version: Version{Epoch: now.UnixNano(), Seq: 1}, API: "127.0.0.1:2"}
 	huge := NodeRecord{Name: "peer", Version: Version{Epoch: now.Add(time.Hour).UnixNano(), Seq: 1}, API: "127.0.0.1:3"}
 	b, _ := encode(message{Nodes: []NodeRecord{good}})
@@ -189,7 +189,7 @@ func TestEpochsFarAheadAreRefused(t *testing.T) {
 func TestLosingStampIsNeverSaved(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()
-	a := startNode(t, "a", 0, dir, func(c *Config) { c.Now = func() time.Time { return now } })
+	a := startNode(t, "a", 0, dir, func(c *Config) { c.Clock = clock.NewFake(now) })
 	later := depRecord("chat", specNamed("chat"), now.Add(10*time.Second).UnixMilli())
 	later.Stamp.Origin = "b"
 	a.store.MergeDeployment(later)

@@ -37,7 +37,7 @@ func openAISDK(t *testing.T) (nodeBin, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	install := "npm ci --prefix scenarios/" + sdkDir + " (from the repository root; make test does it), or set " + skipNodeEnv + "=1 to skip this test"
+	install := "npm ci --prefix scenarios/" + sdkDir + " (from the repository root; make test and make scenarios do it), or set " + skipNodeEnv + "=1 to skip this test"
 	nodeBin, err = exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node (Node.js 20 or later) is not on PATH: install it, then run %s", install)

@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,52 +23,21 @@ import (
 
 const defaultFitTimeout = 5 * time.Second
 
-// gpuKind is one GPU type of the cluster and the most of it one node has.
-type gpuKind struct {
-	name    string
-	total   uint64
-	perNode int
-	node    string
-}
-
-// gpuKinds lists the cluster's GPU types matching gpuType (a substring,
-// as placement matches it), MIG instances left out, largest first.
-func gpuKinds(members []gossip.Member, gpuType string) []gpuKind {
-	var kinds []gpuKind
+// fitNodes is the cluster's GPUs as placement/fit sizes for them: the
+// nodes that count (alive or suspect, with a record).
+func fitNodes(members []gossip.Member) []fit.NodeGPUs {
+	var nodes []fit.NodeGPUs
 	for _, m := range members {
 		if m.Record == nil || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
 			continue
 		}
-		count := map[[2]string]int{}
+		n := fit.NodeGPUs{Node: m.Name}
 		for _, g := range m.Record.GPUs {
-			if g.MIG || !strings.Contains(strings.ToLower(g.Name), strings.ToLower(gpuType)) {
-				continue
-			}
-			count[[2]string{g.Name, fmt.Sprint(g.MemoryTotal)}]++
+			n.GPUs = append(n.GPUs, fit.GPU{Name: g.Name, MemoryBytes: g.MemoryTotal, MIG: g.MIG})
 		}
-		for _, g := range m.Record.GPUs {
-			k := [2]string{g.Name, fmt.Sprint(g.MemoryTotal)}
-			c, ok := count[k]
-			if !ok {
-				continue
-			}
-			delete(count, k)
-			i := slices.IndexFunc(kinds, func(x gpuKind) bool { return x.name == g.Name && x.total == g.MemoryTotal })
-			switch {
-			case i < 0:
-				kinds = append(kinds, gpuKind{name: g.Name, total: g.MemoryTotal, perNode: c, node: m.Name})
-			case c > kinds[i].perNode || (c == kinds[i].perNode && m.Name < kinds[i].node):
-				kinds[i].perNode, kinds[i].node = c, m.Name
-			}
-		}
+		nodes = append(nodes, n)
 	}
-	slices.SortFunc(kinds, func(a, b gpuKind) int {
-		if a.total != b.total {
-			return -cmp.Compare(a.total, b.total)
-		}
-		return strings.Compare(a.name, b.name)
-	})
-	return kinds
+	return nodes
 }
 
 // resolveAuto turns a gpu_memory: auto spec into one with the figures.
@@ -99,33 +67,15 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	if err != nil {
 		return refuse("%s: %v", source, err)
 	}
-	kinds := gpuKinds(n.cluster.Members(), d.GPUType)
+	kinds := fit.Kinds(fitNodes(n.cluster.Members()), d.GPUType)
 	if len(kinds) == 0 {
 		return refuse("no GPU in the cluster%s to size it for", typeClause(d.GPUType))
 	}
 	req := fit.Request{TensorParallel: d.TensorParallel, PipelineParallel: d.PipelineParallel,
 		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine}
 	if d.TensorParallelAuto {
-		req.TensorParallel = 0
-		for tp := 1; tp <= 64 && req.TensorParallel == 0; tp++ {
-			if prof.CheckSplit(tp, max(d.PipelineParallel, 1)) != nil {
-				continue
-			}
-			r := req
-			r.TensorParallel = tp
-			e, err := prof.Estimate(r)
-			if err != nil {
-				return refuse("%s: %v", source, err)
-			}
-			for _, k := range kinds {
-				if k.perNode >= tp && e.PerGPU.Total <= k.total {
-					req.TensorParallel = tp
-					break
-				}
-			}
-		}
-		if req.TensorParallel == 0 {
-			req.TensorParallel = largestSplit(prof, kinds, d.PipelineParallel)
+		if req.TensorParallel, _, err = prof.ChooseTP(req, kinds); err != nil {
+			return refuse("%s: %v", source, err)
 		}
 	}
 	e, err := prof.Estimate(req)
@@ -136,21 +86,17 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	need := fmt.Sprintf("needs %d × %s at TP %d with %d × %d tokens of context (%s weights + %s KV cache + %s overhead)",
 		e.Request.TensorParallel, fit.GiB(b.Total), e.Request.TensorParallel, e.Request.MaxNumSeqs, e.Request.MaxModelLen,
 		fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs))
-	holds := false
-	for _, k := range kinds {
-		holds = holds || (k.perNode >= e.Request.TensorParallel && b.Total <= k.total)
-	}
-	if !holds {
+	if !slices.ContainsFunc(kinds, func(k fit.GPUKind) bool { return k.Holds(e) }) {
 		big := kinds[0]
-		hint := fmt.Sprintf("at most %d tokens of context fit on one", prof.MaxModelLen(req, big.total))
+		hint := fmt.Sprintf("at most %d tokens of context fit on one", prof.MaxModelLen(req, big.MemoryBytes))
 		if strings.HasPrefix(hint, "at most 0 ") {
 			hint = "the weights and overhead alone do not fit on one"
 		}
 		if d.TensorParallelAuto {
-			hint = fmt.Sprintf("no split up to the %d GPU(s) one node has is enough", big.perNode)
+			hint = fmt.Sprintf("no split up to the %d GPU(s) one node has is enough", big.PerNode)
 		}
 		return refuse("%s; no GPU type in the cluster could ever hold that: the largest is %s (%s, %d on %s); %s",
-			need, fit.GiB(big.total), big.name, big.perNode, big.node, hint)
+			need, fit.GiB(big.MemoryBytes), big.Name, big.PerNode, big.Node, hint)
 	}
 	d.GPUMemoryAuto, d.TensorParallelAuto = false, false
 	d.TensorParallel = e.Request.TensorParallel
@@ -164,21 +110,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	return d, nil
 }
 
-// largestSplit is the largest valid TP some node has GPUs for, so that a
-// refusal shows the figure of the best try.
-func largestSplit(p fit.Profile, kinds []gpuKind, pp int) int {
-	best := 1
-	for _, k := range kinds {
-		for tp := k.perNode; tp > best; tp-- {
-			if p.CheckSplit(tp, max(pp, 1)) == nil {
-				best = tp
-				break
-			}
-		}
-	}
-	return best
-}
-
+// typeClause names the gpu_type a refusal was limited to, if any.
 func typeClause(t string) string {
 	if t == "" {
 		return ""

@@ -203,7 +203,7 @@ func TestWeightsHeadersNeedsTheTokenOrAHop(t *testing.T) {
 		t.Errorf("without the token: %d, want 401", code)
 	}
 	req, _ := http.NewRequest("GET", url, nil)
-	a.signHop(req, "mcp", "x", nil) // signed for another purpose
+	a.hops.sign(req, "mcp", "x", nil) // signed for another purpose
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

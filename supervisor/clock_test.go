@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -52,7 +53,7 @@ func TestPlaceOnANodeWithAWrongClockIsRefusedThere(t *testing.T) {
 		return n == 2 && off > gossip.MaxClockOffset, fmt.Sprint(off, n)
 	})
 	spec := placement.Deployment{Name: "chat", Model: "m", Engine: "fake", Replicas: 1}
-	_, err := c.Place(spec)
+	_, err := c.Place(context.Background(), spec)
 	if !errors.Is(err, gossip.ErrClockOutOfBounds) || !strings.Contains(err.Error(), "clock") {
 		t.Fatalf("place on c: %v, want a refusal naming the clock", err)
 	}
@@ -62,7 +63,7 @@ func TestPlaceOnANodeWithAWrongClockIsRefusedThere(t *testing.T) {
 	if _, ok := c.Cluster().Deployment("chat"); ok {
 		t.Fatal("the refused place is in c's store")
 	}
-	if _, err := a.Place(spec); err != nil {
+	if _, err := a.Place(context.Background(), spec); err != nil {
 		t.Fatalf("place on a, whose clock is right: %v", err)
 	}
 }

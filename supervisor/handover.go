@@ -71,9 +71,3 @@ func (h *handover) mark(v *placement.View, now time.Time, period time.Duration) 
 		}
 	}
 }
-
-// handoverPeriod is how long a replacement settles in a cluster of n
-// members with this node's gossip profile.
-func (n *Node) handoverPeriod(members int) time.Duration {
-	return max(minHandover, n.cfg.Profile.SpreadBound(members))
-}

@@ -1,17 +1,16 @@
 package supervisor
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/secret"
 )
 
@@ -24,7 +23,8 @@ import (
 // signature is good for one method, path and query, one body, one
 // forwarding node, one caller, and hopWindow either side of its time.
 //
-// The logs proxy (purpose "logs") and MCP forwarding (purpose "mcp") use it.
+// The logs proxy (purpose "logs"), MCP forwarding ("mcp") and the lookup of
+// a model's headers for gpu_memory: auto ("weights") use it.
 const (
 	// hopHeader carries "<unix seconds>.<hex HMAC-SHA256>".
 	hopHeader = "X-Llmgw-Hop"
@@ -50,69 +50,53 @@ func hopMAC(key []byte, method, target, from, caller string, body []byte, unix i
 	return m.Sum(nil)
 }
 
-// signHop marks out, which this node is about to send to another node for
+// hops signs the calls this node forwards and checks the ones forwarded
+// to it. The zero token signs nothing valid: a node without a token
+// refuses every hop.
+type hops struct {
+	name, token string
+	clock       clock.Clock
+}
+
+// sign marks out, which this node is about to send to another node for
 // caller with body, as checked here, in place of the caller's token
 // (removed).
-func (n *Node) signHop(out *http.Request, purpose, caller string, body []byte) {
+func (h *hops) sign(out *http.Request, purpose, caller string, body []byte) {
 	out.Header.Del("Authorization")
-	unix := n.clock.Now().Unix()
-	mac := hopMAC(secret.HopKey(n.cfg.Token, purpose), out.Method, out.URL.RequestURI(), n.cfg.Name, caller, body, unix)
-	out.Header.Set(forwardedHeader, n.cfg.Name)
+	unix := h.clock.Now().Unix()
+	mac := hopMAC(secret.HopKey(h.token, purpose), out.Method, out.URL.RequestURI(), h.name, caller, body, unix)
+	out.Header.Set(forwardedHeader, h.name)
 	out.Header.Set(hopCallerHeader, caller)
 	out.Header.Set(hopHeader, strconv.FormatInt(unix, 10)+"."+hex.EncodeToString(mac))
 }
 
-// verifyHop checks the signature of a request another node forwarded,
-// whose body is body, and returns the caller it vouches for. The error
-// says what is wrong.
-func (n *Node) verifyHop(r *http.Request, purpose string, body []byte) (string, error) {
+// verify checks the signature of a request another node forwarded, whose
+// body is body, and returns the caller it vouches for. The error says what
+// is wrong.
+func (h *hops) verify(r *http.Request, purpose string, body []byte) (string, error) {
 	from, caller := r.Header.Get(forwardedHeader), r.Header.Get(hopCallerHeader)
 	ts, sig, ok := strings.Cut(r.Header.Get(hopHeader), ".")
 	unix, err := strconv.ParseInt(ts, 10, 64)
 	got, herr := hex.DecodeString(sig)
-	if !ok || err != nil || herr != nil || n.cfg.Token == "" {
+	if !ok || err != nil || herr != nil || h.token == "" {
 		return "", fmt.Errorf("a call forwarded by %q carries no valid %s header", from, hopHeader)
 	}
-	if d := n.clock.Now().Sub(time.Unix(unix, 0)); d > hopWindow || d < -hopWindow {
+	if d := h.clock.Now().Sub(time.Unix(unix, 0)); d > hopWindow || d < -hopWindow {
 		return "", fmt.Errorf("a call forwarded by %q was signed %s away from this node's clock, more than %s: are the two nodes' clocks set?", from, d.Round(time.Second), hopWindow)
 	}
-	if !hmac.Equal(got, hopMAC(secret.HopKey(n.cfg.Token, purpose), r.Method, r.RequestURI, from, caller, body, unix)) {
+	if !hmac.Equal(got, hopMAC(secret.HopKey(h.token, purpose), r.Method, r.RequestURI, from, caller, body, unix)) {
 		return "", fmt.Errorf("a call forwarded by %q has a wrong signature: do all nodes have the same cluster token?", from)
 	}
 	return caller, nil
 }
 
 // SignHop signs out, a request with body that this node forwards to
-// another node for MCP (see signHop), in place of the caller's token.
+// another node for MCP (see hops.sign), in place of the caller's token.
 func (n *Node) SignHop(out *http.Request, caller string, body []byte) {
-	n.signHop(out, "mcp", caller, body)
+	n.hops.sign(out, "mcp", caller, body)
 }
 
 // RequireTokenOrHop wraps h so that it needs the cluster token, or a hop
 // signed for MCP by another node holding the same token (MCP forwarding
-// never sends the token). A signed request's body is read (at most
-// maxHopBody) to check its digest and handed on unchanged.
-func (n *Node) RequireTokenOrHop(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(hopHeader) == "" {
-			if n.checkToken(w, r) {
-				h.ServeHTTP(w, r)
-			}
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxHopBody))
-		if err != nil {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a forwarded call's body over %d bytes: %v", maxHopBody, err))
-			return
-		}
-		if _, err := n.verifyHop(r, "mcp", body); err != nil {
-			writeError(w, http.StatusForbidden, err.Error())
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		h.ServeHTTP(w, r)
-	})
-}
-
-// maxHopBody bounds the body of a signed hop: MCP's own limit.
-const maxHopBody = 1 << 20
+// never sends the token); see apiServer.requireTokenOrHop.
+func (n *Node) RequireTokenOrHop(h http.Handler) http.Handler { return n.api.requireTokenOrHop(h) }

@@ -56,7 +56,7 @@ func TestLoadIdentityResetsOnlyAFarFutureEpoch(t *testing.T) {
 				t.Fatal(err)
 			}
 			var logs bytes.Buffer
-			id, err := loadIdentity(dir, "n1", func() time.Time { return now }, slog.New(slog.NewTextHandler(&logs, nil)))
+			id, err := loadIdentity(dir, "n1", now, slog.New(slog.NewTextHandler(&logs, nil)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -117,12 +118,12 @@ func TestIsolatedOnlyWhenPeersAreExpected(t *testing.T) {
 	h := newHarness(t)
 	lone := h.start("lone")
 	later := lone.clock.Now().Add(time.Hour)
-	if since := lone.checkIsolation(later, lone.cluster.Members()); !since.IsZero() {
+	if since := lone.isolation.check(later, lone.cluster.LastHeard(), lone.cluster.Members()); !since.IsZero() {
 		t.Fatalf("a node with no peers configured reads isolated since %v", since)
 	}
 	lb := h.logged("waiting", "127.0.0.1:1")
 	waiting := h.start("waiting", "127.0.0.1:1")
-	if since := waiting.checkIsolation(waiting.clock.Now().Add(time.Hour), waiting.cluster.Members()); since.IsZero() {
+	if since := waiting.isolation.check(waiting.clock.Now().Add(time.Hour), waiting.cluster.LastHeard(), waiting.cluster.Members()); since.IsZero() {
 		t.Fatal("a node whose --join never answered is not isolated an hour on")
 	}
 	testwait.Until(t, 5*time.Second, "one error line", func() (bool, string) {
@@ -143,14 +144,14 @@ func TestWrongKeyJoinSaysSoOnceWithTheFix(t *testing.T) {
 	cfgB.GossipKey = bytes.Repeat([]byte{2}, 32)
 	h.cfgs["b"] = cfgB
 	h.start("a")
-	b := h.start("b")
+	h.start("b")
 	// a refuses every try: wait until b has tried three times.
 	testwait.Until(t, 15*time.Second, "b retried its join 3 times", func() (bool, string) {
 		n := strings.Count(logA.String(), "decrypt")
 		return n >= 3, fmt.Sprint(n, " refusals")
 	})
 	l := logB.String()
-	want := "peer " + h.gossipAddr("a") + " answered but gossip decryption failed: this node's gossip key differs from the cluster's; copy " + b.dir.GossipKeyFile()
+	want := "peer " + h.gossipAddr("a") + " answered but gossip decryption failed: this node's gossip key differs from the cluster's; copy " + datadir.New(h.cfgs["b"].DataDir).GossipKeyFile()
 	if strings.Count(l, want) != 1 || !strings.Contains(l, "--gossip-key-file") {
 		t.Fatalf("b's log has %d lines %q (want 1, naming --gossip-key-file):\n%s", strings.Count(l, want), want, l)
 	}

@@ -6,68 +6,86 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
-	"github.com/llmgw/llmgw/supervisor/datadir"
 )
 
-// joinLoop joins the given peers, retrying with exponential backoff until
-// one answers, so nodes can start in any order. Later, it keeps dialling
+// joiner joins this node to the cluster and keeps it joined: it retries
+// the peers it was told of until one answers, settles the runner, and then
+// keeps dialling members it believes dead. It owns the node's identity
+// (the peers it remembers) once Start has loaded it.
+type joiner struct {
+	cluster *gossip.Cluster
+	runner  Runner
+	id      *identity
+	// keyFile is where this node's gossip key lives, named when a peer
+	// refuses it.
+	keyFile   string
+	self      string
+	reconnect time.Duration
+	clock     clock.Clock
+	log       *slog.Logger
+	// wake makes the control loop pass now (the node settled).
+	wake    wakeup
+	settled atomic.Bool
+}
+
+// run joins the given peers, retrying with exponential backoff until one
+// answers, so nodes can start in any order. Later, it keeps dialling
 // members it believes dead: after a partition heals memberlist alone would
 // stop talking to the other side once its gossip-to-the-dead window passed.
-func (n *Node) joinLoop(ctx context.Context, peers []string) {
-	defer n.wg.Done()
-	peers = dedupe(peers, n.cluster.Address())
+func (j *joiner) run(ctx context.Context, peers []string) {
+	peers = dedupe(peers, j.cluster.Address())
 	backoff := 250 * time.Millisecond
 	warned, keySaid := false, false
 	if len(peers) == 0 {
-		n.settle("no peers to join: this node starts the cluster")
+		j.settle("no peers to join: this node starts the cluster")
 	}
-	giveUp := n.clock.Now().Add(settleTimeout)
+	giveUp := j.clock.Now().Add(settleTimeout)
 	for len(peers) > 0 {
-		num, err := n.cluster.Join(peers)
+		num, err := j.cluster.Join(peers)
 		if err == nil {
-			n.log.Info("joined cluster", "contacted", num, "members", n.cluster.NumMembers())
-			n.settle("joined")
+			j.log.Info("joined cluster", "contacted", num, "members", j.cluster.NumMembers())
+			j.settle("joined")
 			break
 		}
-		refused := n.keyMismatch(err, &keySaid)
-		if n.clock.Now().After(giveUp) {
+		refused := j.keyMismatch(err, &keySaid)
+		if j.clock.Now().After(giveUp) {
 			why := "no peer answered within " + settleTimeout.String()
 			if refused {
 				why = "no peer accepted this node's gossip key within " + settleTimeout.String()
 			}
-			n.settle(why + "; acting on what this node knows")
+			j.settle(why + "; acting on what this node knows")
 		}
 		if !warned && !refused {
-			n.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
+			j.log.Warn("--join: no peer answered yet; retrying in the background", "peers", peers, "err", err)
 			warned = true
 		}
-		if !clock.Sleep(ctx, n.clock, backoff) {
+		if !clock.Sleep(ctx, j.clock, backoff) {
 			return
 		}
 		backoff = min(backoff*2, 30*time.Second)
 	}
-	tick := time.NewTicker(n.reconnectInterval())
+	tick := j.clock.NewTicker(j.reconnect)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.Chan():
 		}
 		// Dead members are dialled at once, not one after another: each
 		// unanswered dial takes memberlist's TCP timeout, and a stop waits
 		// for this loop.
 		var wg sync.WaitGroup
-		for _, m := range n.cluster.Members() {
-			if m.State != gossip.StateDead || m.Address == "" || n.clock.Now().Sub(m.Since) > reconnectFor {
+		for _, m := range j.cluster.Members() {
+			if m.State != gossip.StateDead || m.Address == "" || j.clock.Since(m.Since) > reconnectFor {
 				continue
 			}
 			wg.Go(func() {
@@ -76,13 +94,13 @@ func (n *Node) joinLoop(ctx context.Context, peers []string) {
 				}
 				// name/addr: memberlist then knows whom it dials, and a
 				// node it would refuse (a partition rule) is not dialled.
-				if _, err := n.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
-					n.log.Info("reconnected to a member believed dead", "member", m.Name)
+				if _, err := j.cluster.Join([]string{m.Name + "/" + m.Address}); err == nil {
+					j.log.Info("reconnected to a member believed dead", "member", m.Name)
 				}
 			})
 		}
 		wg.Wait()
-		n.rememberPeers()
+		j.id.rememberPeers(j.self, j.cluster.Members())
 	}
 }
 
@@ -99,27 +117,36 @@ const settleTimeout = 10 * time.Second
 // state with a peer its view is partial (after a restart it may not even
 // know the other nodes), and a plan from a partial view would start
 // duplicates of shards that run elsewhere.
-func (n *Node) settle(why string) {
-	if s, ok := n.runner.(settler); ok {
-		if n.settled.CompareAndSwap(false, true) {
-			n.log.Info("engines may now follow the plan", "why", why)
+func (j *joiner) settle(why string) {
+	if s, ok := j.runner.(settler); ok {
+		if j.settled.CompareAndSwap(false, true) {
+			j.log.Info("engines may now follow the plan", "why", why)
 			s.Settle()
-			n.wakeLoop()
+			j.wake.poke()
 		}
 	}
 }
 
-// wakeLoop makes the control loop reconcile now rather than at its next
-// tick or event.
-func (n *Node) wakeLoop() {
-	select {
-	case n.wake <- struct{}{}:
-	default:
+// keyMismatch says, once per join loop, that a peer answered but refused
+// this node's gossip key, and what to do: otherwise the node would only
+// say that no peer answered, and retry for ever.
+func (j *joiner) keyMismatch(err error, said *bool) bool {
+	var je *gossip.JoinError
+	if !errors.As(err, &je) || !errors.Is(err, gossip.ErrKeyMismatch) {
+		return false
 	}
+	if !*said {
+		*said = true
+		j.log.Error("peer "+je.Peer+" answered but gossip decryption failed: this node's gossip key differs from the cluster's; copy "+
+			j.keyFile+" from a member (gossip.key in its data dir) or pass the cluster's key with --gossip-key-file (if this node already names a file there, that file holds the wrong key), then restart this node",
+			"peer", je.Peer, "detail", je.Detail)
+	}
+	return true
 }
 
-func (n *Node) reconnectInterval() time.Duration {
-	if n.cfg.Profile.Name == "local" {
+// reconnectInterval is how often members believed dead are dialled.
+func reconnectInterval(p gossip.Profile) time.Duration {
+	if p.Name == "local" {
 		return time.Second
 	}
 	return 10 * time.Second
@@ -155,55 +182,4 @@ func dedupe(peers []string, self string) []string {
 		}
 	}
 	return out
-}
-
-// loadIdentity reads node.json, checks the name, and bumps the boot epoch
-// so this run's records are newer than any the cluster still holds from the
-// last run, even if the clock went backwards in between.
-//
-// A stored epoch beyond gossip.MaxClockOffset of now (the node once booted
-// with its clock far ahead) starts over at now, with a log line: peers
-// refuse epochs that far ahead, so they never took a record of it, and
-// bumping it would keep the node out until the clocks caught up.
-func loadIdentity(dir datadir.Dir, name string, now func() time.Time, log *slog.Logger) (datadir.Identity, error) {
-	id, found, err := dir.ReadIdentity()
-	switch {
-	case errors.Is(err, datadir.ErrCorrupt):
-		return id, fmt.Errorf("--data-dir: %v; move it aside to start as a new node", err)
-	case err != nil:
-		return id, fmt.Errorf("--data-dir: %w", err)
-	case found && id.Name != "" && id.Name != name:
-		return id, fmt.Errorf("--name %q: the data dir %s belongs to node %q; use that name or another --data-dir", name, dir.Root(), id.Name)
-	}
-	id.Name = name
-	t := now()
-	if limit := t.Add(gossip.MaxClockOffset).UnixNano(); id.Epoch > limit {
-		log.Warn("the stored boot epoch lies in the future (this node once booted with its clock ahead); starting over at now, as peers refuse an epoch that far ahead",
-			"stored_epoch", time.Unix(0, id.Epoch).UTC().Format(time.RFC3339), "now", t.UTC().Format(time.RFC3339), "bound", gossip.MaxClockOffset, "file", dir.NodeFile())
-		id.Epoch = 0
-	}
-	id.Epoch = max(id.Epoch+1, t.UnixNano())
-	if err := dir.WriteIdentity(id); err != nil {
-		return id, fmt.Errorf("--data-dir: %w", err)
-	}
-	return id, nil
-}
-
-// rememberPeers saves the gossip addresses of live members, so a restart
-// finds the cluster without --join.
-func (n *Node) rememberPeers() {
-	var peers []string
-	for _, m := range n.cluster.Members() {
-		if m.Name != n.cfg.Name && m.State == gossip.StateAlive && m.Address != "" {
-			peers = append(peers, m.Address)
-		}
-	}
-	// Only the join loop calls this, so n.id needs no lock.
-	if len(peers) == 0 || slices.Equal(n.id.Peers, peers) {
-		return
-	}
-	n.id.Peers = peers
-	if err := n.dir.WriteIdentity(n.id); err != nil {
-		n.log.Warn("remember peers", "err", err)
-	}
 }

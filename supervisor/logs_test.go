@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/engine"
@@ -80,12 +81,12 @@ func TestLogsAreServedByAnyNode(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "x.log")
 	os.WriteFile(logPath, []byte("one\ntwo\nthree\n"), 0o600)
 	cfg := h.config("a")
-	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(time.Now), path: logPath}
+	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(clock.Real()), path: logPath}
 	h.cfgs["a"] = cfg
 	a := h.start("a")
 	b := h.start("b", h.gossipAddr("a"))
 	testwait.Until(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
-		node, _ := b.holderOf("x-0")
+		node, _ := holderOf(b.cluster.Members(), b.Name(), "x-0")
 		return node == "a", node
 	})
 	get := func(n *Node, q string) (int, string) {
@@ -150,12 +151,12 @@ func logPair(t *testing.T) (a, b *Node) {
 		t.Fatal(err)
 	}
 	cfg := h.config("a")
-	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(time.Now), path: logPath}
+	cfg.Runner = &logEngines{ClaimOnly: engine.NewClaimOnly(clock.Real()), path: logPath}
 	h.cfgs["a"] = cfg
 	a = h.start("a")
 	b = h.start("b", h.gossipAddr("a"))
 	testwait.Until(t, 10*time.Second, "b sees a's shard", func() (bool, string) {
-		node, _ := b.holderOf("x-0")
+		node, _ := holderOf(b.cluster.Members(), b.Name(), "x-0")
 		return node == "a", node
 	})
 	return a, b
@@ -351,7 +352,7 @@ func TestMCPHopIsCheckedWithItsBody(t *testing.T) {
 	if code := send(other, body); code != http.StatusForbidden {
 		t.Errorf("a hop signed under another token: HTTP %d, want 403", code)
 	}
-	logsKey := func(r *http.Request) { n.signHop(r, "logs", "mcp", body) }
+	logsKey := func(r *http.Request) { n.hops.sign(r, "logs", "mcp", body) }
 	if code := send(logsKey, body); code != http.StatusForbidden {
 		t.Errorf("a hop signed for logs, not MCP: HTTP %d, want 403", code)
 	}

@@ -1,11 +1,38 @@
-// Package supervisor is one llmgw node: it joins the cluster and settles
-// (join.go), runs the control loop (loop.go: view, plan, this node's part to
-// its Runner, what runs here with its leases back into gossip, and the read
-// model of it all), and serves the node's HTTP API (api.go, logs.go).
+// Package supervisor is one llmgw node. Each of its responsibilities is a
+// type of its own, in the file its name promises; Node (node.go) starts
+// them, holds them, and is what the rest of the program calls.
 //
-// What it drives lives beside it: supervisor/engine runs the engines,
-// supervisor/status is the read model every interface shows, and
-// supervisor/datadir names what the node keeps on disk.
+//   - identity.go: node.json, the node's name, boot epoch and remembered
+//     peers (identity).
+//   - join.go: joining the cluster, retrying, redialling members believed
+//     dead, and settling (joiner); what to say when a peer refuses this
+//     node's gossip key.
+//   - loop.go: the control loop (controlLoop): view, plan, this node's part
+//     to its Runner, and what runs here back into gossip.
+//   - leases.go: renewing this node's leases, noting each renewal on disk,
+//     and reclaiming what it holds once they lapsed (leaseKeeper).
+//   - view.go, handover.go, gang.go: the pure parts of a pass: placement's
+//     input with every lease judged, the settling of replacements, and the
+//     gang each member sees.
+//   - isolation.go: whether this node hears its peers (isolation).
+//   - readmodel.go: what readers see, the snapshot of the last pass, and
+//     the wait that lets a writer read its own write back (readModel).
+//   - gpuloop.go: the GPU and driver-fault tick (gpuLoop).
+//   - weights.go: the weights probe's loop (weightsLoop), and asking a peer
+//     for a model's headers.
+//   - place.go, autofit.go: Place and Unplace, the one way in for every
+//     interface, and gpu_memory: auto.
+//   - server.go and endpoint_*.go: the HTTP API (apiServer), one file per
+//     resource, behind apiNode, what it asks of the node; logfile.go reads
+//     engine log files for it.
+//   - hop.go: signing and checking node-to-node calls (hops).
+//   - runner.go: the Runner interface the control loop drives.
+//
+// What goes out in the node's gossip record, and when, is for
+// supervisor/publish to decide. What the node drives lives beside it:
+// supervisor/engine runs the engines, supervisor/status is the read model
+// every interface shows, and supervisor/datadir names what the node keeps
+// on disk.
 package supervisor
 
 import (
@@ -20,7 +47,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -31,6 +57,7 @@ import (
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
+	"github.com/llmgw/llmgw/supervisor/publish"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -107,83 +134,32 @@ type Config struct {
 	FitTimeout      time.Duration
 }
 
-// Node is one running llmgw agent.
+// Node is one running llmgw agent. It owns the parts Start made, each the
+// only writer of its own state, and answers for them to the rest of the
+// program.
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
+	clock   clock.Clock
 	cluster *gossip.Cluster
 	runner  Runner
-	api     *http.Server
-	apiLn   net.Listener
 	started time.Time
 
-	clock clock.Clock
-
-	mu      sync.Mutex
-	gpuSnap gpu.Snapshot
-	dropped map[string]bool // test partition rules
-
-	// snap is the read model of the last reconcile pass (see Status).
-	snap atomic.Pointer[status.Snapshot]
-	// writes counts the deployment writes this node accepted; snapWrites
-	// is how many of them the published snapshot saw, and published is
-	// closed (and replaced, under mu) at every publication. Place and
-	// Unplace wait on them, so a client reads its own write back.
-	writes, snapWrites atomic.Uint64
-	published          chan struct{}
-
-	// dir is the data dir; id is what its node.json holds, whose peers
-	// the join loop keeps current.
-	dir     datadir.Dir
-	id      datadir.Identity
-	settled atomic.Bool
-	// toldPeers: --join or node.json named peers at start; isolatedSince
-	// is since when the node has heard none (zero: it is not isolated;
-	// under mu, see isolation.go).
-	toldPeers     bool
-	isolatedSince time.Time
-	// renewalWarned: a failed note of the renewal on disk was logged (the
-	// control loop owns it).
-	renewalWarned bool
-	// loadPublished is when shard load last went out in the record, and
-	// telemetryRead when telemetry was last read (the GPU loop owns it).
-	loadPublished time.Time
-	telemetryRead time.Time
-	// ratesPublished is when the gateway's rates last went out (the
-	// control loop owns it).
-	ratesPublished time.Time
-	// handover holds back the stop of copies whose replacements this node
-	// has just seen ready (the control loop owns it).
-	handover handover
-	// wake makes the control loop reconcile now (the node settled).
-	wake chan struct{}
-	// rescan makes the weights loop scan now.
-	rescan chan struct{}
+	hops      hops       // signs and checks node-to-node calls
+	drops     dropRules  // the test partition's rules (TestHooks)
+	reads     *readModel // what readers see
+	isolation *isolation // whether this node hears its peers
+	control   *controlLoop
+	gpus      *gpuLoop
+	weights   *weightsLoop
+	join      *joiner
+	api       *apiServer
 
 	cancel context.CancelFunc
-	// wg holds the control, join and GPU loops; serveWG the HTTP server.
-	wg      sync.WaitGroup
-	serveWG sync.WaitGroup
-	closed  chan struct{}
-	once    sync.Once
-	// follows counts the open follow=1 log streams, per caller.
-	follows followSlots
-	// tools are the MCP tools this node serves (SetMCPTools), under mu.
-	tools []string
-}
-
-// SetMCPTools records the MCP tools this node serves, for /status.json.
-func (n *Node) SetMCPTools(names []string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.tools = slices.Clone(names)
-}
-
-// mcpTools is what SetMCPTools recorded, never nil.
-func (n *Node) mcpTools() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return append([]string{}, n.tools...)
+	// loops holds the control, join, GPU and weights loops.
+	loops  sync.WaitGroup
+	closed chan struct{}
+	once   sync.Once
 }
 
 // Start brings a node up: it reads its identity, discovers GPUs, listens
@@ -210,16 +186,19 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("--data-dir %s: %w", cfg.DataDir, err)
 	}
 	dir := datadir.New(cfg.DataDir)
-	id, err := loadIdentity(dir, cfg.Name, cfg.Clock.Now, cfg.Logger.With("node", cfg.Name))
+	log := cfg.Logger.With("node", cfg.Name)
+	started := cfg.Clock.Now()
+	id, err := loadIdentity(dir, cfg.Name, started, log)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, clock: cfg.Clock, dir: dir, log: cfg.Logger.With("node", cfg.Name), started: cfg.Clock.Now(), dropped: map[string]bool{},
-		closed: make(chan struct{}), wake: make(chan struct{}, 1), published: make(chan struct{}), rescan: make(chan struct{}, 1)}
-	n.snap.Store(status.Build(status.Input{Self: cfg.Name, Now: n.started, TTL: cfg.LeaseTTL}))
+	n := &Node{cfg: cfg, clock: cfg.Clock, log: log, started: started, closed: make(chan struct{}),
+		hops: hops{name: cfg.Name, token: cfg.Token, clock: cfg.Clock}}
+	wake := newWakeup()
+	n.reads = newReadModel(cfg.Clock, status.Build(status.Input{Self: cfg.Name, Now: started, TTL: cfg.LeaseTTL}), n.closed, wake)
 	n.runner = cfg.Runner
 	if n.runner == nil {
-		n.runner = engine.NewClaimOnly(cfg.Clock.Now)
+		n.runner = engine.NewClaimOnly(cfg.Clock)
 	}
 	if cfg.GPUs == nil {
 		return nil, errors.New("supervisor: no GPU probe configured")
@@ -229,12 +208,14 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
 	}
 	if !snap.Available && !cfg.GPUsSimulated {
-		n.log.Info("no NVIDIA GPUs here (NVML library not found); this node offers no GPU capacity")
+		log.Info("no NVIDIA GPUs here (NVML library not found); this node offers no GPU capacity")
 	}
 	if cfg.GPUsSimulated {
-		n.log.Warn("SIMULATED GPUs: this node advertises GPUs that do not exist (--simulate-gpus); for development and tests only", "gpus", len(snap.GPUs))
+		log.Warn("SIMULATED GPUs: this node advertises GPUs that do not exist (--simulate-gpus); for development and tests only", "gpus", len(snap.GPUs))
 	}
-	n.gpuSnap = snap
+	n.gpus = &gpuLoop{probe: cfg.GPUs, simulated: cfg.GPUsSimulated, every: cfg.GPUInterval,
+		driverFaults: cfg.DriverFaults, interconnect: cfg.Interconnect, runner: n.runner, clock: cfg.Clock, log: log, snap: snap}
+	n.weights = &weightsLoop{dir: cfg.WeightsDir, every: cfg.WeightsInterval, clock: cfg.Clock, log: log, rescan: make(chan struct{}, 1)}
 
 	// undo closes what Start has opened so far, newest first, when a later
 	// step fails. Each entry closes one thing that exists: a deferred
@@ -251,39 +232,40 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--api %s: %w", cfg.APIAddr, err)
 	}
-	n.apiLn = apiLn
 	undo = append(undo, func() { _ = apiLn.Close() })
 
 	gcfg := gossip.Config{
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.BindPort,
 		AdvertiseAddr: cfg.AdvertiseAddr, AdvertisePort: cfg.AdvertisePort,
-		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: cfg.Logger.With("node", cfg.Name),
-		Now: cfg.Clock.Now, DeploymentsFile: dir.DeploymentsFile(), APIAddr: n.AdvertisedAPI(),
+		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: log,
+		Clock: cfg.Clock, DeploymentsFile: dir.DeploymentsFile(), APIAddr: advertised(apiLn.Addr().String(), cfg, ""),
 		TokenFingerprint: secret.Fingerprint(cfg.Token),
 	}
 	if cfg.TestHooks {
-		gcfg.Drop = n.isDropped
+		gcfg.Drop = n.drops.dropped
 	}
-	n.reclaimIfLapsed()
+	leases := &leaseKeeper{ttl: cfg.LeaseTTL, clock: cfg.Clock, log: log, runner: n.runner, dir: dir}
+	leases.reclaimIfLapsed(started)
 	// Faulted GPUs are marked from the first record on: placement must
 	// not use one in the seconds before the first GPU tick.
-	gpus, probes := n.withFaults(ctx, n.foreignAdjusted(snap), nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})
-	gpus = n.simulatedClaims(gpus)
+	gpus, probes := n.gpus.reading(ctx, snap, nil, gossip.ProbeSummary{GPUDriver: snap.Driver, GPUsSimulated: cfg.GPUsSimulated})
 	initial := gossip.NodeRecord{
 		Version:      gossip.Version{Epoch: id.Epoch},
-		API:          n.AdvertisedAPI(),
-		Gateway:      n.advertised(cfg.GatewayAddr),
+		API:          gcfg.APIAddr,
+		Gateway:      advertised(cfg.GatewayAddr, cfg, ""),
 		GatewayTLS:   cfg.GatewayTLS && cfg.GatewayAddr != "",
 		Labels:       cfg.Labels,
 		GPUs:         gpus,
 		AgentVersion: cfg.Version,
-		StartedAt:    n.started,
+		StartedAt:    started,
 		Probes:       probes,
 		Shards:       n.runner.Shards(),
 		Runtime:      cfg.RuntimeName,
-		CachedModels: n.scanWeights(),
+		CachedModels: n.weights.scan(),
 	}
+	var rates func() map[string]float64
 	if cfg.GatewayRates != nil && cfg.GatewayAddr != "" {
+		rates = cfg.GatewayRates
 		initial.GatewayRates = map[string]float64{} // idle, and saying so
 	}
 	if initial.Runtime == "" {
@@ -296,64 +278,59 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.cluster = cluster
 	// The gossip address is only known once memberlist bound, and with it
 	// the last fallback of the advertised API address.
-	n.cluster.UpdateLocal(func(r *gossip.NodeRecord) {
-		r.Gossip, r.API, r.Gateway = n.cluster.Address(), n.AdvertisedAPI(), n.advertised(cfg.GatewayAddr)
+	cluster.UpdateLocal(func(r *gossip.NodeRecord) {
+		r.Gossip = cluster.Address()
+		r.API, r.Gateway = advertised(apiLn.Addr().String(), cfg, r.Gossip), advertised(cfg.GatewayAddr, cfg, r.Gossip)
 	})
 
+	peers := append(slices.Clone(cfg.Join), id.Peers...)
+	n.isolation = &isolation{self: cfg.Name, ttl: cfg.LeaseTTL, after: isolatedAfter(cfg.Profile), started: started, shards: n.runner, log: log,
+		toldPeers: len(dedupe(peers, cluster.Address())) > 0}
+	n.control = &controlLoop{name: cfg.Name, ttl: cfg.LeaseTTL, profile: cfg.Profile, clock: cfg.Clock, log: log,
+		cluster: cluster, runner: n.runner, leases: leases, isolation: n.isolation, reads: n.reads,
+		load: publish.NewLoad(cluster, rates), wake: wake}
+	n.join = &joiner{cluster: cluster, runner: n.runner, id: &identity{dir: dir, id: id, log: log}, keyFile: dir.GossipKeyFile(),
+		self: cfg.Name, reconnect: reconnectInterval(cfg.Profile), clock: cfg.Clock, log: log, wake: wake}
+	n.api = &apiServer{node: n, gossip: cluster, shards: n.runner, isolation: n.isolation, hops: &n.hops, drops: &n.drops,
+		conf: apiConfig{name: cfg.Name, token: cfg.Token, allowFrom: cfg.AllowFrom, testHooks: cfg.TestHooks, weightsDir: cfg.WeightsDir,
+			runtime: cfg.RuntimeName, profile: cfg.Profile.Name, version: cfg.Version, leaseTTL: cfg.LeaseTTL, started: started},
+		clock: cfg.Clock, log: log, closed: n.closed}
 	mux := http.NewServeMux()
-	n.routes(mux)
+	n.api.routes(mux)
 	if cfg.Extra != nil {
 		cfg.Extra(n, mux)
 	}
-	n.api = newHTTPServer(n.guard(mux))
+	n.api.serve(apiLn, mux)
+
 	lctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
-	n.wg.Add(4)
-	n.serveWG.Add(1)
-	go func() {
-		defer n.serveWG.Done()
-		if err := n.api.Serve(n.apiLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			n.log.Error("HTTP API stopped", "err", err)
-		}
-	}()
-	n.id = id
-	n.toldPeers = len(dedupe(append(slices.Clone(cfg.Join), id.Peers...), n.cluster.Address())) > 0
-	go n.joinLoop(lctx, append(slices.Clone(cfg.Join), id.Peers...))
-	go n.loop(lctx)
-	go n.gpuLoop(lctx)
-	go n.weightsLoop(lctx)
-	n.log.Info("node up", "api", n.APIAddr(), "gossip", n.cluster.Address(), "profile", cfg.Profile.Name, "gpus", len(snap.GPUs), "lease_ttl", cfg.LeaseTTL)
+	n.loops.Go(func() { n.join.run(lctx, peers) })
+	n.loops.Go(func() { n.control.run(lctx) })
+	n.loops.Go(func() { n.gpus.run(lctx, cluster) })
+	n.loops.Go(func() { n.weights.run(lctx, cluster) })
+	log.Info("node up", "api", n.APIAddr(), "gossip", cluster.Address(), "profile", cfg.Profile.Name, "gpus", len(snap.GPUs), "lease_ttl", cfg.LeaseTTL)
 	return n, nil
 }
 
-// Name is the node's name.
-func (n *Node) Name() string { return n.cfg.Name }
-
-// APIAddr is the address the HTTP API listens on.
-func (n *Node) APIAddr() string { return n.apiLn.Addr().String() }
-
-// AdvertisedAPI is the API address other nodes and clients dial: the
-// listen address, with a wildcard host replaced by the advertised one. It is
-// what the node's record publishes, so consumers (MCP forwarding, the logs
-// proxy, the page) dial record.API as it is.
-func (n *Node) AdvertisedAPI() string { return n.advertised(n.APIAddr()) }
-
 // advertised is addr (host:port) with a wildcard host replaced by the one
-// peers and clients reach this node at; empty stays empty.
-func (n *Node) advertised(addr string) string {
+// peers and clients reach this node at: --advertise-addr, else a specific
+// --bind-addr, else the host memberlist advertises (gossipAddr, empty
+// until it bound). Consumers (MCP forwarding, the logs proxy, the page)
+// dial the addresses in the record as they are. Empty stays empty.
+func advertised(addr string, cfg Config, gossipAddr string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return addr
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		switch {
-		case n.cfg.AdvertiseAddr != "":
-			host = n.cfg.AdvertiseAddr
-		case net.ParseIP(n.cfg.BindAddr) != nil && !net.ParseIP(n.cfg.BindAddr).IsUnspecified():
-			host = n.cfg.BindAddr
-		case n.cluster != nil:
+		case cfg.AdvertiseAddr != "":
+			host = cfg.AdvertiseAddr
+		case net.ParseIP(cfg.BindAddr) != nil && !net.ParseIP(cfg.BindAddr).IsUnspecified():
+			host = cfg.BindAddr
+		case gossipAddr != "":
 			// The address memberlist advertises reaches this host too.
-			if gh, _, err := net.SplitHostPort(n.cluster.Address()); err == nil {
+			if gh, _, err := net.SplitHostPort(gossipAddr); err == nil {
 				host = gh
 			}
 		}
@@ -361,13 +338,18 @@ func (n *Node) advertised(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// APIAddr is the address the HTTP API listens on.
+func (n *Node) APIAddr() string { return n.api.addr() }
+
+// SetMCPTools records the MCP tools this node serves, for /status.json.
+func (n *Node) SetMCPTools(names []string) { n.api.tools.set(names) }
+
 // Published is closed at the next publication of the read model: a
 // follower (the gateway) waits on it, then reads Status again.
-func (n *Node) Published() <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.published
-}
+func (n *Node) Published() <-chan struct{} { return n.reads.next() }
 
 // GossipAddr is the address peers dial for gossip.
 func (n *Node) GossipAddr() string { return n.cluster.Address() }
@@ -382,13 +364,16 @@ func (n *Node) Cluster() *gossip.Cluster { return n.cluster }
 // Status is the read model of the node's last reconcile pass: what the
 // API, the page, the metrics and MCP show. Read it with the reader's own
 // now (see status.Snapshot).
-func (n *Node) Status() *status.Snapshot { return n.snap.Load() }
+func (n *Node) Status() *status.Snapshot { return n.reads.load() }
 
 // Now is the node's clock, for readers of Status.
 func (n *Node) Now() time.Time { return n.clock.Now() }
 
 // Plan returns the last plan this node computed.
 func (n *Node) Plan() placement.Plan { return n.Status().Plan() }
+
+// GPUSnapshot is the last GPU reading.
+func (n *Node) GPUSnapshot() gpu.Snapshot { return n.gpus.snapshot() }
 
 // Leave leaves the cluster gracefully and stops the node. Engines keep
 // running: a restarted agent adopts them.
@@ -411,11 +396,10 @@ func (n *Node) stop(leave func() error) error {
 		// API, so no write is acknowledged that will not be gossiped. Then
 		// the engines' watchers (engines keep running). Leave comes last.
 		n.cancel()
-		n.wg.Wait()
+		n.loops.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = n.api.Shutdown(ctx)
-		n.serveWG.Wait()
+		n.api.shutdown(ctx)
 		if c, ok := n.runner.(closer); ok {
 			c.Close()
 		}
@@ -433,10 +417,4 @@ func NewToken() string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func (n *Node) isDropped(peer string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.dropped[peer]
 }

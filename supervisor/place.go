@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -18,26 +19,29 @@ var ErrNoDeployment = errors.New("no such deployment")
 // Place makes spec the cluster's newest wish for its name: validated,
 // persisted here, then gossiped. It is the one way in for every interface
 // (the HTTP API, MCP), so each gets the same checks. An invalid spec is an
-// error wrapping placement.ErrInvalidDeployment and changes nothing.
+// error wrapping placement.ErrInvalidDeployment and changes nothing. ctx
+// bounds what Place asks of others (a gpu_memory: auto spec's headers,
+// from a peer or the hub); the caller going away ends it.
 //
 // The answer says what runs already when the spec's version is running
 // (only replicas, or nothing, changed), and zeros for a new version.
-func (n *Node) Place(spec placement.Deployment) (status.DeploymentInfo, error) {
-	spec, err := n.resolveAuto(context.Background(), spec)
+func (n *Node) Place(ctx context.Context, spec placement.Deployment) (status.DeploymentInfo, error) {
+	spec, err := n.resolveAuto(ctx, spec)
 	if err != nil {
 		return status.DeploymentInfo{}, err
 	}
 	if err := spec.WithDefaults().Validate(); err != nil {
 		return status.DeploymentInfo{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
 	}
-	change := n.changeOf(spec)
+	old, known := n.cluster.Deployment(spec.Name)
+	change := changeOf(old, known, spec)
 	rec, err := n.cluster.PutDeployment(spec)
 	if err != nil {
 		return status.DeploymentInfo{}, fmt.Errorf("store deployment %s: %w", spec.Name, err)
 	}
 	n.log.Info("deployment placed", "name", spec.Name, "model", spec.Model, "replicas", spec.Replicas, "spec_version", spec.SpecVersion())
 	// What this node shows from now on has seen the write.
-	n.awaitWrite(n.writes.Add(1))
+	n.reads.awaitWrite()
 	info := status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}, Change: change}
 	for _, d := range n.Status().Deployments(n.clock.Now()) {
 		if d.Name == spec.Name && d.SpecVersion == info.SpecVersion {
@@ -58,12 +62,11 @@ func sameSpec(a, b placement.Deployment) bool {
 	return errA == nil && errB == nil && bytes.Equal(ja, jb)
 }
 
-// changeOf says what placing spec does to the live deployment of its
-// name, as this node knows it.
-func (n *Node) changeOf(spec placement.Deployment) string {
-	old, ok := n.cluster.Deployment(spec.Name)
+// changeOf says what placing spec does to old, the record of its name
+// as this node knows it (known: there is one).
+func changeOf(old gossip.DeploymentRecord, known bool, spec placement.Deployment) string {
 	switch {
-	case !ok || old.Deleted || old.Spec == nil:
+	case !known || old.Deleted || old.Spec == nil:
 		return status.ChangeNew
 	case old.Spec.WithDefaults().SpecVersion() != spec.WithDefaults().SpecVersion():
 		return status.ChangeChanged
@@ -86,6 +89,6 @@ func (n *Node) Unplace(name string) error {
 		return fmt.Errorf("%w named %q", ErrNoDeployment, name)
 	}
 	n.log.Info("deployment removed", "name", name)
-	n.awaitWrite(n.writes.Add(1))
+	n.reads.awaitWrite()
 	return nil
 }

@@ -27,7 +27,7 @@ type Runner interface {
 }
 
 // settler is a Runner that waits to be told the node's view is whole
-// before it starts or stops anything (see Node.settle).
+// before it starts or stops anything (see joiner.settle).
 type settler interface{ Settle() }
 
 // closer is a Runner that watches engines and stops watching on Close
@@ -35,7 +35,7 @@ type settler interface{ Settle() }
 type closer interface{ Close() }
 
 // reclaimer is a Runner whose claims can be stamped afresh, after this
-// node's leases lapsed (see Node.reclaim).
+// node's leases lapsed (see leaseKeeper.reclaim).
 type reclaimer interface{ Reclaim(now time.Time) }
 
 // gpuCloser is a GPU probe that holds a library open (NVML).

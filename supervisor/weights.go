@@ -5,20 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/probes/weights"
+	"github.com/llmgw/llmgw/supervisor/publish"
 )
 
 // The weights probe: what --weights-dir holds goes into the node's record
 // (placement prefers nodes that have a deployment's model), rescanned on a
 // slow tick and whenever a gpu_memory: auto place looks for a model here.
-// It reads directory entries and sizes only.
+// It reads directory entries and sizes only. Its HTTP side, a peer asking
+// for a model's headers, is endpoint_weights.go.
 
 // defaultWeightsInterval is the slow tick: a download lands in minutes.
 const defaultWeightsInterval = time.Minute
@@ -27,15 +31,26 @@ const defaultWeightsInterval = time.Minute
 // list of the largest checkpoints is a few MiB of JSON.
 const maxHeadersBody = 64 << 20
 
-// scanWeights lists the weights dir for the record; an unreadable dir is
-// logged and reported as holding nothing.
-func (n *Node) scanWeights() []gossip.CachedModel {
-	if n.cfg.WeightsDir == "" {
+// weightsLoop scans the weights dir (Config.WeightsDir; empty: none) into
+// the record every tick (Config.WeightsInterval) and when asked to.
+type weightsLoop struct {
+	dir   string
+	every time.Duration
+	clock clock.Clock
+	log   *slog.Logger
+	// rescan makes the loop scan now.
+	rescan chan struct{}
+}
+
+// scan lists the weights dir for the record; an unreadable dir is logged
+// and reported as holding nothing.
+func (w *weightsLoop) scan() []gossip.CachedModel {
+	if w.dir == "" {
 		return nil
 	}
-	found, err := weights.Scan(n.cfg.WeightsDir)
+	found, err := weights.Scan(w.dir)
 	if err != nil {
-		n.log.Warn("weights scan failed; reporting no cached models", "err", err)
+		w.log.Warn("weights scan failed; reporting no cached models", "err", err)
 		return nil
 	}
 	out := make([]gossip.CachedModel, 0, len(found))
@@ -45,64 +60,35 @@ func (n *Node) scanWeights() []gossip.CachedModel {
 	return out
 }
 
-// RescanWeights asks the weights loop to scan now.
-func (n *Node) RescanWeights() {
-	select {
-	case n.rescan <- struct{}{}:
-	default:
-	}
-}
-
-func (n *Node) weightsLoop(ctx context.Context) {
-	defer n.wg.Done()
-	every := n.cfg.WeightsInterval
+// run scans every tick, or when asked, until ctx ends, publishing into
+// rec what changed.
+func (w *weightsLoop) run(ctx context.Context, rec publish.Record) {
+	every := w.every
 	if every <= 0 {
 		every = defaultWeightsInterval
 	}
-	tick := time.NewTicker(every)
+	tick := w.clock.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-		case <-n.rescan:
+		case <-tick.Chan():
+		case <-w.rescan:
 		}
-		cur := n.scanWeights()
-		if !slices.Equal(cur, n.cluster.Local().CachedModels) {
-			n.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.CachedModels = cur })
+		cur := w.scan()
+		if !slices.Equal(cur, rec.Local().CachedModels) {
+			rec.UpdateLocal(func(r *gossip.NodeRecord) { r.CachedModels = cur })
 		}
 	}
 }
 
-// handleWeightsHeaders answers another node's gpu_memory: auto lookup with
-// the headers of a model in this node's weights dir: config and tensor
-// list, never the weights. It needs the token or a hop signed for
-// "weights".
-func (n *Node) handleWeightsHeaders(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get(hopHeader) != "" {
-		if _, err := n.verifyHop(r, "weights", nil); err != nil {
-			writeError(w, http.StatusForbidden, err.Error())
-			return
-		}
-	} else if !n.checkToken(w, r) {
-		return
+// RescanWeights asks the weights loop to scan now.
+func (n *Node) RescanWeights() {
+	select {
+	case n.weights.rescan <- struct{}{}:
+	default:
 	}
-	model := r.URL.Query().Get("model")
-	path, ok := weights.Find(n.cfg.WeightsDir, model)
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("%s: model %q is not in this node's weights dir", n.cfg.Name, model))
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	m, err := weights.LoadPath(ctx, path)
-	if err != nil {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf("%s: %v", n.cfg.Name, err))
-		return
-	}
-	m.Name = model
-	writeJSON(w, http.StatusOK, m)
 }
 
 // peerHeaders asks a node that reports model cached for its headers,
@@ -113,7 +99,7 @@ func (n *Node) peerHeaders(ctx context.Context, api, model string) (fit.Model, e
 	if err != nil {
 		return fit.Model{}, err
 	}
-	n.signHop(req, "weights", "place", nil)
+	n.hops.sign(req, "weights", "place", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return fit.Model{}, err

@@ -30,7 +30,8 @@ func benchCommand() *cli.Command {
 			"in flight; --rate starts requests as a Poisson process instead (--concurrency then caps them, when given).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "gateway-addr", Value: "http://127.0.0.1:8000", Usage: "a node's gateway", Sources: cli.EnvVars("LLMGW_GATEWAY_ADDR")},
-			&cli.StringFlag{Name: "api-key", Aliases: []string{"key"}, Usage: "gateway API key, when the gateway asks for one", Sources: cli.EnvVars("LLMGW_GATEWAY_KEY")},
+			&cli.StringFlag{Name: "api-key", Usage: "gateway API key, when the gateway asks for one", Sources: cli.EnvVars("LLMGW_GATEWAY_KEY")},
+			renamed("key", "api-key"),
 			&cli.StringFlag{Name: "model", Required: true, Usage: "the model (deployment) to load"},
 			&cli.IntFlag{Name: "concurrency", Value: 8, Usage: "requests in flight"},
 			&cli.FloatFlag{Name: "rate", Usage: "requests per second, arriving as a Poisson process (0: closed loop at --concurrency)"},

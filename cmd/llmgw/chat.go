@@ -23,7 +23,8 @@ func chatCommand() *cli.Command {
 		ArgsUsage: "MODEL TEXT",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "gateway-addr", Value: "http://127.0.0.1:8000", Usage: "a node's gateway", Sources: cli.EnvVars("LLMGW_GATEWAY_ADDR")},
-			&cli.StringFlag{Name: "key", Usage: "gateway API key, when the gateway asks for one", Sources: cli.EnvVars("LLMGW_GATEWAY_KEY")},
+			&cli.StringFlag{Name: "api-key", Usage: "gateway API key, when the gateway asks for one", Sources: cli.EnvVars("LLMGW_GATEWAY_KEY")},
+			renamed("key", "api-key"),
 			&cli.IntFlag{Name: "max-tokens", Value: 256, Usage: "most tokens to generate"},
 		},
 		Action: chat,
@@ -45,7 +46,7 @@ func chat(ctx context.Context, c *cli.Command) error {
 		return usageError(fmt.Sprintf("--gateway-addr %q: %v", c.String("gateway-addr"), err))
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if k := c.String("key"); k != "" {
+	if k := c.String("api-key"); k != "" {
 		req.Header.Set("Authorization", "Bearer "+k)
 	}
 	resp, err := http.DefaultClient.Do(req)

@@ -44,7 +44,7 @@ func newClient(c *cli.Command) (*client, error) {
 	if tok == "" && c.String("token-file") != "" {
 		b, err := os.ReadFile(c.String("token-file"))
 		if err != nil {
-			return nil, fmt.Errorf("--token-file: %w", err)
+			return nil, usageError(fmt.Sprintf("--token-file: %v", err))
 		}
 		tok = strings.TrimSpace(string(b))
 	}

@@ -34,7 +34,8 @@ func demoCommand() *cli.Command {
 				Flags: []cli.Flag{
 					dirFlag,
 					&cli.IntFlag{Name: "nodes", Value: 3},
-					&cli.StringFlag{Name: "gpus", Value: "4xH100-80GB", Usage: "simulated GPUs per node"},
+					&cli.StringFlag{Name: "simulate-gpus", Value: "4xH100-80GB", Usage: "simulated GPUs per node, as node up's --simulate-gpus"},
+					renamed("gpus", "simulate-gpus"),
 					&cli.IntFlag{Name: "api-port", Value: 7070, Usage: "API port of the first node; the others follow"},
 					&cli.IntFlag{Name: "gossip-port", Value: 7946, Usage: "gossip port of the first node; the others follow"},
 					&cli.IntFlag{Name: "gateway-port", Value: 8000, Usage: "gateway port of the first node; the others follow"},
@@ -122,7 +123,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 			"--gateway", fmt.Sprintf("127.0.0.1:%d", gatewayPort+i),
 			"--profile", "local",
 			"--runtime", "process",
-			"--simulate-gpus", c.String("gpus"),
+			"--simulate-gpus", c.String("simulate-gpus"),
 			"--token-file", tokenFile,
 			"--gossip-key-file", keyFile,
 			"--label", "zone=demo-" + strconv.Itoa(i%2),
@@ -167,7 +168,7 @@ func demoUp(ctx context.Context, c *cli.Command) error {
 		return fmt.Errorf("%w; see the logs in %s", err, dir)
 	}
 	w := c.Root().Writer
-	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("gpus"))
+	fmt.Fprintf(w, "llmgw demo: %d nodes alive on 127.0.0.1 (API ports %d-%d), %s simulated GPUs each,\n", n, apiPort, apiPort+n-1, c.String("simulate-gpus"))
 	fmt.Fprintf(w, "and deployment \"chat\" (the built-in fake engine, 2 replicas) is serving. Gossip is encrypted with %s.\n\n", keyFile)
 	fmt.Fprintf(w, "Look at it:\n  bin/llmgw nodes\n  bin/llmgw models\n  bin/llmgw shards\n  bin/llmgw top\n  bin/llmgw overview --data-dir %s   (node-1's own screen, as sudo llmgw on a node)\n  open %s/ in a browser\n\n", filepath.Join(dir, "node-1"), addr)
 	fmt.Fprintf(w, "Ask it through any node's gateway (ports %d-%d, OpenAI's API):\n  curl -s %s/v1/chat/completions -d '{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n  bin/llmgw chat --gateway-addr %s chat \"hello\"\n\n", gatewayPort, gatewayPort+n-1, gw, gw)

@@ -83,6 +83,10 @@ func TestDemoStopsAndStartsANodeAndSaysWhatItUnplaces(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the demo did not remember node-2's command line: %v", err)
 	}
+	// --gpus, the old spelling of --simulate-gpus, still reaches the nodes.
+	if !strings.Contains(string(before), `"2xH100-80GB"`) {
+		t.Errorf("node-2 was not started with --gpus's value: %s", before)
+	}
 	out, err = run(t, "demo", "stop-node", "--dir", dir, "--kill", "node-2")
 	if err != nil || !strings.Contains(out, "stopped node-2 (SIGKILL: a crash") || !strings.Contains(out, "demo start-node node-2") {
 		t.Fatalf("stop-node --kill: %v\n%s", err, out)

@@ -48,11 +48,11 @@ func fitCommand() *cli.Command {
 			tp := 0
 			if !tpAuto {
 				var err error
-				if tp, err = strconv.Atoi(c.String("tp")); err != nil || tp < 1 || tp > 64 {
-					return usageError(fmt.Sprintf("--tp %q: want 1 to 64 or auto", c.String("tp")))
+				if tp, err = strconv.Atoi(c.String("tp")); err != nil || tp < 1 || tp > fit.MaxTensorParallel {
+					return usageError(fmt.Sprintf("--tp %q: want 1 to %d or auto", c.String("tp"), fit.MaxTensorParallel))
 				}
 			}
-			kinds, err := fitGPUs(ctx, c)
+			kinds, none, err := fitGPUs(ctx, c)
 			if err != nil {
 				return err
 			}
@@ -71,67 +71,63 @@ func fitCommand() *cli.Command {
 				return failure(err.Error())
 			}
 			if c.Bool("json") {
+				if none != "" {
+					// stdout carries only the JSON.
+					fmt.Fprintln(c.Root().ErrWriter, none)
+				}
 				return printJSON(c.Root().Writer, rep)
 			}
-			return printFit(c.Root().Writer, prof, rep)
+			return printFit(c.Root().Writer, prof, rep, none)
 		},
 	}
 }
 
-// fitGPU is one GPU type the report sizes for.
-type fitGPU struct {
-	Name        string `json:"name"`
-	MemoryBytes uint64 `json:"memory_bytes"`
-	// PerNode is the most one node has (0: not known, from --gpu).
-	PerNode int `json:"per_node,omitempty"`
-}
+// noGPUHint ends what fit says when it has no GPU type to compare with.
+const noGPUHint = "name a GPU with --gpu or point --addr at a node to compare"
 
 // fitGPUs is --gpu, or else the GPU types the cluster at --addr reports.
-func fitGPUs(ctx context.Context, c *cli.Command) ([]fitGPU, error) {
-	var out []fitGPU
+// With neither, kinds is empty and none says why: a model's needs are
+// worth printing without a cluster. A node named by --addr (or
+// LLMGW_ADDR) that does not answer is an error.
+func fitGPUs(ctx context.Context, c *cli.Command) (kinds []fit.GPUKind, none string, err error) {
 	for _, spec := range c.StringSlice("gpu") {
 		gs, err := gpu.ParseSimulated("1x"+spec, "fit")
 		if err != nil {
-			return nil, usageError(fmt.Sprintf("--gpu %q: want <model>-<memory>GB, e.g. H100-80GB", spec))
+			return nil, "", usageError(fmt.Sprintf("--gpu %q: want <model>-<memory>GB, e.g. H100-80GB", spec))
 		}
-		out = append(out, fitGPU{Name: gs[0].Name, MemoryBytes: gs[0].MemoryTotal})
+		kinds = append(kinds, fit.GPUKind{Name: gs[0].Name, MemoryBytes: gs[0].MemoryTotal})
 	}
-	if len(out) > 0 {
-		return out, nil
+	if len(kinds) > 0 {
+		return kinds, "", nil
 	}
 	cl, err := newClient(c)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var ci status.ClusterInfo
 	if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &ci); err != nil {
-		return nil, fmt.Errorf("%w (or name the GPU with --gpu H100-80GB)", err)
+		if c.IsSet("addr") {
+			return nil, "", fmt.Errorf("%w (or name the GPU with --gpu H100-80GB)", err)
+		}
+		return nil, fmt.Sprintf("no GPU to compare with: no node answers at %s; %s", cl.base, noGPUHint), nil
 	}
+	var nodes []fit.NodeGPUs
 	for _, m := range ci.Members {
 		if m.State != gossip.StateAlive && m.State != gossip.StateSuspect {
 			continue
 		}
-		count := map[string]int{}
+		n := fit.NodeGPUs{Node: m.Name}
 		for _, g := range m.GPUs {
-			if g.MIG {
-				continue
-			}
-			key := g.Name + "\x00" + strconv.FormatUint(g.MemoryTotal, 10)
-			count[key]++
-			i := slices.IndexFunc(out, func(x fitGPU) bool { return x.Name == g.Name && x.MemoryBytes == g.MemoryTotal })
-			if i < 0 {
-				out = append(out, fitGPU{Name: g.Name, MemoryBytes: g.MemoryTotal})
-				i = len(out) - 1
-			}
-			out[i].PerNode = max(out[i].PerNode, count[key])
+			n.GPUs = append(n.GPUs, fit.GPU{Name: g.Name, MemoryBytes: g.MemoryTotal, MIG: g.MIG})
 		}
+		nodes = append(nodes, n)
 	}
-	if len(out) == 0 {
-		return nil, failure("the cluster reports no GPUs: name one with --gpu H100-80GB")
+	if kinds = fit.Kinds(nodes, ""); len(kinds) == 0 {
+		return nil, fmt.Sprintf("no GPU to compare with: the cluster at %s reports none; %s", cl.base, noGPUHint), nil
 	}
-	return out, nil
+	return kinds, "", nil
 }
 
 // fitModel reads the headers: a local path, else the hub.
@@ -200,23 +196,10 @@ type fitResult struct {
 	TensorParallel  int           `json:"tensor_parallel"`
 	Pipeline        int           `json:"pipeline_parallel"`
 	PerGPU          fit.Breakdown `json:"per_gpu"`
-	GPUs            []fitGPUFit   `json:"gpus"`
+	GPUs            []fit.GPUFit  `json:"gpus"`
 }
 
-// fitGPUFit is what one GPU type buys.
-type fitGPUFit struct {
-	fitGPU
-	TensorParallel int    `json:"tensor_parallel"`
-	PerGPUBytes    uint64 `json:"per_gpu_bytes"`
-	Fits           bool   `json:"fits"`
-	// MaxModelLen is the longest context of one sequence that fits, and
-	// MaxNumSeqs how many sequences of the requested context fit at once.
-	MaxModelLen int    `json:"max_model_len"`
-	MaxNumSeqs  int    `json:"max_num_seqs"`
-	Why         string `json:"why,omitempty"`
-}
-
-func fitReport(p fit.Profile, req fit.Request, tpAuto bool, kinds []fitGPU) (fitResult, error) {
+func fitReport(p fit.Profile, req fit.Request, tpAuto bool, kinds []fit.GPUKind) (fitResult, error) {
 	e, err := p.Estimate(req)
 	if err != nil {
 		return fitResult{}, err
@@ -224,38 +207,16 @@ func fitReport(p fit.Profile, req fit.Request, tpAuto bool, kinds []fitGPU) (fit
 	r := fitResult{Model: p.Model, Format: p.Format, Params: p.Weights.Params, WeightsBytes: p.Weights.Bytes,
 		KVBytesPerToken: p.KVBytesPerToken, SlidingKV: p.SlidingKVBytesPerToken, SlidingWindow: p.SlidingWindow,
 		Attention: p.Attention, PerGPUBytes: e.PerGPU.Total, MaxModelLen: e.Request.MaxModelLen, MaxNumSeqs: e.Request.MaxNumSeqs,
-		TensorParallel: e.Request.TensorParallel, Pipeline: e.Request.PipelineParallel, PerGPU: e.PerGPU}
+		TensorParallel: e.Request.TensorParallel, Pipeline: e.Request.PipelineParallel, PerGPU: e.PerGPU, GPUs: []fit.GPUFit{}}
 	for _, k := range kinds {
-		g := fitGPUFit{fitGPU: k, TensorParallel: e.Request.TensorParallel, PerGPUBytes: e.PerGPU.Total}
-		kr := e.Request
-		if tpAuto {
-			limit := 64
-			if k.PerNode > 0 {
-				limit = k.PerNode
-			}
-			if best, err := p.SmallestTP(kr, k.MemoryBytes, limit); err == nil {
-				kr.TensorParallel, g.TensorParallel, g.PerGPUBytes = best.Request.TensorParallel, best.Request.TensorParallel, best.PerGPU.Total
-			} else {
-				g.Why = err.Error()
-			}
-		}
-		if k.PerNode > 0 && k.PerNode < g.TensorParallel {
-			g.Why = fmt.Sprintf("TP %d needs %d GPUs on one node; the most one node has is %d", g.TensorParallel, g.TensorParallel, k.PerNode)
-		}
-		g.Fits = g.Why == "" && g.PerGPUBytes <= k.MemoryBytes
-		if !g.Fits && g.Why == "" {
-			g.Why = fmt.Sprintf("needs %s per GPU at TP %d", fit.GiB(g.PerGPUBytes), g.TensorParallel)
-		}
-		one := kr
-		one.MaxNumSeqs = 1
-		g.MaxModelLen = p.MaxModelLen(one, k.MemoryBytes)
-		g.MaxNumSeqs = p.MaxSeqs(kr, k.MemoryBytes)
-		r.GPUs = append(r.GPUs, g)
+		r.GPUs = append(r.GPUs, p.OnKind(e, k, tpAuto))
 	}
 	return r, nil
 }
 
-func printFit(w io.Writer, p fit.Profile, r fitResult) error {
+// printFit writes the needs, then a row per GPU type, or none (why there
+// is no GPU to compare with) in place of the table.
+func printFit(w io.Writer, p fit.Profile, r fitResult, none string) error {
 	gb := func(b uint64) string { return fmt.Sprintf("%.2f GB (%s)", float64(b)/1e9, fit.GiB(b)) }
 	fmt.Fprintf(w, "model       %s (%s, %s, %d layers)\n", r.Model, r.Format, p.Config.ModelType, p.Config.NumLayers)
 	fmt.Fprintf(w, "params      %.2f B\n", float64(r.Params)/1e9)
@@ -274,6 +235,10 @@ func printFit(w io.Writer, p fit.Profile, r fitResult) error {
 	fmt.Fprintf(w, "per GPU     TP %d, PP %d, %d × %d tokens: %s weights + %s KV cache + %s framework + %s activations + %s CUDA graphs = %s\n\n",
 		r.TensorParallel, r.Pipeline, r.MaxNumSeqs, r.MaxModelLen, fit.GiB(b.Weights), fit.GiB(b.KVCache),
 		fit.GiB(b.Framework), fit.GiB(b.Activations), fit.GiB(b.CUDAGraphs), fit.GiB(b.Total))
+	if none != "" {
+		_, err := fmt.Fprintln(w, none)
+		return err
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tMEMORY\tTP\tPER GPU\tFITS\tMAX CONTEXT\tFULL-CONTEXT SEQS\tWHY NOT")
 	for _, g := range r.GPUs {

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,5 +123,54 @@ func TestFitAndPlaceAutoAgainstANode(t *testing.T) {
 	out, err = run(t, "nodes", "--addr", n.api)
 	if err != nil || !strings.Contains(out, "WEIGHTS") || !strings.Contains(out, "meta-llama/Llama-3.1-8B (") {
 		t.Errorf("nodes: %v\n%s", err, out)
+	}
+}
+
+// With no cluster and no --gpu, fit still prints what the model needs and
+// says how to compare it with GPUs: exit status 0. A node named by --addr
+// that does not answer is still an error.
+func TestFitWithoutAClusterPrintsTheNeeds(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "llama")
+	if err := weightstest.WriteDir(dir, fittest.Llama31_8B(), 2); err != nil {
+		t.Fatal(err)
+	}
+	// The default address, 127.0.0.1:7070, where no node runs in tests.
+	t.Setenv("LLMGW_ADDR", "")
+	os.Unsetenv("LLMGW_ADDR")
+	out, err := run(t, "fit", dir, "--max-model-len", "8192")
+	if err != nil {
+		t.Fatalf("fit with no cluster: %v\n%s", err, out)
+	}
+	for _, want := range []string{"8.03 B", "16.06 GB", "128.0 KiB per token", "15.0 GiB weights + 1.0 GiB KV cache",
+		"no node answers at http://127.0.0.1:7070", "name a GPU with --gpu or point --addr at a node to compare"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("fit output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "FITS") {
+		t.Errorf("a GPU table with no GPU:\n%s", out)
+	}
+
+	// --json: the figures on stdout, the hint on stderr.
+	app := newApp()
+	var stdout, stderr bytes.Buffer
+	app.Writer, app.ErrWriter = &stdout, &stderr
+	if err := app.Run(context.Background(), []string{"llmgw", "fit", dir, "--max-model-len", "8192", "--json"}); err != nil {
+		t.Fatal(err)
+	}
+	var r fitResult
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		t.Fatalf("%v: %s", err, stdout.String())
+	}
+	if r.WeightsBytes != 16_060_522_496 || r.PerGPU.KVCache != 1<<30 || r.GPUs == nil || len(r.GPUs) != 0 {
+		t.Errorf("fit --json with no cluster: %+v", r)
+	}
+	if !strings.Contains(stderr.String(), noGPUHint) {
+		t.Errorf("stderr lacks the hint: %q", stderr.String())
+	}
+
+	_, err = run(t, "fit", dir, "--addr", "http://127.0.0.1:1")
+	if exitStatus(err) != 1 || !strings.Contains(fmt.Sprint(err), "cannot reach a node at http://127.0.0.1:1") {
+		t.Errorf("fit --addr with no node there: status %d, %v; want 1 and what failed", exitStatus(err), err)
 	}
 }

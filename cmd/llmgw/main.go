@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v3"
@@ -24,11 +25,29 @@ func main() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "llmgw:", err)
+	os.Exit(exitStatus(err))
+}
+
+// exitStatus is what the process exits with after err: 0 when nil, 2 for a
+// usage error, 1 when the operation failed (README, "Exit status").
+//
+// Our commands say which with codedError; urfave/cli's parse errors become
+// usage errors in OnUsageError (see configure). Two of its errors pass no
+// hook: a help topic that does not exist ("llmgw help bogus", its own
+// ExitCoder, which would exit 3) and a flag's value from the environment
+// that does not parse (returned before any hook runs).
+func exitStatus(err error) int {
 	var ce codedError
-	if errors.As(err, &ce) {
-		os.Exit(ce.code)
+	var ec cli.ExitCoder
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ce):
+		return ce.code
+	case errors.As(err, &ec), strings.HasPrefix(err.Error(), "could not parse "):
+		return 2
 	}
-	os.Exit(1)
+	return 1
 }
 
 // codedError carries the process exit code to main. (urfave/cli's own
@@ -76,19 +95,46 @@ func newApp() *cli.Command {
 			scenarioCommand(),
 		},
 	}
-	noSliceSeparator(app)
+	// urfave/cli must not exit the process itself (cli.HandleExitCoder):
+	// main decides the status, and tests run the tree in-process.
+	app.ExitErrHandler = func(context.Context, *cli.Command, error) {}
+	configure(app)
 	return app
 }
 
-// noSliceSeparator makes a repeated flag one value per use on every
-// command (urfave/cli reads the setting from the command a flag belongs
-// to): "--arg --x=a,b" is one engine argument. Flags that take lists split
-// them themselves (splitList), so "--join a,b" still works.
-func noSliceSeparator(c *cli.Command) {
+// configure sets what every command shares, down the whole tree
+// (urfave/cli reads these settings from the command a flag belongs to):
+//   - a repeated flag is one value per use: "--arg --x=a,b" is one engine
+//     argument. Flags that take lists split them themselves (splitList), so
+//     "--join a,b" still works;
+//   - urfave/cli's own parse errors (an unknown flag, a value that does not
+//     parse, a required flag missing) are usage errors, exit status 2, and
+//     say where the command's help is;
+//   - a command that only groups others refuses a name that is none of
+//     them as the root does (bareAction), instead of looking for a help
+//     topic;
+//   - a flag's old spelling (oldSpelling) hands its value to the new one.
+func configure(c *cli.Command) {
 	c.DisableSliceFlagSeparator = true
-	for _, sub := range c.Commands {
-		noSliceSeparator(sub)
+	c.OnUsageError = func(_ context.Context, c *cli.Command, err error, _ bool) error {
+		return usageError(fmt.Sprintf("%v (see %s --help)", err, c.FullName()))
 	}
+	if len(c.Commands) > 0 && c.Action == nil {
+		c.Action = groupAction
+	}
+	takeOldSpellings(c)
+	for _, sub := range c.Commands {
+		configure(sub)
+	}
+}
+
+// groupAction runs a command that only groups others (llmgw node, demo,
+// ...): its help, or a usage error for a name that is not one of them.
+func groupAction(_ context.Context, c *cli.Command) error {
+	if c.Args().Present() {
+		return usageError(fmt.Sprintf("no command %q in %s: see %s --help", c.Args().First(), c.FullName(), c.FullName()))
+	}
+	return cli.ShowSubcommandHelp(c)
 }
 
 func versionCommand() *cli.Command {

@@ -35,7 +35,7 @@ func mcpCommand() *cli.Command {
 			}
 			cl, err := newClient(c)
 			if err != nil {
-				return usageError(err.Error())
+				return err
 			}
 			if cl.token == "" {
 				return usageError("the node's /mcp needs the cluster token: give --token, --token-file, LLMGW_TOKEN or LLMGW_TOKEN_FILE")

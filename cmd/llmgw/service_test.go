@@ -45,7 +45,7 @@ func (r *recordRunner) LookPath(name string) (string, error) {
 func runService(t *testing.T, s serviceSetup, args ...string) (string, error) {
 	t.Helper()
 	app := &cli.Command{Name: "llmgw", Commands: []*cli.Command{{Name: "node", Commands: nodeServiceCommands(s)}}}
-	noSliceSeparator(app)
+	configure(app)
 	var out bytes.Buffer
 	app.Writer, app.ErrWriter = &out, &out
 	err := app.Run(context.Background(), append([]string{"llmgw", "node"}, args...))
@@ -100,7 +100,7 @@ func TestNodeInstallWritesUnitAndFlags(t *testing.T) {
 		cfg, err = nodeConfig(c, slog.New(slog.DiscardHandler))
 		return err
 	}}}}
-	noSliceSeparator(probe)
+	configure(probe)
 	if err := probe.Run(context.Background(), []string{"llmgw", "up"}); err != nil {
 		t.Fatalf("node up from node.env: %v (env %v)", err, env)
 	}

@@ -173,19 +173,13 @@ func oneRowPerShard(in []status.ShardInfo) []status.ShardInfo {
 	return out
 }
 
-// stateCell colours a node, shard or lease state by what it means.
+// stateCell colours a node, shard or lease state by what it means
+// (status.StateTone, as the page and the overview do); "-" when empty.
 func stateCell(state string, st overview.Styles) overview.Cell {
-	switch state {
-	case "alive", "ready", "valid":
-		return overview.S(state, st.OK)
-	case "suspect", "starting", "pending", "stopping", "backoff":
-		return overview.S(state, st.Warn)
-	case "dead", "left", "crashed", "lapsed", "unplaced":
-		return overview.S(state, st.Bad)
-	case "":
+	if state == "" {
 		return overview.C("-")
 	}
-	return overview.C(state)
+	return st.State(state)
 }
 
 // terminalWidth is w's width when it is a terminal, else 0 (no limit).

@@ -25,12 +25,40 @@ func Until(tb testing.TB, within time.Duration, what string, cond func() (bool, 
 
 // StaysTrue asserts that cond holds at every poll for the whole window:
 // how a test shows that something does not happen (no restart, no
-// readiness). The window is an observation, not a wait for an event.
+// readiness). The window is an observation, not a wait for an event, so
+// on its own it proves nothing on a machine too slow for the event to
+// come: pair it with BreaksWithin on a build where the event is made to
+// happen (the negative control).
 func StaysTrue(tb testing.TB, window time.Duration, what string, cond func() (bool, string)) {
 	tb.Helper()
-	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if ok, detail := cond(); !ok {
-			tb.Fatalf("%s: broken: %s", what, detail)
+	if broken, detail := breaks(window, cond); broken {
+		tb.Fatalf("%s: broken: %s", what, detail)
+	}
+}
+
+// BreaksWithin is StaysTrue's negative control: it asserts that cond
+// stops holding within the window, on a setup where the thing StaysTrue
+// watches for is made to happen. A window too short for the system to
+// act in fails here, instead of passing StaysTrue without proof.
+func BreaksWithin(tb testing.TB, window time.Duration, what string, cond func() (bool, string)) {
+	tb.Helper()
+	if broken, detail := breaks(window, cond); !broken {
+		tb.Fatalf("%s: the negative control held for all of %v (last: %s): the window cannot see the event it guards against", what, window, detail)
+	}
+}
+
+// breaks polls cond over window and reports whether it ever failed, with
+// its detail then (or its last detail).
+func breaks(window time.Duration, cond func() (bool, string)) (bool, string) {
+	var last string
+	for end := time.Now().Add(window); ; time.Sleep(20 * time.Millisecond) {
+		ok, detail := cond()
+		if !ok {
+			return true, detail
+		}
+		last = detail
+		if !time.Now().Before(end) {
+			return false, last
 		}
 	}
 }

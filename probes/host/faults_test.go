@@ -10,6 +10,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -29,7 +30,7 @@ func TestDriverFaultsH200(t *testing.T) {
 	root := fstest.MapFS{"proc/stat": {Data: []byte("cpu  1 2 3\nbtime " + strconv.FormatInt(boot.Unix(), 10) + "\nprocesses 9\n")}}
 	fr := newFakeRunner(t, map[string]result{"dmesg -T": {out: fixture(t, "dmesg-nvrm.txt")}})
 	now := time.Date(2026, 11, 29, 22, 55, 0, 0, time.UTC)
-	cfg := Config{Host: "h200-a", Runner: fr, Root: root, Clock: fixedClock{now}, Location: time.UTC}
+	cfg := Config{Host: "h200-a", Runner: fr, Root: root, Clock: clock.NewFake(now), Location: time.UTC}
 	out := call(t, cfg, "driver_faults", Args{})
 	for _, want := range []string{
 		"[h200-a 2026-11-29T22:55:00Z] dmesg -T | NVRM/Xid lines\n",
@@ -145,7 +146,7 @@ func TestDriverFaultsJournalFallback(t *testing.T) {
 		"journalctl -k -b --no-pager -o short-iso": {out: readTestdata(t, "journal-xid.txt")},
 	})
 	now := time.Date(2026, 11, 29, 23, 15, 0, 0, time.UTC)
-	out := call(t, Config{Host: "n1", Runner: fr, Clock: fixedClock{now}, Root: fstest.MapFS{}}, "driver_faults", Args{})
+	out := call(t, Config{Host: "n1", Runner: fr, Clock: clock.NewFake(now), Root: fstest.MapFS{}}, "driver_faults", Args{})
 	for _, want := range []string{
 		"] journalctl -k -b --no-pager -o short-iso | NVRM/Xid lines\n",
 		"dmesg: read kernel buffer failed: Operation not permitted\n(dmesg -T exited with status 1)\n",

@@ -27,6 +27,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/gpu"
 )
 
@@ -39,13 +40,6 @@ type Runner interface {
 	// LookPath reports whether the tool is installed, as exec.LookPath.
 	LookPath(name string) (string, error)
 }
-
-// Clock tells the time for stamps and the driver-fault window.
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // EngineProcess is an engine process whose stacks engine_stacks may dump.
 type EngineProcess struct {
@@ -79,9 +73,9 @@ type Config struct {
 	// nothing outside it. Empty: those tools say no log directory is set.
 	LogDir string
 	// Clock stamps answers and dates driver faults (default: real time).
-	Clock Clock
+	Clock clock.Clock
 	// Sleep waits between engine_stacks rounds; it returns early with
-	// ctx's error. Default: a timer.
+	// ctx's error. Default: a timer of Clock.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Timeout bounds each command (DefaultTimeout), and each read_log
 	// search. A command that runs past it is stopped, a search answers
@@ -122,10 +116,16 @@ func (c Config) withDefaults() Config {
 		c.Root = os.DirFS("/")
 	}
 	if c.Clock == nil {
-		c.Clock = realClock{}
+		c.Clock = clock.Real()
 	}
 	if c.Sleep == nil {
-		c.Sleep = sleep
+		clk := c.Clock
+		c.Sleep = func(ctx context.Context, d time.Duration) error {
+			if !clock.Sleep(ctx, clk, d) {
+				return ctx.Err()
+			}
+			return nil
+		}
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
@@ -146,17 +146,6 @@ func (c Config) withDefaults() Config {
 		c.Location = time.Local
 	}
 	return c
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Args are the optional arguments of a tool call, as the MCP layer decodes
@@ -335,8 +324,12 @@ func (c Config) try(ctx context.Context, name string, args ...string) (out, prob
 	if _, err := c.Runner.LookPath(name); err != nil {
 		return "", fmt.Sprintf("(%s is not installed on %s: %v)\n", name, c.Host, err), nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	// The timeout runs on c.Clock, as the read_log budget does, so a test
+	// moves it instead of waiting for it.
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	timeout := c.Clock.AfterFunc(c.Timeout, cancel)
+	defer timeout.Stop()
 	b, rerr := c.Runner.Run(cctx, name, args...)
 	out = string(b)
 	if out != "" && !strings.HasSuffix(out, "\n") {

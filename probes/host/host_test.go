@@ -12,14 +12,12 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // stampTime is the fixtures' moment: nvidia-smi.txt was taken at 22:53:56.
 var stampTime = time.Date(2026, 11, 29, 22, 53, 56, 0, time.UTC)
-
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }
 
 // result is what fakeRunner answers for one command line.
 type result struct {
@@ -174,7 +172,7 @@ func TestGPUViewsH200(t *testing.T) {
 	for _, v := range views {
 		results[v.line] = result{out: v.out}
 	}
-	cfg := Config{Host: "h200-a", Runner: newFakeRunner(t, results), Clock: fixedClock{stampTime}}
+	cfg := Config{Host: "h200-a", Runner: newFakeRunner(t, results), Clock: clock.NewFake(stampTime)}
 	for view, v := range views {
 		got := call(t, cfg, "gpu", Args{View: view})
 		want := "[h200-a 2026-11-29T22:53:56Z] " + v.line + "\n" + v.out
@@ -198,7 +196,7 @@ func TestGPUViewsH200(t *testing.T) {
 func TestMissingTool(t *testing.T) {
 	fr := newFakeRunner(t, nil)
 	fr.missing["nvidia-smi"] = true
-	out := call(t, Config{Host: "cpu-node-3", Runner: fr, Clock: fixedClock{stampTime}}, "gpu", Args{})
+	out := call(t, Config{Host: "cpu-node-3", Runner: fr, Clock: clock.NewFake(stampTime)}, "gpu", Args{})
 	if !strings.Contains(out, "(nvidia-smi is not installed on cpu-node-3:") {
 		t.Errorf("out = %q", out)
 	}
@@ -222,13 +220,62 @@ func TestMissingToolHere(t *testing.T) {
 	}
 }
 
+// The command's timeout runs on the configured clock: the command is
+// stopped when the clock passes it, not before.
 func TestCommandTimeout(t *testing.T) {
-	fr := newFakeRunner(t, map[string]result{"lspci -nnk": {out: "00:00.0 Host bridge", hang: true}})
-	cfg := Config{Host: "n1", Runner: fr, Timeout: 20 * time.Millisecond}
-	out := call(t, cfg, "pci", Args{})
+	started := make(chan struct{})
+	fr := newFakeRunner(t, map[string]result{"lspci -nnk": {out: "00:00.0 Host bridge", hang: true, started: started}})
+	clk := clock.NewFake(stampTime)
+	cfg := Config{Host: "n1", Runner: fr, Clock: clk, Timeout: 20 * time.Millisecond}
+	done := make(chan string)
+	go func() {
+		out, err := tool(t, cfg, "pci").Run(context.Background(), Args{})
+		if err != nil {
+			t.Errorf("pci: %v", err)
+		}
+		done <- out
+	}()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clk.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("the command's timeout never armed: %v", err)
+	}
+	clk.Advance(19 * time.Millisecond)
+	select {
+	case out := <-done:
+		t.Fatalf("stopped before its timeout: %q", out)
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	out := <-done
 	want := "00:00.0 Host bridge\n(lspci -nnk did not finish within 20ms and was stopped; above is what it printed until then)\n"
 	if !strings.HasSuffix(out, want) {
 		t.Errorf("out = %q", out)
+	}
+}
+
+// The default Sleep (engine_stacks' gap between rounds, the interconnect
+// read's gap) waits on the configured clock, and ends early with the
+// caller's context.
+func TestDefaultSleepWaitsOnTheClock(t *testing.T) {
+	clk := clock.NewFake(stampTime)
+	sleep := Config{Clock: clk}.withDefaults().Sleep
+	done := make(chan error, 1)
+	go func() { done <- sleep(context.Background(), time.Minute) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clk.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatalf("the sleep never waited on the clock: %v", err)
+	}
+	clk.Advance(time.Minute)
+	if err := <-done; err != nil {
+		t.Errorf("a full sleep: %v", err)
+	}
+	gone, stop := context.WithCancel(context.Background())
+	stop()
+	if err := sleep(gone, time.Minute); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled sleep: %v", err)
 	}
 }
 
@@ -293,7 +340,7 @@ func TestOutputCap(t *testing.T) {
 
 func TestMeminfo(t *testing.T) {
 	root := fstest.MapFS{"proc/meminfo": {Data: []byte("MemTotal:       2113929216 kB\n")}}
-	out := call(t, Config{Host: "n1", Root: root, Clock: fixedClock{stampTime}}, "meminfo", Args{})
+	out := call(t, Config{Host: "n1", Root: root, Clock: clock.NewFake(stampTime)}, "meminfo", Args{})
 	if out != "[n1 2026-11-29T22:53:56Z] /proc/meminfo\nMemTotal:       2113929216 kB\n" {
 		t.Errorf("out = %q", out)
 	}
@@ -330,7 +377,7 @@ func TestNetworkFake(t *testing.T) {
 		"ip -s link show": {out: "1: lo: <LOOPBACK,UP>\n    RX: bytes\n"},
 	})
 	fr.missing["rdma"] = true
-	out := call(t, Config{Host: "n1", Runner: fr, Clock: fixedClock{stampTime}}, "network", Args{})
+	out := call(t, Config{Host: "n1", Runner: fr, Clock: clock.NewFake(stampTime)}, "network", Args{})
 	want := "[n1 2026-11-29T22:53:56Z] ip addr show; ip -s link show; rdma link show\n" +
 		"$ ip addr show\n1: lo: <LOOPBACK,UP>\n" +
 		"$ ip -s link show\n1: lo: <LOOPBACK,UP>\n    RX: bytes\n" +
@@ -352,7 +399,7 @@ func TestRDMACounters(t *testing.T) {
 		"sys/class/infiniband/mlx5_1/ports/1/hw_counters/roce_adp_retrans":      {Data: []byte("0\n")},
 		"sys/class/infiniband/mlx5_1/ports/1/hw_counters/resp_local_length_err": {Data: []byte("0\n")},
 	}
-	cfg := Config{Host: "n1", Root: root, Clock: fixedClock{stampTime}}
+	cfg := Config{Host: "n1", Root: root, Clock: clock.NewFake(stampTime)}
 	out := call(t, cfg, "rdma_counters", Args{})
 	for _, want := range []string{
 		"# mlx5_0 port 1 counters\nport_rcv_data = 123456\nport_xmit_data = 654321\n",
@@ -378,7 +425,7 @@ func TestRDMACounters(t *testing.T) {
 }
 
 func TestContainers(t *testing.T) {
-	cfg := Config{Host: "n1", Clock: fixedClock{stampTime}}
+	cfg := Config{Host: "n1", Clock: clock.NewFake(stampTime)}
 	if out := call(t, cfg, "containers", Args{}); !strings.Contains(out, "no container runtime is configured on n1") {
 		t.Errorf("nil callback: %q", out)
 	}

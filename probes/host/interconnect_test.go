@@ -6,12 +6,9 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
-
-// sleepClock is a clock that Sleep advances, so no test waits a second.
-type sleepClock struct{ now time.Time }
-
-func (s *sleepClock) Now() time.Time { return s.now }
 
 func port(fsys fstest.MapFS, dev, n, state, layer string, tx, rx uint64) {
 	p := "sys/class/infiniband/" + dev + "/ports/" + n + "/"
@@ -29,12 +26,13 @@ func TestReadInterconnect(t *testing.T) {
 	port(fsys, "mlx5_0", "1", "4: ACTIVE", "Ethernet", 1_000_000, 5_000_000)
 	port(fsys, "mlx5_1", "1", "1: DOWN", "Ethernet", 7, 7)
 	port(fsys, "mlx5_2", "1", "4: ACTIVE", "InfiniBand", 900, 900)
-	clk := &sleepClock{now: time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)}
+	// The test's Sleep moves the clock, so no test waits a second.
+	clk := clock.NewFake(time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC))
 	var slept time.Duration
 	sleep := func(_ context.Context, d time.Duration) error {
 		slept += d
 		// 1.25 s pass while the links carry traffic.
-		clk.now = clk.now.Add(1250 * time.Millisecond)
+		clk.Advance(1250 * time.Millisecond)
 		port(fsys, "mlx5_0", "1", "4: ACTIVE", "Ethernet", 1_000_000+250_000*125/100*10, 5_000_000+250_000*125/100)
 		port(fsys, "mlx5_2", "1", "4: ACTIVE", "InfiniBand", 100, 900) // reset
 		return nil

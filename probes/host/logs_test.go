@@ -8,10 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // logDir builds:
@@ -67,7 +68,7 @@ func logDir(t *testing.T) (dir, outside string) {
 
 func TestListLogs(t *testing.T) {
 	dir, _ := logDir(t)
-	out := call(t, Config{Host: "n1", LogDir: dir, Clock: fixedClock{stampTime}}, "list_logs", Args{})
+	out := call(t, Config{Host: "n1", LogDir: dir, Clock: clock.NewFake(stampTime)}, "list_logs", Args{})
 	for _, want := range []string{" engine.log\n", " shards/\n", " shards/shard-a.log\n", " abs-link (symlink)\n", " pipe (not a regular file)\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("list_logs lacks %q:\n%s", want, out)
@@ -83,7 +84,7 @@ func TestListLogs(t *testing.T) {
 
 func TestReadLog(t *testing.T) {
 	dir, _ := logDir(t)
-	cfg := Config{Host: "n1", LogDir: dir, Clock: fixedClock{stampTime}}
+	cfg := Config{Host: "n1", LogDir: dir, Clock: clock.NewFake(stampTime)}
 
 	out := call(t, cfg, "read_log", Args{Name: "engine.log", Lines: 3})
 	want := "[n1 2026-11-29T22:53:56Z] engine.log: last 3 lines\n" +
@@ -267,7 +268,7 @@ func TestReadLogFilterSeesTheLogNotTheNotes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "engine.log"), []byte("[first] line\n"+long+"\nlast\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Host: "n1", LogDir: dir, Clock: fixedClock{stampTime}, MaxOutput: 1 << 20}
+	cfg := Config{Host: "n1", LogDir: dir, Clock: clock.NewFake(stampTime), MaxOutput: 1 << 20}
 	for _, filter := range []string{"line cut", "bytes not shown", `^\[line`, "…"} {
 		if out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: filter}); !strings.HasSuffix(out, "(no lines)\n") {
 			t.Errorf("filter %q matched llmgw's note:\n%.200s", filter, out)
@@ -282,19 +283,16 @@ func TestReadLogFilterSeesTheLogNotTheNotes(t *testing.T) {
 	}
 }
 
-// stepClock moves on by step each time it is read, so a test can run a
-// time budget out without waiting.
+// stepClock is a fake clock that moves on by step each time it is read,
+// so a test can run a time budget out without waiting.
 type stepClock struct {
-	mu   sync.Mutex
-	t    time.Time
+	*clock.Fake
 	step time.Duration
 }
 
 func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(c.step)
-	return c.t
+	c.Advance(c.step)
+	return c.Fake.Now()
 }
 
 // A read_log search stops when the call's time budget (the tool timeout)
@@ -311,7 +309,7 @@ func TestReadLogSearchStopsAtTheTimeBudget(t *testing.T) {
 	}
 	// Every chunk read costs one second of the clock's time; the budget
 	// is five.
-	cfg := Config{Host: "n1", LogDir: dir, Clock: &stepClock{t: stampTime, step: time.Second}, Timeout: 5 * time.Second}
+	cfg := Config{Host: "n1", LogDir: dir, Clock: &stepClock{Fake: clock.NewFake(stampTime), step: time.Second}, Timeout: 5 * time.Second}
 	out := call(t, cfg, "read_log", Args{Name: "engine.log", Filter: "ERROR"})
 	size := b.Len()
 	if !strings.Contains(out, fmt.Sprintf(" of %d bytes: the 5s time budget ran out)", size)) || strings.Contains(out, fmt.Sprintf("last %d of", size)) {

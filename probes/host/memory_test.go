@@ -8,6 +8,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 )
@@ -46,7 +47,7 @@ func TestMemoryAccounting(t *testing.T) {
 		"proc/self":       {Data: []byte("not a pid dir")},
 	}
 	snap := h200Snapshot()
-	cfg := Config{Host: "h200-a", Root: root, Clock: fixedClock{stampTime},
+	cfg := Config{Host: "h200-a", Root: root, Clock: clock.NewFake(stampTime),
 		GPU: func(context.Context) (gpu.Snapshot, error) { return snap, nil }}
 	out := call(t, cfg, "memory_accounting", Args{})
 	for _, want := range []string{

@@ -7,18 +7,21 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
-// tickingClock moves forward by the durations its Sleep is asked for, so
-// rounds are stamped as if the gap had passed, without waiting.
+// tickingClock is a fake clock that its Sleep moves forward by the
+// durations asked for, so rounds are stamped as if the gap had passed,
+// without waiting, and the test sees every wait asked for.
 type tickingClock struct {
+	*clock.Fake
 	mu     sync.Mutex
-	now    time.Time
 	slept  []time.Duration
 	failAt int // Sleep returns an error on this call (1-based); 0 never
 }
 
-func (c *tickingClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func newTickingClock() *tickingClock { return &tickingClock{Fake: clock.NewFake(stampTime)} }
 
 func (c *tickingClock) Sleep(ctx context.Context, d time.Duration) error {
 	c.mu.Lock()
@@ -27,7 +30,7 @@ func (c *tickingClock) Sleep(ctx context.Context, d time.Duration) error {
 	if len(c.slept) == c.failAt {
 		return context.Canceled
 	}
-	c.now = c.now.Add(d)
+	c.Advance(d)
 	return nil
 }
 
@@ -45,7 +48,7 @@ Thread 4188 (active): "MainThread"
 `
 
 func TestEngineStacks(t *testing.T) {
-	clk := &tickingClock{now: stampTime}
+	clk := newTickingClock()
 	fr := newFakeRunner(t, map[string]result{
 		"py-spy dump --pid 4100 --subprocesses": {out: hungStack},
 		"py-spy dump --pid 5200 --subprocesses": {out: "Process 5200: python3\n"},
@@ -100,7 +103,7 @@ func TestEngineStacks(t *testing.T) {
 }
 
 func TestEngineStacksRoundsConfigured(t *testing.T) {
-	clk := &tickingClock{now: stampTime}
+	clk := newTickingClock()
 	fr := newFakeRunner(t, map[string]result{"py-spy dump --pid 1 --subprocesses": {out: "x\n"}})
 	cfg := Config{Host: "n1", Runner: fr, Clock: clk, Sleep: clk.Sleep, StackRounds: 5, StackGap: 500 * time.Millisecond,
 		Engines: func(context.Context) ([]EngineProcess, error) { return []EngineProcess{{Name: "a", PID: 1}}, nil }}
@@ -121,7 +124,7 @@ func TestEngineStacksWithoutEnginesOrPySpy(t *testing.T) {
 	}
 	fr := newFakeRunner(t, nil)
 	fr.missing["py-spy"] = true
-	clk := &tickingClock{now: stampTime}
+	clk := newTickingClock()
 	cfg = Config{Host: "n1", Runner: fr, Sleep: clk.Sleep,
 		Engines: func(context.Context) ([]EngineProcess, error) { return []EngineProcess{{Name: "a", PID: 1}}, nil }}
 	if out := call(t, cfg, "engine_stacks", Args{}); !strings.Contains(out, "(py-spy is not installed on n1:") {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 const unitsLine = "systemctl list-units --type=service --state=running --no-pager --plain --no-legend"
@@ -19,7 +21,7 @@ nvidia-persistenced.service        loaded active running NVIDIA Persistence Daem
 
 func TestSystemdUnitsRunsOneFixedCommandAndTabulates(t *testing.T) {
 	fr := newFakeRunner(t, map[string]result{unitsLine: {out: unitsOut}})
-	out := call(t, Config{Host: "n1", Runner: fr, Clock: fixedClock{stampTime}}, "systemd_units", Args{})
+	out := call(t, Config{Host: "n1", Runner: fr, Clock: clock.NewFake(stampTime)}, "systemd_units", Args{})
 	if calls := fr.Calls(); len(calls) != 1 || calls[0] != unitsLine {
 		t.Fatalf("ran %q, want only %q", calls, unitsLine)
 	}
@@ -67,7 +69,7 @@ func TestSystemdUnitsWithoutSystemd(t *testing.T) {
 }
 
 func TestEngineStacksRoundsAndGapFromTheCall(t *testing.T) {
-	clk := &tickingClock{now: stampTime}
+	clk := newTickingClock()
 	fr := newFakeRunner(t, map[string]result{"py-spy dump --pid 1 --subprocesses": {out: "x\n"}})
 	cfg := Config{Host: "n1", Runner: fr, Clock: clk, Sleep: clk.Sleep,
 		Engines: func(context.Context) ([]EngineProcess, error) { return []EngineProcess{{Name: "a", PID: 1}}, nil }}

@@ -17,6 +17,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // Names are the metric names a Sample is read from. Engine profiles are
@@ -186,14 +188,6 @@ func read(mf *dto.MetricFamily, combine func(acc, v float64) float64) (float64, 
 	return acc, ok
 }
 
-// Clock tells the time. Scrapes are stamped by it and rates are computed
-// over its intervals, so a test's fake clock makes rates exact.
-type Clock interface{ Now() time.Time }
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
-
 // DefaultMaxBytes bounds a page. vLLM's, histograms included, is tens of
 // kilobytes; a page far beyond that is not an engine's.
 const DefaultMaxBytes = 8 << 20
@@ -206,7 +200,7 @@ const acceptText = "text/plain; version=0.0.4"
 // Scraper fetches engines' /metrics pages. It is safe for concurrent use.
 type Scraper struct {
 	client   *http.Client
-	clock    Clock
+	clock    clock.Clock // stamps scrapes; rates are over its intervals, so a fake clock makes them exact
 	names    Names
 	maxBytes int64
 	bearer   string
@@ -230,14 +224,14 @@ func WithBearer(key string) Option { return func(s *Scraper) { s.bearer = key } 
 // NewScraper returns a Scraper. A nil client gets one with a 5 s timeout
 // (http.DefaultClient has none, and a hung engine must not hang the
 // prober); a nil clock is the real one.
-func NewScraper(client *http.Client, clock Clock, opts ...Option) *Scraper {
+func NewScraper(client *http.Client, clk clock.Clock, opts ...Option) *Scraper {
 	if client == nil {
 		client = &http.Client{Timeout: 5 * time.Second}
 	}
-	if clock == nil {
-		clock = realClock{}
+	if clk == nil {
+		clk = clock.Real()
 	}
-	s := &Scraper{client: client, clock: clock, names: VLLM(), maxBytes: DefaultMaxBytes}
+	s := &Scraper{client: client, clock: clk, names: VLLM(), maxBytes: DefaultMaxBytes}
 	for _, o := range opts {
 		o(s)
 	}

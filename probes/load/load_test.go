@@ -12,25 +12,13 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/llmgw/llmgw/internal/clock"
 )
-
-// fakeClock is advanced by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 func page(t *testing.T, name string) string {
 	t.Helper()
@@ -175,8 +163,8 @@ func TestScraper(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	clock := &fakeClock{now: time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC)}
-	sc := NewScraper(srv.Client(), clock, WithMaxBytes(10_000))
+	clk := clock.NewFake(time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC))
+	sc := NewScraper(srv.Client(), clk, WithMaxBytes(10_000))
 
 	s, err := sc.Scrape(context.Background(), srv.URL+"/metrics")
 	if err != nil {
@@ -185,12 +173,12 @@ func TestScraper(t *testing.T) {
 	if accept != "text/plain; version=0.0.4" {
 		t.Errorf("Accept = %q", accept)
 	}
-	if s.Running != 7 || !s.At.Equal(clock.now) {
+	if s.Running != 7 || !s.At.Equal(clk.Now()) {
 		t.Errorf("sample = %+v", s)
 	}
 
 	s, err = sc.Scrape(context.Background(), srv.URL+"/nope")
-	if err == nil || !strings.Contains(err.Error(), "404") || !s.At.Equal(clock.now) {
+	if err == nil || !strings.Contains(err.Error(), "404") || !s.At.Equal(clk.Now()) {
 		t.Errorf("404: %+v, %v", s, err)
 	}
 	if _, err = sc.Scrape(context.Background(), srv.URL+"/big"); err == nil || !strings.Contains(err.Error(), "larger than 10000 bytes") {
@@ -277,8 +265,8 @@ func TestScrapeTrackCounterReset(t *testing.T) {
 		_, _ = w.Write([]byte(pages[i]))
 	}))
 	defer srv.Close()
-	clock := &fakeClock{now: time.Unix(1000, 0)}
-	sc := NewScraper(srv.Client(), clock)
+	clk := clock.NewFake(time.Unix(1000, 0))
+	sc := NewScraper(srv.Client(), clk)
 	tr := NewTracker()
 	var got []Load
 	for i = range pages {
@@ -287,7 +275,7 @@ func TestScrapeTrackCounterReset(t *testing.T) {
 			t.Fatal(err)
 		}
 		got = append(got, tr.Observe("shard-a", s))
-		clock.Advance(2 * time.Second)
+		clk.Advance(2 * time.Second)
 	}
 	valid := []bool{false, true, false, true}
 	prompt := []float64{0, 1000, 0, 100}

@@ -7,21 +7,23 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 )
 
 // ClaimOnly claims every shard the plan gives this node and reports it
 // ready at once, running nothing. It exercises the placement and lease
 // protocol where no engines should run (`--runtime none`).
 type ClaimOnly struct {
-	now     func() time.Time
+	clk     clock.Clock
 	mu      sync.Mutex
 	held    map[string]gossip.ShardRecord
 	changes chan struct{}
 }
 
-// NewClaimOnly returns a runner that only claims.
-func NewClaimOnly(now func() time.Time) *ClaimOnly {
-	return &ClaimOnly{now: now, held: map[string]gossip.ShardRecord{}, changes: make(chan struct{}, 1)}
+// NewClaimOnly returns a runner that only claims, stamping its claims
+// with clk.
+func NewClaimOnly(clk clock.Clock) *ClaimOnly {
+	return &ClaimOnly{clk: clk, held: map[string]gossip.ShardRecord{}, changes: make(chan struct{}, 1)}
 }
 
 func shardKey(shard, spec string) string { return shard + "@" + spec }
@@ -37,10 +39,11 @@ func (c *ClaimOnly) Reconcile(_ context.Context, desired []Desired) {
 		if _, ok := c.held[k]; ok {
 			continue
 		}
+		now := c.clk.Now()
 		c.held[k] = gossip.ShardRecord{
 			ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
 			GPUs: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, Status: gossip.ShardReady, Ready: true,
-			ClaimStamp: c.now().UnixNano(), StartedAt: c.now(),
+			ClaimStamp: now.UnixNano(), StartedAt: now,
 		}
 	}
 	for k := range c.held {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"time"
 )
 
 // LogPath returns the log file of the newest engine of shard on this node.
@@ -32,13 +31,13 @@ func (r *Runner) logPath(id string) string { return r.cfg.DataDir.EngineLogFile(
 // closes.
 func (r *Runner) logLoop() {
 	defer r.wg.Done()
-	tick := time.NewTicker(r.cfg.LogCheck)
+	tick := r.cfg.Clock.NewTicker(r.cfg.LogCheck)
 	defer tick.Stop()
 	for {
 		select {
 		case <-r.quit:
 			return
-		case <-tick.C:
+		case <-tick.Chan():
 		}
 		r.mu.Lock()
 		ids := make([]string, 0, len(r.engines))

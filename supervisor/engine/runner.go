@@ -94,8 +94,11 @@ type Config struct {
 	// LoadInterval is how often a ready engine's /metrics is scraped.
 	LoadInterval time.Duration
 	Logger       *slog.Logger
-	// Clock stamps claims, starts and exits, and times backoffs, stable
-	// runs, start timeouts and load scrapes. Default: clock.Real().
+	// Clock stamps claims, starts and exits, judges backoffs, stable
+	// runs, start timeouts and load scrapes, and makes every wait of the
+	// runner (each engine's poll, the drain delay and bound, stop retries,
+	// log checks): with a fake one, a test moves it for the runner to
+	// poll at all. Default: clock.Real().
 	Clock clock.Clock
 	HTTP  *http.Client
 }

@@ -55,34 +55,37 @@ func shardOf(r *Runner) (gossip.ShardRecord, bool) {
 
 // An engine that loads for longer than StableAfter and dies before it is
 // ever ready is crash-looping all the same: running long is not serving.
+// On the fake clock every run spans a poll at least, five times
+// StableAfter, and every backoff is shorter than a poll.
 func TestSlowLoaderThatDiesIsReportedFailing(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *Config) {
-		c.StableAfter = 200 * time.Millisecond
-		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+	r, f := env.openFake(func(c *Config) {
+		c.StableAfter = c.Poll / 5
+		c.BackoffMin, c.BackoffMax = c.Poll/5, c.Poll/2
 	})
 	defer r.Close()
 	r.Reconcile(context.Background(), []Desired{desired("slow", "--fail-health", "--crash-after", "400ms")})
-	testwait.Until(t, 15*time.Second, "the never-ready crash loop is reported failing", func() (bool, string) {
+	f.until("the never-ready crash loop is reported failing", func() (bool, string) {
 		s, ok := shardOf(r)
 		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
 }
 
 // A shard whose every start fails stays failing: the time since it was
-// first placed is not a stable run.
+// first placed is not a stable run. On the fake clock each try is a poll
+// after the last (the backoff is shorter).
 func TestStartFailuresStayFailing(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *Config) {
-		c.StableAfter = 100 * time.Millisecond
-		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 40*time.Millisecond
+	r, f := env.openFake(func(c *Config) {
+		c.StableAfter = 2 * c.Poll
+		c.BackoffMin, c.BackoffMax = c.Poll/5, c.Poll*4/5
 	})
 	defer r.Close()
 	d := desired("bad")
 	d.Spec.Engine = "no-such-engine"
 	r.Reconcile(context.Background(), []Desired{d})
 	var failingAt int
-	testwait.Until(t, 15*time.Second, "failing", func() (bool, string) {
+	f.until("failing", func() (bool, string) {
 		s, ok := shardOf(r)
 		failingAt = s.Restarts
 		return ok && s.Failing, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
@@ -91,8 +94,8 @@ func TestStartFailuresStayFailing(t *testing.T) {
 	if s, _ := shardOf(r); !strings.Contains(s.Error, "no-such-engine") {
 		t.Errorf("record error = %q, want the start failure naming the engine", s.Error)
 	}
-	// Many StableAfter periods later (each try is 40 ms apart), still failing.
-	testwait.Until(t, 15*time.Second, "10 more failed starts, failing throughout", func() (bool, string) {
+	// Many StableAfter periods later (each try is a poll apart), still failing.
+	f.until("10 more failed starts, failing throughout", func() (bool, string) {
 		s, ok := shardOf(r)
 		if ok && !s.Failing {
 			t.Fatalf("failing cleared after %d failed starts: %+v", s.Restarts, s)
@@ -134,23 +137,23 @@ func TestDeadEngineIsNotReadyWhileRuntimeStatusFails(t *testing.T) {
 }
 
 // A stop that fails is tried again; the engine is not forgotten (its GPUs
-// would be busy under no one's claim) until it is really gone.
+// would be busy under no one's claim) until it is really gone. On the fake
+// clock the drain delay and every retry's backoff are shorter than a poll.
 func TestFailedStopIsRetried(t *testing.T) {
 	env := newRunnerEnv(t)
 	var f *faultyRuntime
-	r := env.openWith(func(c *Config) {
+	r, ft := env.openFake(func(c *Config) {
 		f = &faultyRuntime{Runtime: c.Runtime}
 		c.Runtime = f
-		c.BackoffMin, c.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+		c.BackoffMin, c.BackoffMax = c.Poll*2/5, c.Poll
 	})
 	defer r.Close()
-	r.Reconcile(context.Background(), []Desired{desired("chat")})
-	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	ft.runReady(r, desired("chat"))
 	pid := readyPID(r, "chat-0")
 	f.failStop.Store(true)
 	before := f.stopCalls.Load()
 	r.Reconcile(context.Background(), nil)
-	testwait.Until(t, 10*time.Second, "three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
+	ft.until("three failed stops, the engine still tracked and its state file kept", func() (bool, string) {
 		files, _ := filepath.Glob(filepath.Join(env.dir.ShardsDir(), "shard-*.json"))
 		s, ok := shardOf(r)
 		if !ok || len(files) != 1 {
@@ -159,7 +162,7 @@ func TestFailedStopIsRetried(t *testing.T) {
 		return f.stopCalls.Load()-before >= 3, fmt.Sprintf("%d stop calls, %+v", f.stopCalls.Load()-before, s)
 	})
 	f.failStop.Store(false)
-	waitShard(t, r, "stopped once the runtime can", func(s []string) bool { return len(s) == 0 })
+	ft.waitShard(r, "stopped once the runtime can", func(s []string) bool { return len(s) == 0 })
 	// Gone, and reaped: the runtime's waiter collects the exit a moment
 	// after Stop returns.
 	testwait.Until(t, 5*time.Second, "the engine process is gone", func() (bool, string) {
@@ -196,12 +199,15 @@ func TestAdoptedEngineCrashWaitsForThePlan(t *testing.T) {
 		return ok && s.Restarts == 1 && s.Status == gossip.ShardBackoff, fmt.Sprintf("%s ready=%v failing=%v restarts=%d", s.Status, s.Ready, s.Failing, s.Restarts)
 	})
 	// Fifty backoffs' worth of polls: no restart without a plan.
-	testwait.StaysTrue(t, time.Second, "no restart of an adopted engine before the plan gives its spec", func() (bool, string) {
+	inBackoff := func() (bool, string) {
 		s, _ := shardOf(r2)
 		return s.Status == gossip.ShardBackoff && s.Restarts == 1, fmt.Sprintf("%s restarts=%d", s.Status, s.Restarts)
-	})
+	}
+	testwait.StaysTrue(t, time.Second, "no restart of an adopted engine before the plan gives its spec", inBackoff)
 	r2.Settle()
 	r2.Reconcile(context.Background(), []Desired{d})
+	// The negative control: with the plan, the same window sees the restart.
+	testwait.BreaksWithin(t, time.Second, "the adopted engine restarted once the plan gives its spec", inBackoff)
 	waitShard(t, r2, "restarted from the plan", func([]string) bool { return readyPID(r2, "chat-0") > 0 })
 	states, _ = env.dir.ReadShardStates()
 	// The port may move at a restart (it is checked free each time, and
@@ -256,11 +262,15 @@ func TestForeignListenerIsNotReady(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
 	})
-	testwait.StaysTrue(t, 500*time.Millisecond, "not ready while another process owns the port", func() (bool, string) {
+	notReady := func() (bool, string) {
 		s, _ := shardOf(r)
 		return !s.Ready, string(s.Status)
-	})
+	}
+	testwait.StaysTrue(t, 500*time.Millisecond, "not ready while another process owns the port", notReady)
 	foreign.Store(false)
+	// The negative control: once the engine owns its port, the same window
+	// sees it ready.
+	testwait.BreaksWithin(t, 500*time.Millisecond, "ready once the engine owns its port", notReady)
 	waitShard(t, r, "ready once the engine owns its port", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 }
 

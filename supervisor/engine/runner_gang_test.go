@@ -319,14 +319,19 @@ func TestGangAgentRestartOnAMemberRestartsNoMember(t *testing.T) {
 	h.run["n2"].Close()
 	h.run["n2"] = h.open("n2")
 	h.mu.Unlock()
-	testwait.StaysTrue(t, 2*time.Second, "the gang untouched by the agent restart", func() (bool, string) {
+	untouched := func() (bool, string) {
 		r0, r1 := h.rec(0), h.rec(1)
 		ok := r0.PID == pid0 && r1.PID == pid1 && r0.Gang != nil && r0.Gang.Generation == gen
 		return ok, h.describe()
-	})
+	}
+	testwait.StaysTrue(t, 2*time.Second, "the gang untouched by the agent restart", untouched)
 	if got := h.waitServing("the member ready again", 0); got != gen {
 		t.Errorf("generation %d after the agent restart, want %d", got, gen)
 	}
+	// The negative control: the member's engine dies instead, and the same
+	// window sees the gang torn down.
+	h.kill(pid1)
+	testwait.BreaksWithin(t, 2*time.Second, "the gang torn down when the member's engine dies", untouched)
 }
 
 // A plan that moves a rank for a moment while its holder is not lost (an
@@ -351,13 +356,17 @@ func TestGangMoveBlinkTearsNothingDown(t *testing.T) {
 	h.mu.Lock()
 	h.deaf["n2"], h.plan[1] = false, "n2"
 	h.mu.Unlock()
-	testwait.StaysTrue(t, 2*gangMoveGrace, "the gang untouched by the blink", func() (bool, string) {
+	untouched := func() (bool, string) {
 		s := h.rec(0)
 		return s.PID == pid0 && s.Gang != nil && s.Gang.Generation == gen, h.describe()
-	})
+	}
+	testwait.StaysTrue(t, 2*gangMoveGrace, "the gang untouched by the blink", untouched)
 	h.mu.Lock()
 	h.plan[1] = "n3"
 	h.mu.Unlock()
+	// The negative control: a move that stays is seen tearing the gang
+	// down within the same window.
+	testwait.BreaksWithin(t, 2*gangMoveGrace, "the gang torn down by a move that stays", untouched)
 	gen2 := h.waitServing("the gang formed again on n1 and n3", gen)
 	if g := h.rec(0).Gang; !slices.Equal(g.Members, []string{"n1", "n3"}) || gen2 <= gen {
 		t.Errorf("rank 0's gang after the move %+v", g)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
@@ -115,11 +114,10 @@ func TestFailedPullIsAFailedStart(t *testing.T) {
 // containers reports none. The injected clock stamps the claim and the start.
 func TestProcessEngineHasNoContainerAndClockStampsIt(t *testing.T) {
 	env := newRunnerEnv(t)
-	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	r := env.openWith(func(c *Config) { c.Clock = clock.NewFake(at) })
+	r, f := env.openFake(func(*Config) {})
+	at := f.clk.Now()
 	defer func() {
-		r.Reconcile(context.Background(), nil)
-		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		f.stopAll(r)
 		r.Close()
 	}()
 	if _, ok := any(r.cfg.Runtime).(runtime.ImagePuller); ok {
@@ -128,7 +126,10 @@ func TestProcessEngineHasNoContainerAndClockStampsIt(t *testing.T) {
 	d := desired("chat")
 	d.Spec.Image = "ignored/by-processes:1"
 	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	// The start needs no tick of the clock: it is stamped before the
+	// clock moves for the polls that find the engine ready.
+	waitShard(t, r, "started", func([]string) bool { s, ok := shardOf(r); return ok && s.PID > 0 })
+	f.waitShard(r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	s, _ := shardOf(r)
 	if s.Container != "" {
 		t.Errorf("a process engine reports container %q", s.Container)

@@ -4,62 +4,62 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/llmgw/llmgw/internal/clock"
-	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 )
 
-// On simulated time: a start that outlasts the old fixed 30 minutes while
+// On the fake clock: a start that outlasts the old fixed 30 minutes while
 // its log keeps growing is not killed; the timeout counts from the end of
 // the image pull (here three hours long); and once the engine falls
 // silent it is killed after its deployment's start_timeout.
 func TestStartTimeoutWaitsForAGrowingDownload(t *testing.T) {
 	env := newRunnerEnv(t)
-	var skew atomic.Int64
-	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	advance := func(d time.Duration) time.Time { skew.Add(int64(d)); return now() }
-	var f *imageRuntime
-	r := env.openWith(func(c *Config) {
-		f = &imageRuntime{Runtime: c.Runtime, pulled: func() { advance(3 * time.Hour) }}
-		c.Runtime = f
-		c.Clock = clock.Offset(clock.Real(), func() time.Duration { return time.Duration(skew.Load()) })
+	var f *fakeTime // the pull moves the clock openFake makes
+	r, f := env.openFake(func(c *Config) {
+		c.Runtime = &imageRuntime{Runtime: c.Runtime, pulled: func() { f.clk.Advance(3 * time.Hour) }}
 		c.BackoffMin, c.BackoffMax = time.Hour, time.Hour // one crash is all this test looks at
 	})
 	defer func() {
-		r.Reconcile(context.Background(), nil)
-		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		f.stopAll(r)
 		r.Close()
 	}()
 	d := desired("big", "--fail-health")
 	d.Spec.Image = "example.invalid/fake:1"
 	d.Spec.StartTimeout = placement.Duration(30 * time.Minute)
 	r.Reconcile(context.Background(), []Desired{d})
-	waitShard(t, r, "loading", func([]string) bool {
+	f.waitShard(r, "loading", func([]string) bool {
 		s, ok := shardOf(r)
 		return ok && s.Note == "loading" && s.PID > 0
 	})
 	logPath := r.logPath(EngineID(d.ShardID, d.SpecVersion))
-	for i := range 6 { // an hour of a download whose log grows every 10 minutes
+	grow := func() {
 		lf, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _ = lf.WriteString("Downloading shards: 42%\n")
 		_ = lf.Close()
-		at := advance(10 * time.Minute)
-		testwait.Until(t, 10*time.Second, "the runner saw the log grow", func() (bool, string) {
+	}
+	for i := range 6 { // an hour of a download whose log grows every 10 minutes
+		at := f.clk.Now().Add(10 * time.Minute)
+		f.advance(oneEngineWaits, 10*time.Minute)
+		// It grows until a poll sees it: one poll may have read its size
+		// just before.
+		f.until("the runner saw the log grow", func() (bool, string) {
 			s, _ := shardOf(r)
-			return !s.NoteAt.Before(at), s.Note + " " + s.NoteAt.String()
+			if s.NoteAt.Before(at) {
+				grow()
+				return false, s.Note + " " + s.NoteAt.String()
+			}
+			return true, ""
 		})
 		if s, _ := shardOf(r); s.Restarts != 0 {
 			t.Fatalf("step %d: restarted (%s) although its log grew every 10 minutes", i, s.Error)
 		}
 	}
-	advance(31 * time.Minute) // silent for longer than start_timeout
+	f.advance(oneEngineWaits, 31*time.Minute) // silent for longer than start_timeout
 	waitShard(t, r, "killed after start_timeout", func([]string) bool {
 		s, _ := shardOf(r)
 		return s.Restarts == 1 && strings.Contains(s.Error, "start timeout")

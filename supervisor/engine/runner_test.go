@@ -102,12 +102,18 @@ func desired(name string, args ...string) Desired {
 func waitShard(t *testing.T, r *Runner, what string, cond func(s []string) bool) {
 	t.Helper()
 	testwait.Until(t, 15*time.Second, what, func() (bool, string) {
-		var desc []string
-		for _, s := range r.Shards() {
-			desc = append(desc, fmt.Sprintf("%s:%s:ready=%v:pid=%d:restarts=%d", s.ShardID, s.Status, s.Ready, s.PID, s.Restarts))
-		}
+		desc := describeShards(r)
 		return cond(desc), fmt.Sprint(desc)
 	})
+}
+
+// describeShards is what waitShard's conditions get: a line per shard.
+func describeShards(r *Runner) []string {
+	var desc []string
+	for _, s := range r.Shards() {
+		desc = append(desc, fmt.Sprintf("%s:%s:ready=%v:pid=%d:restarts=%d", s.ShardID, s.Status, s.Ready, s.PID, s.Restarts))
+	}
+	return desc
 }
 
 // runReady plans d on r and waits until its engine is ready.
@@ -150,17 +156,24 @@ func TestAgentRestartAdoptsTheSameEngine(t *testing.T) {
 	}
 }
 
+// On the fake clock: the crashed engine waits out its backoff (a minute,
+// longer than any wait here on the wall clock) in backoff, and comes back
+// once the clock has passed it.
 func TestKilledEngineComesBackWithBackoff(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.open()
+	r, f := env.openFake(func(c *Config) { c.BackoffMin, c.BackoffMax = time.Minute, time.Minute })
 	defer r.Close()
-	r.Reconcile(context.Background(), []Desired{desired("chat")})
-	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
+	f.runReady(r, desired("chat"))
 	pid := readyPID(r, "chat-0")
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitShard(t, r, "restarted with a new pid", func([]string) bool {
+	f.waitShard(r, "the crash seen, in backoff", func([]string) bool {
+		s, ok := shardOf(r)
+		return ok && s.Status == gossip.ShardBackoff && s.Restarts == 1
+	})
+	f.advance(oneEngineWaits, time.Minute)
+	f.waitShard(r, "restarted with a new pid", func([]string) bool {
 		p := readyPID(r, "chat-0")
 		return p > 0 && p != pid && r.Shards()[0].Restarts == 1
 	})
@@ -170,21 +183,31 @@ func TestKilledEngineComesBackWithBackoff(t *testing.T) {
 	}
 	last := readyPID(r, "chat-0")
 	r.Reconcile(context.Background(), nil)
-	waitShard(t, r, "stopped when no longer desired", func(s []string) bool { return len(s) == 0 })
+	f.waitShard(r, "stopped when no longer desired", func(s []string) bool { return len(s) == 0 })
 	if err := syscall.Kill(last, 0); err != syscall.ESRCH {
 		t.Fatalf("engine pid %d still exists after its shard was unplanned (kill 0: %v)", last, err)
 	}
 }
 
+// On the fake clock: each crash waits out its backoff, doubled from the
+// last (a minute, then two), before the next start.
 func TestCrashLoopBacksOffAndIsReportedFailing(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.open()
+	r, f := env.openFake(func(c *Config) { c.BackoffMin, c.BackoffMax = time.Minute, time.Hour })
 	defer func() {
-		r.Reconcile(context.Background(), nil)
-		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		f.stopAll(r)
 		r.Close()
 	}()
 	r.Reconcile(context.Background(), []Desired{desired("loop", "--crash-after", "300ms", "--exit-code", "3")})
+	for crash := 1; crash <= 3; crash++ {
+		f.waitShard(r, fmt.Sprintf("crash %d seen, in backoff", crash), func([]string) bool {
+			s, ok := shardOf(r)
+			return ok && s.Restarts == crash && s.Status == gossip.ShardBackoff
+		})
+		if crash < 3 {
+			f.advance(oneEngineWaits, time.Minute<<(crash-1))
+		}
+	}
 	waitShard(t, r, "reported failing after 3 crashes", func([]string) bool {
 		s := r.Shards()
 		return len(s) == 1 && s[0].Failing && s[0].Restarts >= 3 && s[0].LastExit != nil && *s[0].LastExit == 3
@@ -282,19 +305,22 @@ func TestEngineWithoutStateFileIsReplaced(t *testing.T) {
 }
 
 // An engine that runs but never becomes ready is restarted after the start
-// timeout instead of holding its shard forever.
+// timeout instead of holding its shard forever. On the fake clock, an hour
+// of start timeout and a minute of backoff pass at every look.
 func TestEngineNeverReadyIsRestartedAfterTheStartTimeout(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *Config) { c.StartTimeout = 300 * time.Millisecond })
+	r, f := env.openFake(func(c *Config) {
+		c.StartTimeout = time.Hour
+		c.BackoffMin, c.BackoffMax = time.Minute, time.Minute
+	})
 	defer func() {
-		r.Reconcile(context.Background(), nil)
-		waitShard(t, r, "stopped", func(s []string) bool { return len(s) == 0 })
+		f.stopAll(r)
 		r.Close()
 	}()
 	r.Reconcile(context.Background(), []Desired{desired("stuck", "--fail-health")})
-	waitShard(t, r, "restarted twice, never ready", func([]string) bool {
-		s := r.Shards()
-		return len(s) == 1 && s[0].Restarts >= 2 && !s[0].Ready
+	f.untilBy(time.Hour+f.poll, "restarted twice for its start timeout, never ready", func() (bool, string) {
+		s, ok := shardOf(r)
+		return ok && s.Restarts >= 2 && !s.Ready && strings.Contains(s.Error, "start timeout"), fmt.Sprintf("%+v", s)
 	})
 }
 
@@ -367,35 +393,44 @@ func TestReclaimStampsClaimsAfresh(t *testing.T) {
 // An engine that serves is not stopped the moment its node stops planning
 // it: its record says "stopping" at once (no node routes to it any more),
 // and it keeps answering for the drain delay, so that routers with a view a
-// moment old do not find its port closed.
+// moment old do not find its port closed. On the fake clock the window is
+// exact: the clock stands a millisecond short of the delay while the test
+// looks, then passes it, and the same window sees the engine go (the
+// negative control).
 func TestServingEngineDrainsBeforeItStops(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *Config) { c.DrainDelay = 800 * time.Millisecond })
-	runReady(t, r, desired("chat"))
+	r, f := env.openFake(func(c *Config) { c.DrainDelay = time.Minute })
+	f.runReady(r, desired("chat"))
 	url := r.Shards()[0].URL
 	r.Reconcile(context.Background(), nil)
 	if s := r.Shards(); len(s) != 1 || s[0].Status != gossip.ShardStopping || s[0].Ready {
 		t.Fatalf("right after it was unplanned: %+v; want it reported stopping, not ready", s)
 	}
-	testwait.StaysTrue(t, 400*time.Millisecond, "the engine answers while it drains", func() (bool, string) {
+	answers := func() (bool, string) {
 		resp, err := http.Get(url + "/health")
 		if err != nil {
 			return false, err.Error()
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status
-	})
-	waitShard(t, r, "stopped after the drain", func(s []string) bool { return len(s) == 0 })
+	}
+	f.advance(drainWaits, time.Minute-time.Millisecond)
+	testwait.StaysTrue(t, 400*time.Millisecond, "the engine answers while it drains", answers)
+	f.clk.Advance(time.Millisecond)
+	testwait.BreaksWithin(t, 400*time.Millisecond, "the engine stops answering once the drain delay is over", answers)
+	f.waitShard(r, "stopped after the drain", func(s []string) bool { return len(s) == 0 })
 }
 
 // A stopping engine keeps the requests it has in hand: after the drain
 // delay its node waits until its /metrics shows nothing running or waiting
-// (at most DrainMax), so a stream in flight ends whole instead of cut.
+// (at most DrainMax), so a stream in flight ends whole instead of cut. On
+// the fake clock the drain delay passes at once, and the runner reads the
+// engine's load at every poll the test moves the clock by.
 func TestStoppingEngineFinishesItsStreams(t *testing.T) {
 	env := newRunnerEnv(t)
-	r := env.openWith(func(c *Config) { c.DrainMax = 20 * time.Second })
+	r, f := env.openFake(func(c *Config) { c.DrainDelay, c.DrainMax = time.Minute, time.Hour })
 	d := desired("chat", "--token-delay=100ms")
-	runReady(t, r, d)
+	f.runReady(r, d)
 	s := r.Shards()[0]
 	body := `{"model":"chat","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"a long answer please"}]}`
 	req, _ := http.NewRequest("POST", s.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -409,9 +444,27 @@ func TestStoppingEngineFinishesItsStreams(t *testing.T) {
 	}
 	// Stop it while the stream runs (20 tokens, 100 ms apart).
 	r.Reconcile(context.Background(), nil)
-	all, err := io.ReadAll(resp.Body)
-	if err != nil || !strings.Contains(string(all), "data: [DONE]") {
-		t.Fatalf("the stream in flight was cut by the stop (err %v): ...%s", err, all[max(0, len(all)-200):])
+	f.advance(drainWaits, time.Minute)
+	type read struct {
+		all []byte
+		err error
 	}
-	waitShard(t, r, "stopped once idle", func(s []string) bool { return len(s) == 0 })
+	done := make(chan read, 1)
+	go func() {
+		all, err := io.ReadAll(resp.Body)
+		done <- read{all, err}
+	}()
+	var got read
+	f.until("the stream ends", func() (bool, string) {
+		select {
+		case got = <-done:
+			return true, ""
+		default:
+			return false, "still streaming"
+		}
+	})
+	if got.err != nil || !strings.Contains(string(got.all), "data: [DONE]") {
+		t.Fatalf("the stream in flight was cut by the stop (err %v): ...%s", got.err, got.all[max(0, len(got.all)-200):])
+	}
+	f.waitShard(r, "stopped once idle", func(s []string) bool { return len(s) == 0 })
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"strconv"
-	"time"
 
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -27,7 +26,7 @@ func (r *Runner) awaitIdle(e *managed) bool {
 	scraper := r.scraperOf(e, prof)
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + prof.MetricsPath
 	deadline := r.cfg.Clock.Now().Add(r.cfg.DrainMax)
-	tick := time.NewTicker(r.cfg.Poll)
+	tick := r.cfg.Clock.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(r.base, statusTimeout)
@@ -43,7 +42,7 @@ func (r *Runner) awaitIdle(e *managed) bool {
 		select {
 		case <-r.quit:
 			return false
-		case <-tick.C:
+		case <-tick.Chan():
 		}
 	}
 }
@@ -59,12 +58,12 @@ func (r *Runner) finish(e *managed) {
 	drain := e.drain
 	r.mu.Unlock()
 	if drain {
-		t := time.NewTimer(r.cfg.DrainDelay)
+		t := r.cfg.Clock.NewTimer(r.cfg.DrainDelay)
 		select {
 		case <-r.quit:
 			t.Stop()
 			return // the next agent adopts it and decides
-		case <-t.C:
+		case <-t.Chan():
 		}
 		if !r.awaitIdle(e) {
 			return // the agent is closing: the next one decides
@@ -76,12 +75,12 @@ func (r *Runner) finish(e *managed) {
 			break
 		}
 		r.log.Error("stop engine failed; trying again", "engine", e.id, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
+		t := r.cfg.Clock.NewTimer(delay)
 		select {
 		case <-r.quit:
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.Chan():
 		}
 	}
 	_ = shardstate.Remove(r.cfg.DataDir.ShardsDir(), shardstate.FileID(e.state))

@@ -75,7 +75,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		w.everReady = true
 		w.live.becameReady(w.clock.since)
 	}
-	tick := time.NewTicker(r.cfg.Poll)
+	tick := r.cfg.Clock.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
 	for {
 		if ctx.Err() != nil {
@@ -122,7 +122,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-tick.C:
+		case <-tick.Chan():
 		case <-r.quit:
 			return
 		}

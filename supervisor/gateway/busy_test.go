@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -71,14 +72,6 @@ func bounded(firstByte, idle time.Duration) map[string]profile.Profile {
 	return ps
 }
 
-// postWithin is post with the client giving up after within.
-func (h *harness) postWithin(body string) answer {
-	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	return h.do(ctx, http.MethodPost, "/v1/chat/completions", body)
-}
-
 // goPost posts body from a goroutine, the client giving up after within;
 // a request that fails comes back as status 0 with the error as its body
 // (t.Fatal belongs to the test's own goroutine).
@@ -101,6 +94,33 @@ func (h *harness) goPost(body string) <-chan answer {
 		done <- answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
 	}()
 	return done
+}
+
+// stream posts body and returns the answer once its status and headers
+// came (a stream's come at once), the client giving up after within.
+func (h *harness) stream(body string) *http.Response {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	h.t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	resp, err := h.srv.Client().Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// pass moves the gateway's clock on by d once the attempt in flight has
+// armed its timer: a bound of the attempt passes when d reaches it.
+func (h *harness) pass(d time.Duration) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+		h.t.Fatalf("no attempt's timer armed: %v", err)
+	}
+	h.clock.Advance(d)
 }
 
 // withSpare is deployment "chat" with replica 0 at url on n1 and replica
@@ -127,7 +147,7 @@ func TestServerErrorsEject(t *testing.T) {
 			rep := h.gw.routing.Load().routes["chat"][0].rep
 			reason := fmt.Sprintf("status_%d", code)
 			for i := range 3 {
-				if rep.ejected(t0) {
+				if rep.health.ejected(t0) {
 					t.Fatalf("ejected after %d answers, want 3", i)
 				}
 				a := h.post("/v1/chat/completions", chatBody("chat", false))
@@ -135,7 +155,7 @@ func TestServerErrorsEject(t *testing.T) {
 					t.Fatalf("request %d: %+v, want the engine's own answer", i, a)
 				}
 			}
-			if !rep.ejected(t0) {
+			if !rep.health.ejected(t0) {
 				t.Fatalf("not ejected after three %d answers in a row", code)
 			}
 			if n := value(t, h.gw.m.ejections.WithLabelValues("chat", "chat-0", reason)); n != 1 {
@@ -167,9 +187,9 @@ func TestServerErrorsRetriedOrRelayed(t *testing.T) {
 				t.Fatalf("answer %d, the other replica got %d: want the engine's 500, not retried", a.status, spare.hits.Load())
 			}
 			rep := h.gw.routing.Load().routes["chat"][0].rep
-			rep.mu.Lock()
-			failures := rep.failures
-			rep.mu.Unlock()
+			rep.health.mu.Lock()
+			failures := rep.health.failures
+			rep.health.mu.Unlock()
 			if failures != 1 {
 				t.Fatalf("failures = %d, want 1", failures)
 			}
@@ -192,7 +212,7 @@ func TestBusyNeverEjects(t *testing.T) {
 			if n := busy.hits.Load(); n != 20 {
 				t.Fatalf("the busy replica got %d of 20 requests", n)
 			}
-			if h.gw.routing.Load().routes["chat"][0].rep.ejected(t0) || value(t, h.gw.m.ejections) != 0 {
+			if h.gw.routing.Load().routes["chat"][0].rep.health.ejected(t0) || value(t, h.gw.m.ejections) != 0 {
 				t.Fatal("a busy replica was ejected")
 			}
 		})
@@ -222,7 +242,21 @@ func TestFirstByteTimeout(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			hung, spare := hang(t, c.start), newUpstream(t, chatOK)
 			h := newHarness(t, Config{EjectAfter: 1, Profiles: bounded(100*time.Millisecond, 0)}, withSpare(hung.URL, spare.URL).snapshot())
-			a := h.postWithin(chatBody("chat", c.stream))
+			var a answer
+			if c.stream {
+				// The bound passes once the stream's headers went out.
+				resp := h.stream(chatBody("chat", true))
+				h.pass(100 * time.Millisecond)
+				b, _ := io.ReadAll(resp.Body)
+				a = answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
+			} else {
+				done := h.goPost(chatBody("chat", false))
+				testwait.Until(t, within, "the request reached the engine", func() (bool, string) {
+					return hung.hits.Load() == 1, fmt.Sprint(hung.hits.Load())
+				})
+				h.pass(100 * time.Millisecond)
+				a = <-done
+			}
 			var e errorBody
 			if c.stream {
 				if a.status != 200 || !strings.HasPrefix(a.body, "data: ") || !strings.HasSuffix(a.body, "\n\n") {
@@ -251,34 +285,86 @@ func TestFirstByteTimeout(t *testing.T) {
 	}
 }
 
+// A first-byte timeout ejects the replica for EjectFor from when the bound
+// passed, not from when the request was sent: the bound (minutes) is
+// longer than the ejection (seconds), which would otherwise be over
+// before it began.
+func TestFirstByteTimeoutEjectsFromTheTimeout(t *testing.T) {
+	hung := hang(t, nil)
+	h := newHarness(t, Config{EjectAfter: 1, EjectFor: 10 * time.Second, Profiles: bounded(time.Minute, 0)}, oneDeployment(hung.URL).snapshot())
+	done := h.goPost(chatBody("chat", false))
+	testwait.Until(t, within, "the request reached the engine", func() (bool, string) {
+		return hung.hits.Load() == 1, fmt.Sprint(hung.hits.Load())
+	})
+	h.pass(time.Minute)
+	if a := <-done; a.status != 504 {
+		t.Fatalf("answer %+v, want 504", a)
+	}
+	rep := h.gw.routing.Load().routes["chat"][0].rep
+	if now := h.clock.Now(); !rep.health.ejected(now) || rep.health.ejected(now.Add(10*time.Second)) {
+		t.Fatalf("at %v: ejected %v, ten seconds on %v: want ejected for ten seconds from the timeout",
+			now, rep.health.ejected(now), rep.health.ejected(now.Add(10*time.Second)))
+	}
+}
+
 // The stream-idle bound runs from the first byte on: before it, a stream
 // whose headers came at once (vLLM sends them before the prefill) waits
 // under the first-byte bound only, as a long prompt's prefill must.
 func TestStreamIdleBoundStartsWithTheFirstByte(t *testing.T) {
-	release := make(chan struct{})
-	var cancelled atomic.Bool
-	slow := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		streamStart()(w)
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			cancelled.Store(true)
-			return
-		}
-		io.WriteString(w, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
-	})
-	h := newHarness(t, Config{Profiles: bounded(within, 50*time.Millisecond)}, oneDeployment(slow.URL).snapshot())
-	done := h.goPost(chatBody("chat", true))
-	testwait.Until(t, within, "the request reached the engine", func() (bool, string) {
-		return slow.hits.Load() == 1, fmt.Sprint(slow.hits.Load())
-	})
-	testwait.StaysTrue(t, 300*time.Millisecond, "waiting on the first event, six idle bounds long", func() (bool, string) {
-		return !cancelled.Load(), "the engine's request was cancelled"
-	})
-	close(release)
-	if a := <-done; a.status != 200 || a.body != "data: {\"n\":1}\n\ndata: [DONE]\n\n" {
-		t.Fatalf("answer %+v, want the whole stream", a)
+	const idle = 50 * time.Millisecond
+	for _, c := range []struct {
+		name      string
+		firstByte time.Duration
+		cut       bool
+	}{
+		{"headers start no idle bound", within, false},
+		// The negative control: a bound that does pass within those six
+		// idle bounds cuts the request, and the same window sees it.
+		{"negative control: a first-byte bound that passes", idle, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			release := make(chan struct{})
+			var cancelled atomic.Bool
+			slow := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				streamStart()(w)
+				w.(http.Flusher).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					cancelled.Store(true)
+					return
+				}
+				io.WriteString(w, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
+			})
+			t.Cleanup(func() {
+				select {
+				case <-release:
+				default:
+					close(release)
+				}
+			})
+			h := newHarness(t, Config{Profiles: bounded(c.firstByte, idle)}, oneDeployment(slow.URL).snapshot())
+			resp := h.stream(chatBody("chat", true))
+			h.pass(6 * idle)
+			check, what := testwait.StaysTrue, "waiting on the first event, six idle bounds on"
+			if c.cut {
+				check, what = testwait.BreaksWithin, "cut by a first-byte bound within six idle bounds"
+			}
+			check(t, 300*time.Millisecond, what, func() (bool, string) {
+				return !cancelled.Load(), "the engine's request was cancelled"
+			})
+			close(release)
+			b, _ := io.ReadAll(resp.Body)
+			if c.cut {
+				if e := (answer{body: strings.TrimSpace(strings.TrimPrefix(string(b), "data: "))}).apiError(t); e.Error.Code != "first_byte_timeout" {
+					t.Fatalf("final event %+v, want first_byte_timeout", e.Error)
+				}
+				return
+			}
+			if resp.StatusCode != 200 || string(b) != "data: {\"n\":1}\n\ndata: [DONE]\n\n" {
+				t.Fatalf("answer %d %q, want the whole stream", resp.StatusCode, b)
+			}
+		})
 	}
 }
 
@@ -289,7 +375,17 @@ func TestStreamIdleTimeout(t *testing.T) {
 	t.Run("stream", func(t *testing.T) {
 		hung := hang(t, streamStart("data: {\"n\":1}\n\n"))
 		h := newHarness(t, Config{Profiles: bounded(0, 100*time.Millisecond)}, oneDeployment(hung.URL).snapshot())
-		a := h.postWithin(chatBody("chat", true))
+		resp := h.stream(chatBody("chat", true))
+		// The relay read the event before it passed it on: the idle bound
+		// runs from that read.
+		br := bufio.NewReader(resp.Body)
+		first, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("first line %q: %v", first, err)
+		}
+		h.pass(100 * time.Millisecond)
+		rest, _ := io.ReadAll(br)
+		a := answer{status: resp.StatusCode, body: first + string(rest)}
 		events := strings.SplitAfter(a.body, "\n\n")
 		if a.status != 200 || len(events) != 3 || events[0] != "data: {\"n\":1}\n\n" || events[2] != "" {
 			t.Fatalf("answer %d, events %q", a.status, events)
@@ -317,8 +413,15 @@ func TestStreamIdleTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil || ctx.Err() != nil {
+		// The relay read these bytes before it passed them on: the idle
+		// bound runs from that read.
+		b := make([]byte, len(`{"id":"x","choi`))
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			t.Fatalf("read %q: %v", b, err)
+		}
+		h.pass(100 * time.Millisecond)
+		rest, err := io.ReadAll(resp.Body)
+		if b = append(b, rest...); err == nil || ctx.Err() != nil {
 			t.Fatalf("read %q, %v (client deadline: %v): want the transfer aborted by the gateway", b, err, ctx.Err())
 		}
 		if n := value(t, h.gw.m.upstreamErrors.WithLabelValues("chat", "chat-0", "stream_idle_timeout")); n != 1 {

@@ -12,11 +12,11 @@
 //     nothing else is routable); a gang only through its rank-0 shard and
 //     only whole. A lease that lapses between views is skipped at request
 //     time.
-//   - the choice of replica (Policy; LeastLoad by default), fed with the
-//     engines' running and waiting requests as the gateway scrapes them
-//     (at most every second, only for deployments with traffic, the
-//     gossiped load as the fallback), corrected by the gateway's own
-//     requests since the scrape.
+//   - the choice of replica (Policy; Prefix by default, as the node's
+//     --gateway-policy), fed with the engines' running and waiting
+//     requests as the gateway scrapes them (at most every second, only for
+//     deployments with traffic, the gossiped load as the fallback),
+//     corrected by the gateway's own requests since the scrape.
 //   - retries before the first byte, passive outlier ejection with a panic
 //     mode, streaming of server-sent events event by event with an error
 //     event when the engine dies mid-stream, and cancellation of the
@@ -50,4 +50,26 @@
 // change made to it is the model, rewritten to the deployment name when
 // the client named the deployment's model id, since engines serve the
 // deployment name.
+//
+// Where things are:
+//
+//   - gateway.go: Config, New, Update (the table and letting go of
+//     engines), the surface (ServeHTTP, /v1/models, /health), keys.
+//   - exchange.go: one proxied request from reading its body to its count
+//     and log line (finish).
+//   - attempt.go: the attempt loop (forward): the choice of replica, the
+//     retry and ejection rules, one attempt's send.
+//   - relay.go: the answer's way to the client: the plain body, events
+//     one by one, the first-byte and stream-idle timers.
+//   - account.go: an attempt's books, closed in one place (done): in-flight
+//     counts, upstream errors, failures and ejections, the log's replica.
+//   - loadestimate.go, health.go, replica.go: what the gateway learns of
+//     one engine (its load; its failures and ejection; its attempts in
+//     flight, cut when it leaves routing).
+//   - scan.go: the JSON scanners every request body goes through;
+//     request.go reads a body with them, prefix.go keys a prompt.
+//   - policy.go, prefix.go: the policies; table.go: the routing table;
+//     scrape.go: load scrapes; limits.go, keys.go: per-key limits and the
+//     keys file; errors.go, metrics.go, accesslog.go, stats.go: the
+//     answers, figures and log the gateway gives.
 package gateway

@@ -10,16 +10,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/bearer"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Config configures a Gateway. The zero value serves (open, no access log,
-// least-load choice, built-in engine profiles, the real clock).
+// the prefix policy, built-in engine profiles, the real clock).
 type Config struct {
-	// Now is the clock leases, ejections, scrapes and durations are judged
-	// by; nil is time.Now.
-	Now func() time.Time
+	// Clock is the clock leases, ejections, scrapes, durations and
+	// per-attempt timeouts are judged by; nil is the real one.
+	Clock clock.Clock
 	// Transport carries requests to engines, and the gateway's scrapes of
 	// their /metrics; nil is NewTransport().
 	Transport http.RoundTripper
@@ -45,7 +47,8 @@ type Config struct {
 	// AccessLogQueue is how many lines may wait for the writer before
 	// new ones are dropped (4096 when zero).
 	AccessLogQueue int
-	// Policy chooses among routable replicas; nil is least load.
+	// Policy chooses among routable replicas; nil is Prefix with its
+	// defaults, as `llmgw node up --gateway-policy` defaults to.
 	Policy Policy
 	// Profiles give each engine kind's metrics path and names, for the
 	// gateway's own load scrapes; nil is profile.Builtin(). An engine
@@ -65,8 +68,8 @@ type Config struct {
 	// answer, from sending the request; StreamIdleTimeout bounds the gap
 	// between two reads of an answer's body after it. Zero is the engine
 	// kind's profile (Readiness.FirstByteTimeout, StreamIdleTimeout), and
-	// an engine kind with neither is not bounded. They are real time, as
-	// network deadlines are, whatever Now says.
+	// an engine kind with neither is not bounded. Their timers run on
+	// Clock, so a test passes a bound by advancing it.
 	FirstByteTimeout  time.Duration
 	StreamIdleTimeout time.Duration
 	// StatsWindow is the window Stats reports over (1 min when zero).
@@ -90,9 +93,9 @@ const maxAttempts = 3
 // and a prometheus.Collector. The node feeds it every snapshot with Update;
 // requests read the routing table of the last one without locks.
 type Gateway struct {
-	cfg Config
-	now func() time.Time
-	tr  http.RoundTripper
+	cfg   Config
+	clock clock.Clock
+	tr    http.RoundTripper
 	// ownTransport: the gateway made tr, and closes its idle connections
 	// when it stops.
 	ownTransport bool
@@ -146,15 +149,15 @@ type liveRoute struct {
 // New returns a gateway with an empty table: until the first Update, every
 // model is unknown.
 func New(cfg Config) *Gateway {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
 	}
 	ownTransport := cfg.Transport == nil
 	if ownTransport {
 		cfg.Transport = NewTransport()
 	}
 	if cfg.Policy == nil {
-		cfg.Policy = &LeastLoad{}
+		cfg.Policy = &Prefix{}
 	}
 	if cfg.Profiles == nil {
 		cfg.Profiles = profile.Builtin()
@@ -180,14 +183,14 @@ func New(cfg Config) *Gateway {
 	if cfg.StatsWindow <= 0 {
 		cfg.StatsWindow = time.Minute
 	}
-	g := &Gateway{cfg: cfg, now: cfg.Now, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
+	g := &Gateway{cfg: cfg, clock: cfg.Clock, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
 		stats: newStats(cfg.StatsWindow), callers: newCallers(), bodies: newBodyPool(), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
 	if cfg.AccessLog != nil {
 		g.log = newAccessLog(cfg.AccessLog, cfg.AccessLogQueue, g.m.logDropped.Inc)
 	}
 	g.scrape = newScrapers(g)
 	g.keys.Store(cfg.Keys)
-	g.routing.Store(&routing{table: BuildTable(nil, cfg.Now()), routes: map[string][]*liveRoute{}})
+	g.routing.Store(&routing{table: BuildTable(nil, cfg.Clock.Now()), routes: map[string][]*liveRoute{}})
 	return g
 }
 
@@ -206,7 +209,7 @@ func New(cfg Config) *Gateway {
 // rank-0 engine, the one its requests go to; when another rank fails,
 // rank 0's holder restarts the gang, and rank 0 reads unready too.
 func (g *Gateway) Update(snap *status.Snapshot) {
-	now := g.now()
+	now := g.clock.Now()
 	t := BuildTable(snap, now)
 	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.published(now)}
 	g.statesMu.Lock()
@@ -237,7 +240,7 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 		if t.unready[engineAt(st.engineID, st.node)] {
 			cut = append(cut, st)
 		}
-		if st.rep.inFlight() > 0 {
+		if st.rep.load.inFlight() > 0 {
 			next[k] = st
 		}
 	}
@@ -266,7 +269,7 @@ func (g *Gateway) SetKeys(ks *KeySet) {
 
 // Stats is each deployment's recent traffic through this gateway, sorted by
 // deployment.
-func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.now()) }
+func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.clock.Now()) }
 
 // rateWindow is how far back Rates looks: long enough that a steady rate
 // reads steady. rateRise is the short window it also reads, so that
@@ -286,7 +289,7 @@ const (
 // (gossip.NodeRecord.GatewayRates), and the other gateways weigh by it how
 // much of a replica's unseen load may be this one's (Table.Others), which
 // divides by this gateway's own figure, measured alike.
-func (g *Gateway) Rates() map[string]float64 { return g.stats.published(g.now()) }
+func (g *Gateway) Rates() map[string]float64 { return g.stats.published(g.clock.Now()) }
 
 // StatsWindow is the window Stats reports over (Config.StatsWindow).
 func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }
@@ -363,7 +366,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // refuse answers a request the gateway turns down itself, and logs it.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *apiError, model string) {
 	e.write(w)
-	at := g.now()
+	at := g.clock.Now()
 	if model == "" {
 		model = unknownModel
 	}
@@ -406,7 +409,7 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rt := g.routing.Load()
-	now := g.now()
+	now := g.clock.Now()
 	cards := []modelCard{}
 	for _, name := range rt.table.names {
 		for _, lr := range rt.routes[name] {
@@ -450,10 +453,11 @@ func (g *Gateway) authorize(r *http.Request) (k *apiKey, err *apiError) {
 	if h == "" {
 		return nil, errUnauthorized("missing API key: send Authorization: Bearer <key>")
 	}
-	tok, ok := bearer(h)
+	tok, ok := bearer.Token(h)
 	if !ok {
 		return nil, errUnauthorized("malformed Authorization header: want Bearer <key>")
 	}
+	// find compares the token with every key in constant time.
 	if k = ks.find(tok); k == nil {
 		return nil, errUnauthorized("invalid API key")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
@@ -480,7 +481,7 @@ func TestThroughTheFakeEngine(t *testing.T) {
 	w.deploy(placement.Deployment{Name: "chat", Engine: "fake", Model: "org/fake"})
 	w.node("n1", gossip.StateAlive)
 	w.hold(cp{dep: "chat", node: "n1", url: "http://" + ln.Addr().String()})
-	h := newHarness(t, Config{Now: time.Now}, w.snapshot())
+	h := newHarness(t, Config{Clock: clock.Real()}, w.snapshot())
 	// The real clock: leases were judged at t0, long ago; rebuild at now.
 	h.gw.Update(w.snapshotAt(time.Now()))
 	a := h.post("/v1/chat/completions", `{"model":"org/fake","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"one two three"}]}`)
@@ -493,7 +494,7 @@ func TestThroughTheFakeEngine(t *testing.T) {
 	}
 	// The gateway scraped the engine's load meanwhile.
 	testwait.Until(t, 5*time.Second, "a load scrape", func() (bool, string) {
-		r := h.gw.routing.Load().routes["chat"][0].rep
+		r := &h.gw.routing.Load().routes["chat"][0].rep.load
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.haveValue, fmt.Sprint(r.scrapedAt)

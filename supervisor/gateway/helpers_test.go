@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -30,15 +31,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 const ttl = 3 * time.Second
-
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // world is a hand-made cluster: deployments, nodes, the shard copies they
 // hold and the plan, turned into a status.Snapshot the way a reconcile
@@ -242,14 +234,14 @@ type harness struct {
 	t     *testing.T
 	gw    *Gateway
 	srv   *httptest.Server
-	clock *fakeClock
+	clock *clock.Fake
 }
 
 func newHarness(t *testing.T, cfg Config, snap *status.Snapshot) *harness {
 	t.Helper()
-	h := &harness{t: t, clock: &fakeClock{t: t0}}
-	if cfg.Now == nil {
-		cfg.Now = h.clock.Now
+	h := &harness{t: t, clock: clock.NewFake(t0)}
+	if cfg.Clock == nil {
+		cfg.Clock = h.clock
 	}
 	h.gw = New(cfg)
 	if snap != nil {

@@ -178,13 +178,3 @@ func parseKeyOptions(rest string) (string, Limits, error) {
 	}
 	return strings.Join(words[:i], " "), lim, nil
 }
-
-// bearer extracts the token of an "Authorization: Bearer <token>" header.
-func bearer(h string) (string, bool) {
-	scheme, tok, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	tok = strings.TrimSpace(tok)
-	return tok, tok != ""
-}

@@ -112,7 +112,7 @@ func (g *Gateway) Collect(ch chan<- prometheus.Metric) {
 	sums := map[key]int{}
 	g.statesMu.Lock()
 	for _, st := range g.states {
-		sums[key{st.deployment, st.replicaID}] += st.rep.inFlight()
+		sums[key{st.deployment, st.replicaID}] += st.rep.load.inFlight()
 	}
 	g.statesMu.Unlock()
 	for k, n := range sums {

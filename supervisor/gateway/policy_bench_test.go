@@ -178,7 +178,7 @@ func runPolicy(b *testing.B, policy string, w loadgen.Workload, rate float64, do
 	// The snapshot's leases were judged at its making; keep the view fresh
 	// for a run longer than a lease, and carry each gateway's rates to the
 	// others every second. Unlike the nodes' records, every second and
-	// unrounded: the node's republication rule (gatewayRatesDue) is not
+	// unrounded: the node's republication rule (publish.Load) is not
 	// part of what this measures.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

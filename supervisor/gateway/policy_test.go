@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -27,15 +28,15 @@ func TestLeastLoadChoosesLowestAndRotatesTies(t *testing.T) {
 // started since that scrape began: requests the scrape already counted are
 // not counted again, and those it could not have seen are.
 func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
-	r := newReplica()
+	r := &loadEstimate{}
 	floor := time.Second // no requests finished yet: scraped every second
 	// Two requests before any scrape: without a scrape, the gossiped 5
 	// wins over 2 in flight (they may be among the 5).
 	a, b := r.begin(t0), r.begin(t0)
-	if got, _ := r.load(t0, floor, 5); got != 5 {
+	if got, _ := r.estimate(t0, floor, 5); got != 5 {
 		t.Fatalf("no scrape, gossip 5, 2 in flight: load %v, want 5", got)
 	}
-	if got, _ := r.load(t0, floor, 1); got != 2 {
+	if got, _ := r.estimate(t0, floor, 1); got != 2 {
 		t.Fatalf("no scrape, gossip 1, 2 in flight: load %v, want 2", got)
 	}
 	// A scrape starts; one request arrives while it runs; it reads 7
@@ -50,28 +51,28 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 		t.Fatal("a second scrape due while the first is in flight")
 	}
 	r.scrapeDone(e, 7, at, true)
-	if got, own := r.load(at, floor, 0); got != 8 || own != 1 {
+	if got, own := r.estimate(at, floor, 0); got != 8 || own != 1 {
 		t.Fatalf("scraped 7, one request since: load %v own %v, want 8 and 1", got, own)
 	}
 	// a is refused after the reading: the engine never held it, so the
 	// reading stands. b is served to its end after the reading: the
 	// engine held it and no longer does.
 	r.end(a)
-	if got, _ := r.load(at, floor, 0); got != 8 {
+	if got, _ := r.estimate(at, floor, 0); got != 8 {
 		t.Fatalf("after a request the engine refused: load %v, want 8", got)
 	}
 	r.finish(b, at.Add(time.Millisecond))
-	if got, own := r.load(at, floor, 0); got != 7 || own != 1 {
+	if got, own := r.estimate(at, floor, 0); got != 7 || own != 1 {
 		t.Fatalf("after a request the scrape counted finished: load %v own %v, want 7 and 1", got, own)
 	}
 	d := r.begin(at)
-	if got, _ := r.load(at, floor, 0); got != 8 {
+	if got, _ := r.estimate(at, floor, 0); got != 8 {
 		t.Fatalf("two since the scrape: load %v, want 8", got)
 	}
 	// c started after the scrape began: it was never in the reading, and
 	// finishing it takes it out of the requests since.
 	r.finish(c, at.Add(time.Millisecond))
-	if got, own := r.load(at, floor, 0); got != 7 || own != 1 {
+	if got, own := r.estimate(at, floor, 0); got != 7 || own != 1 {
 		t.Fatalf("one since the scrape finished: load %v own %v, want 7 and 1", got, own)
 	}
 	// No second scrape within the interval; the next one resets both
@@ -81,21 +82,21 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 	}
 	e, _ = r.scrapeDue(t0.Add(time.Second), floor)
 	r.scrapeDone(e, 1, t0.Add(time.Second), true)
-	if got, own := r.load(t0.Add(time.Second), floor, 0); got != 1 || own != 0 {
+	if got, own := r.estimate(t0.Add(time.Second), floor, 0); got != 1 || own != 0 {
 		t.Fatalf("fresh scrape 1, nothing since: load %v own %v, want 1 and 0", got, own)
 	}
 	r.finish(d, t0.Add(time.Second+time.Millisecond))
-	if got, _ := r.load(t0.Add(time.Second), floor, 0); got != 0 {
+	if got, _ := r.estimate(t0.Add(time.Second), floor, 0); got != 0 {
 		t.Fatalf("the one request the fresh scrape counted finished: load %v, want 0", got)
 	}
 	// A reading is chosen by for 3 s (three intervals when longer) even
 	// when scrapes are 50 ms apart: at a request a second, each finds the
 	// reading its predecessor started. Past that, scrapes fail, and the
 	// gossiped load is the better guess.
-	if got, _ := r.load(t0.Add(3900*time.Millisecond), 50*time.Millisecond, 4); got != 0 {
+	if got, _ := r.estimate(t0.Add(3900*time.Millisecond), 50*time.Millisecond, 4); got != 0 {
 		t.Fatalf("a reading 2.9 s old: load %v, want the reading's 0 over the gossiped 4", got)
 	}
-	if got, _ := r.load(t0.Add(4100*time.Millisecond), 50*time.Millisecond, 4); got != 4 {
+	if got, _ := r.estimate(t0.Add(4100*time.Millisecond), 50*time.Millisecond, 4); got != 4 {
 		t.Fatalf("a reading 3.1 s old: load %v, want the gossiped 4", got)
 	}
 	if r.inFlight() != 0 {
@@ -107,12 +108,12 @@ func TestLoadCorrectsScrapeByInflightSinceIt(t *testing.T) {
 // floor and a second: staleness is relative to how long requests last.
 func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
 	const floor = 50 * time.Millisecond
-	serve := func(r *replica, d time.Duration, n int) {
+	serve := func(r *loadEstimate, d time.Duration, n int) {
 		for range n {
 			r.finish(r.begin(t0), t0.Add(d))
 		}
 	}
-	due := func(r *replica, after time.Duration) bool {
+	due := func(r *loadEstimate, after time.Duration) bool {
 		e, ok := r.scrapeDue(t0.Add(after), floor)
 		if ok {
 			r.scrapeDone(e, 0, time.Time{}, false)
@@ -130,7 +131,7 @@ func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
 		{"a minute's answers", time.Minute, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newReplica()
+			r := &loadEstimate{}
 			if tc.dur > 0 {
 				serve(r, tc.dur, 1)
 			}
@@ -147,7 +148,7 @@ func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
 	}
 	// The mean moves with the answers: a replica whose answers shorten is
 	// read more often.
-	r := newReplica()
+	r := &loadEstimate{}
 	serve(r, 4*time.Second, 1)
 	serve(r, 100*time.Millisecond, 40)
 	r.mu.Lock()
@@ -159,7 +160,7 @@ func TestScrapeIntervalFollowsRequestDuration(t *testing.T) {
 }
 
 func TestEjection(t *testing.T) {
-	r := newReplica()
+	r := &health{}
 	for i := range 2 {
 		if r.failed(t0, 3, time.Second) {
 			t.Fatalf("ejected after %d failures", i+1)
@@ -187,5 +188,15 @@ func TestLeastLoadCountsOwnRequestsForEveryGateway(t *testing.T) {
 	}
 	if got := p.Choose(&Request{Others: 2}, cands).Index; got != 1 {
 		t.Fatalf("three gateways: chose %d, want 1 (3 + 2x2 = 7 against 4)", got)
+	}
+}
+
+// A gateway built without a policy routes by prefix, as the node's
+// --gateway-policy does by default and the design says.
+func TestDefaultPolicyIsPrefix(t *testing.T) {
+	g := New(Config{})
+	defer g.Shutdown(context.Background())
+	if _, ok := g.policy.(*Prefix); !ok {
+		t.Fatalf("default policy %s, want prefix", g.policy.Name())
 	}
 }

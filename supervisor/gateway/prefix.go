@@ -131,40 +131,6 @@ func writeText(h *cappedHash, raw []byte) {
 	h.write([]byte(s))
 }
 
-// arrayElems returns the spans of a JSON array's elements; nil when raw is
-// not a well-formed array.
-func arrayElems(raw []byte) []span {
-	i := skipSpace(raw, 0)
-	if i >= len(raw) || raw[i] != '[' {
-		return nil
-	}
-	var out []span
-	i = skipSpace(raw, i+1)
-	if i < len(raw) && raw[i] == ']' {
-		return nil
-	}
-	for i < len(raw) {
-		end, err := skipValue(raw, i)
-		if err != nil {
-			return nil
-		}
-		out = append(out, span{i, end})
-		i = skipSpace(raw, end)
-		if i >= len(raw) {
-			return nil
-		}
-		switch raw[i] {
-		case ',':
-			i = skipSpace(raw, i+1)
-		case ']':
-			return out
-		default:
-			return nil
-		}
-	}
-	return nil
-}
-
 // rendezvous is the score of a replica for a key (highest random weight):
 // each replica's score for a key is independent of the others, so the
 // ranking of the replicas that remain is unchanged when one leaves.

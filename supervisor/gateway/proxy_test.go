@@ -98,11 +98,11 @@ func TestAllEjectedTriedAnyway(t *testing.T) {
 	u := newUpstream(t, chatOK)
 	h := newHarness(t, Config{}, oneDeployment(u.URL).snapshot())
 	rt := h.gw.routing.Load()
-	rt.routes["chat"][0].rep.eject(t0, time.Hour)
+	rt.routes["chat"][0].rep.health.eject(t0, time.Hour)
 	if a := h.post("/v1/chat/completions", chatBody("chat", false)); a.status != 200 {
 		t.Fatalf("answer = %+v", a)
 	}
-	if rt.routes["chat"][0].rep.ejected(t0) {
+	if rt.routes["chat"][0].rep.health.ejected(t0) {
 		t.Fatal("a replica that answered is still ejected")
 	}
 }
@@ -269,7 +269,7 @@ func TestClientErrorsPassThrough(t *testing.T) {
 			t.Fatalf("answer = %+v", a)
 		}
 	}
-	if u.hits.Load() != 5 || h.gw.routing.Load().routes["chat"][0].rep.ejected(t0) {
+	if u.hits.Load() != 5 || h.gw.routing.Load().routes["chat"][0].rep.health.ejected(t0) {
 		t.Fatalf("hits %d; the replica must serve them all and stay in", u.hits.Load())
 	}
 	if n := count(h.gw.m.ejections); n != 0 {
@@ -384,9 +384,10 @@ func TestScrapePresentsTheEngineKey(t *testing.T) {
 	}
 	testwait.Until(t, 5*time.Second, "the engine scraped", func() (bool, string) {
 		lr := h.gw.routing.Load().routes["chat"][0]
-		lr.rep.mu.Lock()
-		defer lr.rep.mu.Unlock()
-		return lr.rep.haveValue && lr.rep.scraped == 7, fmt.Sprint(lr.rep.haveValue, lr.rep.scraped)
+		l := &lr.rep.load
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.haveValue && l.scraped == 7, fmt.Sprint(l.haveValue, l.scraped)
 	})
 	if n := badScrapes.Load(); n != 0 {
 		t.Fatalf("%d scrapes without the engine's key", n)
@@ -412,12 +413,12 @@ func TestChoosesLeastLoaded(t *testing.T) {
 	// Gossip says chat-0 is busy: 3 requests.
 	w.hold(cp{dep: "chat", replica: 0, node: "n1", url: a.URL, load: gossip.ShardLoad{Running: 2, Waiting: 1}})
 	w.hold(cp{dep: "chat", replica: 1, node: "n2", url: b.URL})
-	h := newHarness(t, Config{}, w.snapshot())
+	h := newHarness(t, Config{Policy: &LeastLoad{}}, w.snapshot())
 	// Scrapes would read 0 from both engines; keep them out by marking
 	// them just done.
 	for _, lr := range h.gw.routing.Load().routes["chat"] {
-		e, _ := lr.rep.scrapeDue(t0, time.Second)
-		lr.rep.scrapeDone(e, 0, time.Time{}, false)
+		e, _ := lr.rep.load.scrapeDue(t0, time.Second)
+		lr.rep.load.scrapeDone(e, 0, time.Time{}, false)
 	}
 	done := make(chan answer, 5)
 	for i := range 5 {
@@ -517,17 +518,17 @@ func TestChoosesByScrapedLoad(t *testing.T) {
 	}
 	busy, idle := newUpstream(t, slow), newUpstream(t, slow)
 	busy.running.Store(3)
-	h := newHarness(t, Config{}, oneDeployment(busy.URL, idle.URL).snapshot())
+	h := newHarness(t, Config{Policy: &LeastLoad{}}, oneDeployment(busy.URL, idle.URL).snapshot())
 	// The first request starts the scrapes of both engines.
 	h.post("/v1/chat/completions", chatBody("chat", false))
 	testwait.Until(t, 5*time.Second, "both engines scraped", func() (bool, string) {
 		n := 0
 		for _, lr := range h.gw.routing.Load().routes["chat"] {
-			lr.rep.mu.Lock()
-			if lr.rep.haveValue {
+			lr.rep.load.mu.Lock()
+			if lr.rep.load.haveValue {
 				n++
 			}
-			lr.rep.mu.Unlock()
+			lr.rep.load.mu.Unlock()
 		}
 		return n == 2, fmt.Sprint(n)
 	})

@@ -52,7 +52,7 @@ func (s *scrapers) forEngine(engine string) *engineScraper {
 	if p, ok := s.g.cfg.Profiles[engine]; ok && p.MetricsPath != "" && (p.Metrics.Running != "" || p.Metrics.Waiting != "") {
 		client := &http.Client{Transport: s.g.tr, Timeout: scrapeTimeout}
 		es = &engineScraper{path: p.MetricsPath,
-			s: load.NewScraper(client, nowFunc(s.g.now), load.WithNames(p.Metrics.LoadNames()))}
+			s: load.NewScraper(client, s.g.clock, load.WithNames(p.Metrics.LoadNames()))}
 	}
 	s.byEngine[engine] = es
 	return es
@@ -64,14 +64,14 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 	if es == nil {
 		return
 	}
-	epoch, due := lr.rep.scrapeDue(now, s.g.cfg.ScrapeInterval)
+	epoch, due := lr.rep.load.scrapeDue(now, s.g.cfg.ScrapeInterval)
 	if !due {
 		return
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		lr.rep.scrapeDone(epoch, 0, time.Time{}, false)
+		lr.rep.load.scrapeDone(epoch, 0, time.Time{}, false)
 		return
 	}
 	s.wg.Add(1)
@@ -90,10 +90,10 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 		sm, err := es.s.ScrapeAs(ctx, url, key)
 		if err != nil {
 			s.g.m.scrapeErrors.Inc()
-			rep.scrapeDone(epoch, 0, time.Time{}, false)
+			rep.load.scrapeDone(epoch, 0, time.Time{}, false)
 			return
 		}
-		rep.scrapeDone(epoch, sm.Running+sm.Waiting, sm.At, true)
+		rep.load.scrapeDone(epoch, sm.Running+sm.Waiting, sm.At, true)
 	}()
 }
 
@@ -105,8 +105,3 @@ func (s *scrapers) close() {
 	s.cancel()
 	s.wg.Wait()
 }
-
-// nowFunc adapts the gateway's time source to the scraper's.
-type nowFunc func() time.Time
-
-func (f nowFunc) Now() time.Time { return f() }

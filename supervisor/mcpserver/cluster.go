@@ -381,7 +381,7 @@ func (s *Server) load(_ context.Context, in loadIn) (any, error) {
 	return out, nil
 }
 
-func (s *Server) place(_ context.Context, in placeIn) (any, error) {
+func (s *Server) place(ctx context.Context, in placeIn) (any, error) {
 	if len(in.Spec) == 0 {
 		return nil, errors.New("spec is empty: give at least name and model")
 	}
@@ -393,7 +393,7 @@ func (s *Server) place(_ context.Context, in placeIn) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spec refused: %w", err)
 	}
-	info, err := s.node.Place(d)
+	info, err := s.node.Place(ctx, d)
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ type Reader interface {
 // Placer changes what the cluster runs, through the same validated path
 // as the node's HTTP API.
 type Placer interface {
-	Place(spec placement.Deployment) (status.DeploymentInfo, error)
+	Place(ctx context.Context, spec placement.Deployment) (status.DeploymentInfo, error)
 	Unplace(name string) error
 }
 

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 )
 
@@ -21,6 +22,17 @@ type DisksReader struct {
 	// Statfs reads a file system's free (available to unprivileged
 	// users) and total bytes (Statfs).
 	Statfs func(path string) (free, total uint64, err error)
+	// Clock times Read's bound. Nil: the Overview's clock in a frame, the
+	// real clock otherwise.
+	Clock clock.Clock
+}
+
+// on is r with its Clock set to c where it has none.
+func (r DisksReader) on(c clock.Clock) DisksReader {
+	if r.Clock == nil {
+		r.Clock = c
+	}
+	return r
 }
 
 // DisksSection is what the Disks section shows.
@@ -68,7 +80,11 @@ func (r DisksReader) Read(d datadir.Dir, st stamp, limit time.Duration) DisksSec
 			ch <- result{f, t, err}
 		}(disks[i].Path, chans[i])
 	}
-	deadline := time.NewTimer(limit)
+	clk := r.Clock
+	if clk == nil {
+		clk = clock.Real()
+	}
+	deadline := clk.NewTimer(limit)
 	defer deadline.Stop()
 	for i := range disks {
 		select {
@@ -80,7 +96,7 @@ func (r DisksReader) Read(d datadir.Dir, st stamp, limit time.Duration) DisksSec
 			case res.err != nil:
 				disks[i].Err = res.err.Error()
 			}
-		case <-deadline.C:
+		case <-deadline.Chan():
 			// The timer fired once: every disk not yet answered is late.
 			for j := i; j < len(disks); j++ {
 				select {

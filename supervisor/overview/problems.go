@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/host"
 )
 
@@ -172,7 +173,7 @@ func keepLast(lines []string, n int) []string {
 // the GPUs' Xid counts and the problems.
 type FaultsReader struct {
 	Run   Runner
-	Clock host.Clock
+	Clock clock.Clock
 	// Root is the host's file system, for /proc/stat (default "/").
 	Root fs.FS
 	// AsRoot: the reader runs as root (the kernel log may be restricted).

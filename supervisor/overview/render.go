@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Render draws a frame for a screen width columns wide (0: no limit).
@@ -130,13 +132,8 @@ func (r renderer) peers(p PeersSection) {
 	t := Table{Head: []string{"NAME", "GOSSIP", "STATE", "GOSSIP PORT"}, Flex: -1}
 	for _, x := range p.Peers {
 		state := S(dash(x.State), r.st.Dim)
-		switch x.State {
-		case "alive":
-			state = S(x.State, r.st.OK)
-		case "suspect":
-			state = S(x.State, r.st.Warn)
-		case "dead":
-			state = S(x.State, r.st.Bad)
+		if status.StateTone(x.State) != status.ToneNone {
+			state = r.st.State(x.State)
 		}
 		port := S("reachable", r.st.OK)
 		if x.DialErr != "" {
@@ -235,13 +232,8 @@ func (r renderer) engines(e EnginesSection) {
 				up = Ago(r.now.Sub(x.StartedAt))
 			}
 			lease := S("-", r.st.Dim)
-			switch x.Lease {
-			case "valid":
-				lease = S(x.Lease, r.st.OK)
-			case "starting":
-				lease = S(x.Lease, r.st.Warn)
-			case "lapsed":
-				lease = S(x.Lease, r.st.Bad)
+			if status.StateTone(x.Lease) != status.ToneNone {
+				lease = r.st.State(x.Lease)
 			}
 			if x.Status != "" && x.Status != "ready" {
 				lease.Text += " (" + x.Status + ")"

@@ -7,6 +7,8 @@ import (
 	"github.com/charmbracelet/lipgloss"
 	"github.com/charmbracelet/x/ansi"
 	"github.com/muesli/termenv"
+
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // Styles colour the terminal views (this overview and llmgw top). Plain
@@ -39,6 +41,32 @@ func StylesFor(r *lipgloss.Renderer) Styles {
 		Dim:   r.NewStyle().Faint(true),
 		Color: true,
 	}
+}
+
+// Tone is the style of a state's tone: the terminal's side of the one
+// palette (status.Tone; the cluster page maps the same tones to its CSS
+// classes). ToneNone has no style: ok is false.
+func (s Styles) Tone(t status.Tone) (style lipgloss.Style, ok bool) {
+	switch t {
+	case status.ToneOK:
+		return s.OK, true
+	case status.ToneWarn:
+		return s.Warn, true
+	case status.ToneBad:
+		return s.Bad, true
+	case status.ToneIdle:
+		return s.Dim, true
+	}
+	return lipgloss.Style{}, false
+}
+
+// State is a cell of a node, shard or lease state word in its tone's style
+// (status.StateTone); a word that is no state is plain.
+func (s Styles) State(word string) Cell {
+	if style, ok := s.Tone(status.StateTone(word)); ok {
+		return S(word, style)
+	}
+	return C(word)
 }
 
 // Cell is one table cell: its text and how it is drawn.

@@ -24,7 +24,7 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 	members := snap.Members()
 	down := map[string]bool{}
 	for _, m := range members {
-		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: stateClass(m.State), Self: m.Name == snap.Self(),
+		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: toneClass(status.MemberTone(m.State)), Self: m.Name == snap.Self(),
 			Agent: m.AgentVersion, Runtime: m.Runtime, Shards: len(m.Shards), Simulated: m.Probes.GPUsSimulated}
 		if m.State != gossip.StateAlive && m.State != gossip.StateSuspect {
 			down[m.Name] = true
@@ -160,8 +160,8 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 				r.Reason = clip(strings.TrimSpace(s.Reason+" "+fmt.Sprintf("rank %d on %s: %s", g.Rank, s.Node, g.Note)), maxReason)
 			}
 		}
-		r.StatusClass = statusClass(s.Status)
-		r.LeaseClass = leaseClass(s.Lease)
+		r.StatusClass = toneClass(status.ShardTone(s.Status))
+		r.LeaseClass = toneClass(status.LeaseTone(s.Lease))
 		d.Shards = append(d.Shards, r)
 		d.Summary.ShardCount++
 		if s.Lease == placement.LeaseValid {
@@ -321,36 +321,17 @@ func loadText(l gossip.ShardLoad, status gossip.ShardStatus) string {
 	return s
 }
 
-func stateClass(s gossip.MemberState) string {
-	switch s {
-	case gossip.StateAlive:
+// toneClass is the CSS class (page.html.tmpl's palette) of a state's tone.
+func toneClass(t status.Tone) string {
+	switch t {
+	case status.ToneOK:
 		return "ok"
-	case gossip.StateSuspect:
+	case status.ToneWarn:
 		return "warn"
-	case gossip.StateLeft:
+	case status.ToneBad:
+		return "bad"
+	case status.ToneIdle:
 		return "dim"
 	}
-	return "bad"
-}
-
-func statusClass(s gossip.ShardStatus) string {
-	switch s {
-	case gossip.ShardReady:
-		return "ok"
-	case gossip.ShardStarting, gossip.ShardPending, gossip.ShardStopping:
-		return "warn"
-	}
-	return "bad"
-}
-
-func leaseClass(l placement.LeaseState) string {
-	switch l {
-	case placement.LeaseValid:
-		return "ok"
-	case placement.LeaseStarting:
-		return "warn"
-	case status.LeaseNone:
-		return "dim"
-	}
-	return "bad"
+	return ""
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
 
@@ -61,6 +62,7 @@ type Runtime struct {
 	shmSize      int64
 	cdiDirs      []string
 	log          *slog.Logger
+	clk          clock.Clock
 	progressTick time.Duration
 	pollTick     time.Duration
 	killTimeout  time.Duration
@@ -78,6 +80,7 @@ type options struct {
 	shmSize      int64
 	cdiDirs      []string
 	log          *slog.Logger
+	clk          clock.Clock
 	progressTick time.Duration
 	dialTimeout  time.Duration
 }
@@ -110,6 +113,11 @@ func WithCDISpecDirs(dirs ...string) Option {
 // discarded).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
+// WithClock sets the clock that stamps a start whose state could not be
+// read back, times the pull progress reports and the waits of Stop (the
+// grace period, the bound after SIGKILL). Default: the real clock.
+func WithClock(c clock.Clock) Option { return func(o *options) { o.clk = c } }
+
 // WithProgressInterval sets how often EnsureImage logs pull progress
 // (default 5s).
 func WithProgressInterval(d time.Duration) Option { return func(o *options) { o.progressTick = d } }
@@ -124,6 +132,7 @@ func New(opts ...Option) (*Runtime, error) {
 		shmSize:      DefaultShmSize,
 		cdiDirs:      append([]string(nil), cdi.DefaultSpecDirs...),
 		log:          slog.New(slog.DiscardHandler),
+		clk:          clock.Real(),
 		progressTick: 5 * time.Second,
 		dialTimeout:  10 * time.Second,
 	}
@@ -142,7 +151,7 @@ func New(opts ...Option) (*Runtime, error) {
 	}
 	return &Runtime{
 		c: c, socket: o.socket, ns: o.ns, snapshotter: o.snapshotter, shmSize: o.shmSize,
-		cdiDirs: o.cdiDirs, log: o.log, progressTick: o.progressTick,
+		cdiDirs: o.cdiDirs, log: o.log, clk: o.clk, progressTick: o.progressTick,
 		pollTick: 50 * time.Millisecond, killTimeout: 10 * time.Second,
 	}, nil
 }

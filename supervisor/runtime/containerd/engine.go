@@ -169,7 +169,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	if err != nil {
 		// It runs: say so, rather than report a failure for a live engine.
 		r.log.Warn("engine started; reading its state failed", "container", cid, "err", err)
-		return runtime.Engine{ID: spec.ID, Labels: spec.Labels(), State: runtime.StateRunning, PID: int(task.Pid()), StartedAt: time.Now(), ContainerID: cid}, nil
+		return runtime.Engine{ID: spec.ID, Labels: spec.Labels(), State: runtime.StateRunning, PID: int(task.Pid()), StartedAt: r.clk.Now(), ContainerID: cid}, nil
 	}
 	return e, nil
 }
@@ -356,23 +356,23 @@ func (r *Runtime) stopTask(ctx, dctx context.Context, task client.Task, grace ti
 	if err := task.Kill(dctx, syscall.SIGTERM, client.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("SIGTERM: %w", err)
 	}
-	timer := time.NewTimer(grace)
+	timer := r.clk.NewTimer(grace)
 	defer timer.Stop()
 	select {
 	case <-exited:
 		return nil
-	case <-timer.C:
+	case <-timer.Chan():
 	case <-ctx.Done():
 	}
 	if err := task.Kill(dctx, syscall.SIGKILL, client.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("SIGKILL: %w", err)
 	}
-	kt := time.NewTimer(r.killTimeout)
+	kt := r.clk.NewTimer(r.killTimeout)
 	defer kt.Stop()
 	select {
 	case <-exited:
 		return nil
-	case <-kt.C:
+	case <-kt.Chan():
 		return fmt.Errorf("task still runs %s after SIGKILL", r.killTimeout)
 	}
 }

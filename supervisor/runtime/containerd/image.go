@@ -50,7 +50,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, progress func(don
 
 	p := &pullProgress{}
 	r.log.Info("pulling image", "ref", name)
-	start := time.Now()
+	start := r.clk.Now()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -69,7 +69,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, ref string, progress func(don
 		return fmt.Errorf("containerd runtime: pull %s: %w", name, err)
 	}
 	total, _, _, _ := p.snapshot()
-	r.log.Info("pulled image", "ref", name, "size", humanBytes(total), "took", time.Since(start).Round(time.Millisecond).String())
+	r.log.Info("pulled image", "ref", name, "size", humanBytes(total), "took", r.clk.Since(start).Round(time.Millisecond).String())
 	return nil
 }
 
@@ -123,7 +123,7 @@ func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgre
 	if r.progressTick <= 0 {
 		return
 	}
-	t := time.NewTicker(r.progressTick)
+	t := r.clk.NewTicker(r.progressTick)
 	defer t.Stop()
 	for {
 		select {
@@ -131,7 +131,7 @@ func (r *Runtime) reportProgress(ctx context.Context, name string, p *pullProgre
 			return
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.Chan():
 		}
 		total, doneBytes, blobs, finished := p.snapshot()
 		var inflight int64

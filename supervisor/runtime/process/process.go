@@ -82,7 +82,7 @@ type child struct {
 type Runtime struct {
 	dir     string
 	proc    string
-	now     func() time.Time
+	clk     clock.Clock
 	baseEnv []string
 	poll    time.Duration
 	killTO  time.Duration
@@ -97,10 +97,12 @@ var _ runtime.Runtime = (*Runtime)(nil)
 // Option configures New.
 type Option func(*Runtime)
 
-// WithClock sets the clock for StartedAt and ExitedAt stamps. Waiting for
-// processes to die uses real time regardless: the kernel does not follow a
-// fake clock.
-func WithClock(c clock.Clock) Option { return func(r *Runtime) { r.now = c.Now } }
+// WithClock sets the clock for StartedAt and ExitedAt stamps and for
+// Stop's waits (the grace period, the bound after SIGKILL, the polls of
+// /proc between them). The default is the real clock. With a fake one a
+// Stop of a live engine waits until the test advances it: the kernel's
+// processes die on real time, and only a poll sees it.
+func WithClock(c clock.Clock) Option { return func(r *Runtime) { r.clk = c } }
 
 // WithBaseEnv sets the environment every engine starts from, before the
 // spec's variables. The default is the agent's environment without
@@ -115,7 +117,7 @@ func New(dir string, opts ...Option) (*Runtime, error) {
 	r := &Runtime{
 		dir:      dir,
 		proc:     "/proc",
-		now:      time.Now,
+		clk:      clock.Real(),
 		poll:     20 * time.Millisecond,
 		killTO:   10 * time.Second,
 		children: map[string]*child{},
@@ -354,7 +356,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	}
 	rec := record{
 		ID: spec.ID, PID: pid, PGID: pid, StartTicks: st.startTime, BootID: r.boot,
-		Labels: spec.Labels(), StartedAt: r.now(), Command: slices.Clone(spec.Command), LogPath: spec.LogPath,
+		Labels: spec.Labels(), StartedAt: r.clk.Now(), Command: slices.Clone(spec.Command), LogPath: spec.LogPath,
 	}
 	if err := r.writeRecord(rec); err != nil {
 		// An engine no later agent could find must not keep running.
@@ -449,7 +451,7 @@ func (r *Runtime) reap(id string, cmd *exec.Cmd, c *child) {
 	code := exitCode(cmd.ProcessState)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c.exitCode, c.exitedAt = code, r.now()
+	c.exitCode, c.exitedAt = code, r.clk.Now()
 	close(c.done)
 	// Keep the code for a later agent, unless Stop removed the record or a
 	// new engine took the ID. Best effort: without it a later agent reports
@@ -549,10 +551,12 @@ func (r *Runtime) Stop(ctx context.Context, id string, grace time.Duration) erro
 	c, ok := r.children[id]
 	r.mu.Unlock()
 	if ok && c.pid == rec.PID {
+		t := r.clk.NewTimer(r.killTO)
 		select {
 		case <-c.reaped:
-		case <-time.After(r.killTO):
+		case <-t.Chan():
 		}
+		t.Stop()
 	}
 
 	r.mu.Lock()
@@ -613,17 +617,17 @@ func (r *Runtime) signal(rec record, sig syscall.Signal) bool {
 
 // waitGone polls until the group is empty, d passes or ctx ends.
 func (r *Runtime) waitGone(ctx context.Context, rec record, d time.Duration) bool {
-	deadline := time.NewTimer(d)
+	deadline := r.clk.NewTimer(d)
 	defer deadline.Stop()
-	tick := time.NewTicker(r.poll)
+	tick := r.clk.NewTicker(r.poll)
 	defer tick.Stop()
 	for {
 		if len(r.members(rec)) == 0 {
 			return true
 		}
 		select {
-		case <-tick.C:
-		case <-deadline.C:
+		case <-tick.Chan():
+		case <-deadline.Chan():
 			return len(r.members(rec)) == 0
 		case <-ctx.Done():
 			return len(r.members(rec)) == 0

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/runtime/runtimetest"
@@ -225,6 +226,59 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 	if el := time.Since(t0); el < grace {
 		t.Fatalf("Stop returned after %s, before the grace period", el)
 	}
+	if !gone(e.PID) {
+		t.Fatal("engine survived Stop")
+	}
+}
+
+// The injected clock stamps the start and times Stop's waits: a grace
+// period of an hour on a fake clock ends when the clock is moved, not
+// after an hour.
+func TestStopWaitsOnTheInjectedClock(t *testing.T) {
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	clk := clock.NewFake(at)
+	r, err := New(t.TempDir(), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopAll(t, r)
+	spec := helperSpec(t, "stubborn-0-v1", "ignore-term")
+	e, err := r.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Should the test fail halfway, stopAll's Stop would wait on a clock
+	// no one moves: the group goes first.
+	t.Cleanup(func() { _ = syscall.Kill(-e.PID, syscall.SIGKILL) })
+	if !e.StartedAt.Equal(at) {
+		t.Errorf("started at %v, want the injected clock's %v", e.StartedAt, at)
+	}
+	eventually(t, "helper ignoring SIGTERM", logHas(spec.LogPath, "ready"))
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.Stop(context.Background(), spec.ID, time.Hour) }()
+	// The grace period's timer and the poll's ticker wait on the clock.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := clk.BlockUntilContext(ctx, 2); err != nil {
+		t.Fatalf("Stop's waits are not on the injected clock: %v", err)
+	}
+	if gone(e.PID) {
+		t.Fatal("killed before the grace period was over")
+	}
+	clk.Advance(time.Hour)
+	// SIGKILL now; each poll for the group to be gone is a tick.
+	testwait.Until(t, 10*time.Second, "Stop returns once the engine is killed", func() (bool, string) {
+		select {
+		case err := <-stopped:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return true, ""
+		default:
+			clk.Advance(r.poll)
+			return false, "still stopping"
+		}
+	})
 	if !gone(e.PID) {
 		t.Fatal("engine survived Stop")
 	}

@@ -11,61 +11,13 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/supervisor/engine"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
-
-// Limits of the log endpoint.
-const (
-	// maxTail bounds how many lines a log request returns at once.
-	maxTail = 10000
-	// maxLogBytes bounds what one request reads back from the file before
-	// following it: an engine that logs without newlines (a progress bar)
-	// must not make "tail=1" send the whole file.
-	maxLogBytes = 32 << 20
-	// maxFollowers bounds the open follow=1 streams per node, and
-	// maxFollowersPerCaller those of one caller (one address), so that one
-	// caller (a script gone wrong) cannot take every slot from the rest.
-	maxFollowers          = 64
-	maxFollowersPerCaller = 16
-)
-
-// followSlots counts the open follow=1 streams, per node and per caller.
-// The zero value is ready.
-type followSlots struct {
-	mu       sync.Mutex
-	total    int
-	byCaller map[string]int
-}
-
-// take holds a slot for caller until release is called; the error says
-// which limit is reached.
-func (s *followSlots) take(caller string) (release func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.total >= maxFollowers:
-		return nil, fmt.Errorf("%d log streams already follow here; try again later", maxFollowers)
-	case s.byCaller[caller] >= maxFollowersPerCaller:
-		return nil, fmt.Errorf("%d log streams from %s already follow here, the most one caller may hold; stop one or try again later", maxFollowersPerCaller, caller)
-	}
-	if s.byCaller == nil {
-		s.byCaller = map[string]int{}
-	}
-	s.total++
-	s.byCaller[caller]++
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.total--
-		if s.byCaller[caller]--; s.byCaller[caller] == 0 {
-			delete(s.byCaller, caller)
-		}
-	}, nil
-}
 
 // logPather is a Runner that keeps its engines' logs as files.
 type logPather interface {
@@ -75,12 +27,15 @@ type logPather interface {
 
 var _ logPather = (*engine.Runner)(nil)
 
+// followPoll is how often a follow=1 stream looks for more of the file.
+const followPoll = 250 * time.Millisecond
+
 // handleLogs serves a shard's engine log: from this node's file when the
 // shard runs here, else by proxying to the node that holds it, so any node
 // answers for the whole cluster. It needs the cluster token: engine logs
 // can hold prompts.
-func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
-	caller, ok := n.logsCaller(w, r)
+func (s *apiServer) handleLogs(w http.ResponseWriter, r *http.Request) {
+	caller, ok := s.logsCaller(w, r)
 	if !ok {
 		return
 	}
@@ -103,19 +58,19 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		follow = f
 	}
-	if lp, ok := n.runner.(logPather); ok {
+	if lp, ok := s.shards.(logPather); ok {
 		if path, ok := lp.LogPath(shard); ok {
-			n.streamLog(w, r, shard, path, tail, follow, caller)
+			s.streamLog(w, r, shard, path, tail, follow, caller)
 			return
 		}
 	}
 	if r.Header.Get(forwardedHeader) != "" {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("shard %q does not run on %s", shard, n.cfg.Name))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("shard %q does not run on %s", shard, s.conf.name))
 		return
 	}
-	holder, api := n.holderOf(shard)
+	holder, api := holderOf(s.gossip.Members(), s.conf.name, shard)
 	if holder == "" {
-		writeError(w, http.StatusNotFound, n.noLogWhy(shard))
+		writeError(w, http.StatusNotFound, noLogWhy(s.node.Status().Shards(s.clock.Now()), shard, s.conf.name, s.conf.runtime))
 		return
 	}
 	target, err := url.Parse("http://" + api)
@@ -125,11 +80,11 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	proxy := &httputil.ReverseProxy{
 		// The caller's token is never handed to an address that came
-		// from gossip: the hop is signed instead (see signHop), over
+		// from gossip: the hop is signed instead (see hops.sign), over
 		// exactly the request that goes out.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
-			n.signHop(pr.Out, "logs", caller, nil)
+			s.hops.sign(pr.Out, "logs", caller, nil)
 		},
 		FlushInterval: -1,
 	}
@@ -141,16 +96,16 @@ func (n *Node) handleLogs(w http.ResponseWriter, r *http.Request) {
 // caller its follow slot counts against: the address it came from or, for
 // a forwarded request, the address the forwarding node saw. Otherwise it
 // writes the error.
-func (n *Node) logsCaller(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (s *apiServer) logsCaller(w http.ResponseWriter, r *http.Request) (string, bool) {
 	if r.Header.Get(hopHeader) != "" {
-		caller, err := n.verifyHop(r, "logs", nil)
+		caller, err := s.hops.verify(r, "logs", nil)
 		if err != nil {
 			writeError(w, http.StatusForbidden, err.Error())
 			return "", false
 		}
 		return caller, true
 	}
-	if !n.checkToken(w, r) {
+	if !s.checkToken(w, r) {
 		return "", false
 	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
@@ -160,9 +115,11 @@ func (n *Node) logsCaller(w http.ResponseWriter, r *http.Request) (string, bool)
 	return host, true
 }
 
-func (n *Node) holderOf(shard string) (node, api string) {
-	for _, m := range n.cluster.Members() {
-		if m.Record == nil || m.Name == n.cfg.Name || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
+// holderOf is a live member other than self that holds shard, and its API
+// address ("" when none does).
+func holderOf(members []gossip.Member, self, shard string) (node, api string) {
+	for _, m := range members {
+		if m.Record == nil || m.Name == self || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
 			continue
 		}
 		for _, s := range m.Record.Shards {
@@ -174,18 +131,18 @@ func (n *Node) holderOf(shard string) (node, api string) {
 	return "", ""
 }
 
-func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, shard, path string, tail int, follow bool, caller string) {
+func (s *apiServer) streamLog(w http.ResponseWriter, r *http.Request, shard, path string, tail int, follow bool, caller string) {
 	if follow {
-		release, err := n.follows.take(caller)
+		release, err := s.follows.take(caller)
 		if err != nil {
-			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%s: %v", n.cfg.Name, err))
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("%s: %v", s.conf.name, err))
 			return
 		}
 		defer release()
 	}
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		writeError(w, http.StatusNotFound, n.noFileWhy(shard))
+		writeError(w, http.StatusNotFound, noFileWhy(s.shards.Shards(), shard, s.conf.name))
 		return
 	}
 	if err != nil {
@@ -217,7 +174,7 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, shard, path str
 		return
 	}
 	fl, _ := w.(http.Flusher)
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := s.clock.NewTicker(followPoll)
 	defer tick.Stop()
 	for {
 		if fl != nil {
@@ -226,9 +183,9 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, shard, path str
 		select {
 		case <-r.Context().Done():
 			return
-		case <-n.closed:
+		case <-s.closed:
 			return
-		case <-tick.C:
+		case <-tick.Chan():
 		}
 		// Capped (emptied) since the last read: start over at its top.
 		if pos, err := f.Seek(0, io.SeekCurrent); err == nil {
@@ -242,40 +199,55 @@ func (n *Node) streamLog(w http.ResponseWriter, r *http.Request, shard, path str
 	}
 }
 
-// tailOffset finds where the last n lines of the first size bytes of f
-// start, reading backwards in blocks so a multi-gigabyte engine log costs
-// only its tail. It reads at most limit bytes back; cut says it stopped
-// there, short of n lines.
-func tailOffset(f io.ReaderAt, size int64, n int, limit int64) (off int64, cut bool, err error) {
-	if n == 0 {
-		return size, false, nil
-	}
-	const block = 64 << 10
-	end := size
-	lines := 0
-	buf := make([]byte, block)
-	// A final newline ends the last line rather than starting an empty one.
-	if size > 0 {
-		if _, err := f.ReadAt(buf[:1], size-1); err == nil && buf[0] == '\n' {
-			end--
+// noLogWhy says in one line why a shard has no log to show: it is placed
+// nowhere (with placement's reason), planned on a node that has not
+// started it yet, or unknown. Asked on self, with these rows of its
+// /v1/shards, where no live node holds the shard.
+func noLogWhy(rows []status.ShardInfo, shard, self, runtime string) string {
+	for _, s := range rows {
+		if s.ShardID != shard {
+			continue
 		}
-	}
-	floor := max(0, size-limit)
-	for pos := end; pos > floor; {
-		start := max(floor, pos-block)
-		chunk := buf[:pos-start]
-		if _, err := f.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
-			return 0, false, err
-		}
-		for i := len(chunk) - 1; i >= 0; i-- {
-			if chunk[i] == '\n' {
-				lines++
-				if lines == n {
-					return start + int64(i) + 1, false, nil
-				}
+		switch {
+		case s.Node == "" && s.Reason != "":
+			return fmt.Sprintf("shard %q never started: placement put it on no node: %s", shard, s.Reason)
+		case s.Node == "":
+			return fmt.Sprintf("shard %q never started: placement put it on no node", shard)
+		case s.Node == self:
+			if runtime == "" {
+				runtime = "none"
 			}
+			return fmt.Sprintf("shard %q has no engine log on %s: no engine of it has started here (runtime %s)", shard, s.Node, runtime)
+		default:
+			return fmt.Sprintf("shard %q has not started yet: it is planned on %s, which does not hold it (status %s)", shard, s.Node, s.Status)
 		}
-		pos = start
 	}
-	return floor, floor > 0, nil
+	var known []string
+	for _, s := range rows {
+		known = append(known, s.ShardID)
+	}
+	if len(known) > 8 {
+		known = append(known[:8], "...")
+	}
+	if len(known) == 0 {
+		return fmt.Sprintf("no shard %q: no deployment has shards (see llmgw models)", shard)
+	}
+	return fmt.Sprintf("no shard %q (shards: %s)", shard, strings.Join(known, ", "))
+}
+
+// noFileWhy says in one line why a shard self holds (held) has no log
+// file: its engine never started (with the start error, when there is
+// one).
+func noFileWhy(held []gossip.ShardRecord, shard, self string) string {
+	for _, s := range held {
+		if s.ShardID != shard {
+			continue
+		}
+		why := fmt.Sprintf("shard %q has no log on %s: its engine never started (status %s", shard, self, s.Status)
+		if s.Error != "" {
+			why += ", start error: " + s.Error
+		}
+		return why + ")"
+	}
+	return fmt.Sprintf("shard %q has no log on %s: its engine never started", shard, self)
 }

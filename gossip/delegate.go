@@ -1,0 +1,76 @@
+package gossip
+
+import (
+	"encoding/json"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// delegate adapts memberlist's Delegate callbacks to the cluster: node
+// meta, messages in, broadcasts out, and push/pull of the whole state.
+// memberlist calls it from its packet and stream goroutines, so no method
+// blocks, and a buffer memberlist hands over is copied before it is kept.
+// Until New has made the queue (ready), messages are ignored: push/pull
+// brings them again.
+type delegate struct{ c *Cluster }
+
+var _ memberlist.Delegate = (*delegate)(nil)
+
+// nodeMeta rides on memberlist's alive messages. Epoch is the node's boot
+// epoch: it arrives with the very message that makes a restarted node alive
+// again, before the new record does, so receivers can tell the old boot's
+// record (and its claims) from the current one.
+//
+// Tok is the fingerprint of the cluster token (Config.TokenFingerprint),
+// never the token.
+type nodeMeta struct {
+	V     int    `json:"v"`
+	API   string `json:"api,omitempty"`
+	Epoch int64  `json:"epoch,omitempty"`
+	Tok   string `json:"tok,omitempty"`
+}
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint})
+	if len(b) > limit {
+		// memberlist panics on oversized meta; an API address never gets
+		// close, but refuse to be the reason.
+		b, _ = json.Marshal(nodeMeta{V: 1})
+	}
+	return b
+}
+
+func (d *delegate) NotifyMsg(b []byte) {
+	if !d.c.ready.Load() {
+		return
+	}
+	d.c.heard()
+	// memberlist reuses b after we return: copy before keeping anything.
+	d.c.receive(append([]byte(nil), b...), true)
+}
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if !d.c.ready.Load() {
+		return nil
+	}
+	out := d.c.queue.GetBroadcasts(overhead, limit)
+	d.c.sent.Add(uint64(len(out)))
+	return out
+}
+
+func (d *delegate) LocalState(join bool) []byte {
+	b, err := encode(d.c.store.full())
+	if err != nil {
+		d.c.log.Error("encode full state", "err", err)
+		return nil
+	}
+	return b
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if !d.c.ready.Load() {
+		return
+	}
+	d.c.heard()
+	d.c.receive(append([]byte(nil), buf...), false)
+}

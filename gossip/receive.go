@@ -1,0 +1,142 @@
+package gossip
+
+import "time"
+
+// receive merges a message from a peer. rebroadcast is true for packets
+// that arrived as gossip, which are passed on when they taught us something
+// (that is how a broadcast reaches nodes its origin never picked).
+func (c *Cluster) receive(b []byte, rebroadcast bool) {
+	m, err := decode(b)
+	if err != nil {
+		c.dropped.Add(1)
+		c.drops[DropMalformed].Add(1)
+		c.log.Warn("dropped gossip message", "err", err)
+		return
+	}
+	c.received.Add(1)
+	// Every record is checked on its own: one bad record is refused and
+	// counted, and the rest of the message (a push/pull carries the whole
+	// state) is still taken.
+	now := c.cfg.Clock.Now()
+	changed := false
+	for _, n := range m.Nodes {
+		if n.Name == c.cfg.Name {
+			continue // our own record: we are its only writer
+		}
+		if reason, err := checkNode(n, now); err != nil {
+			c.refuse(reason, "node "+n.Name, err)
+			continue
+		}
+		if c.store.MergeNode(n) {
+			changed = true
+			if rebroadcast {
+				c.relay("node/"+n.Name, message{Nodes: []NodeRecord{n}})
+			}
+		}
+	}
+	for _, bt := range m.Beats {
+		if bt.Name == c.cfg.Name {
+			continue
+		}
+		if reason, err := checkBeat(bt, now); err != nil {
+			c.refuse(reason, "beat "+bt.Name, err)
+			continue
+		}
+		if c.store.MergeBeat(bt) {
+			changed = true
+			if rebroadcast {
+				c.relay("beat/"+bt.Name, message{Beats: []Beat{bt}})
+			}
+		} else if c.store.Lacks(bt) {
+			c.want(bt)
+		}
+	}
+	for _, w := range m.Wants {
+		if w == c.cfg.Name && m.From != "" {
+			c.sendLocalTo(m.From)
+		}
+	}
+	depChanged := false
+	for _, d := range m.Deployments {
+		if reason, err := checkDeployment(d, now); err != nil {
+			c.refuse(reason, "deployment "+d.Name, err)
+			continue
+		}
+		c.hlc.Witness(d.Stamp)
+		if c.store.MergeDeployment(d) {
+			depChanged = true
+			if rebroadcast {
+				c.relay("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
+			}
+		}
+	}
+	if depChanged {
+		select {
+		case c.persist <- struct{}{}:
+		default:
+		}
+	}
+	if changed || depChanged {
+		c.notify()
+	}
+}
+
+// want asks a beat's sender for the record content we lack, once per
+// content version.
+func (c *Cluster) want(b Beat) {
+	now := c.cfg.Clock.Now()
+	c.mu.Lock()
+	if c.wanted == nil {
+		c.wanted = map[string]wantedAt{}
+	}
+	if w := c.wanted[b.Name]; w.content == b.Content && now.Sub(w.at) < wantRetry {
+		c.mu.Unlock()
+		return
+	}
+	c.wanted[b.Name] = wantedAt{content: b.Content, at: now}
+	c.mu.Unlock()
+	c.sendTo(b.Name, message{From: c.cfg.Name, Wants: []string{b.Name}})
+}
+
+// wantRetry is how long a request for a missing record waits for its
+// answer before it is asked again.
+const wantRetry = 2 * time.Second
+
+type wantedAt struct {
+	content Version
+	at      time.Time
+}
+
+// refuse counts a refused record under reason and logs why. The log line
+// for one record is written at most once a minute: a bad record that a
+// peer holds arrives again with every push/pull, and the count says how
+// often.
+func (c *Cluster) refuse(reason DropReason, record string, err error, attrs ...any) {
+	c.drops[reason].Add(1)
+	if c.logNow(string(reason) + "/" + record) {
+		c.log.Warn("refused gossip record", append([]any{"reason", reason, "record", record, "err", err}, attrs...)...)
+	}
+}
+
+// logNow reports whether the line keyed key is due: not logged within
+// refusalLogEvery.
+func (c *Cluster) logNow(key string) bool {
+	now := c.cfg.Clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refusedAt == nil || len(c.refusedAt) >= maxRefusalsLogged {
+		// Bounded: names come from peers. Forgetting them all only means
+		// a few lines are logged again.
+		c.refusedAt = map[string]time.Time{}
+	}
+	if last, seen := c.refusedAt[key]; seen && now.Sub(last) < refusalLogEvery {
+		return false
+	}
+	c.refusedAt[key] = now
+	return true
+}
+
+const (
+	refusalLogEvery   = time.Minute
+	maxRefusalsLogged = 1024
+)

@@ -1,0 +1,76 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/spec"
+)
+
+// handleDeployments is GET /v1/deployments: every deployment with where
+// it runs.
+func (s *apiServer) handleDeployments(w http.ResponseWriter, r *http.Request) {
+	out := s.node.Status().Deployments(s.clock.Now())
+	// Reading needs no token, but env is where hub and registry secrets
+	// go, and args may carry an API key: without the token they are
+	// shown redacted.
+	if !s.hasToken(r) {
+		for i := range out {
+			out[i].Deployment = spec.Redact(out[i].Deployment)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handlePlace is POST /v1/deployments: a spec, as JSON or YAML, through
+// Node.Place.
+func (s *apiServer) handlePlace(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("spec larger than %d bytes", maxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	d, err := spec.Decode(body, r.Header.Get("Content-Type"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	info, err := s.node.Place(r.Context(), d)
+	switch {
+	case errors.Is(err, placement.ErrInvalidDeployment):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, gossip.ErrClockOutOfBounds):
+		// This node's clock, not the request, is wrong: another node can
+		// take the same request.
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, info)
+	}
+}
+
+// handleUnplace is DELETE /v1/deployments/{name}, through Node.Unplace.
+func (s *apiServer) handleUnplace(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	err := s.node.Unplace(name)
+	switch {
+	case errors.Is(err, ErrNoDeployment):
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no deployment named %q", name))
+	case errors.Is(err, gossip.ErrClockOutOfBounds):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"removed": name})
+	}
+}

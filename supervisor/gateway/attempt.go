@@ -1,0 +1,416 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmgw/llmgw/internal/clock"
+)
+
+// forward sends the request to a replica, retrying on another where that is
+// safe: nothing of the answer has reached the client yet, because the
+// gateway commits to an upstream answer only once it decided to relay it,
+// and to a plain (not event-stream) answer only with its first byte in
+// hand. Busy is not dead: an engine under load answers slowly or says so,
+// a hung one answers nothing, and only what a broken engine shows counts
+// toward ejecting it (failures in a row: Config.EjectAfter).
+//
+//   - The connection fails (refused, reset, closed before any answer):
+//     another replica, at most twice; counts toward ejection.
+//   - 401 or 403: the engine and the gateway disagree on the engine's key.
+//     That is the replica's fault, never the client's: it is ejected, and
+//     another replica tried.
+//   - 502 or 504: something in or before the engine could not answer, not
+//     the request's fault; counts toward ejection, and is tried on
+//     another replica like a failed connection (else relayed).
+//   - 500: counts toward ejection (an engine whose core died answers 500
+//     to everything) but is relayed, not retried: it is as often the
+//     request's own error (a bad parameter the engine failed on), which
+//     every replica would repeat, at the cost of a generation each.
+//   - 429 or 503: the engine is busy or loading, which is no fault:
+//     never counted toward ejection; one other replica, when there is
+//     one, else its answer goes back.
+//   - No byte of the answer within the first-byte bound (Config.
+//     FirstByteTimeout, else the engine's profile): counts toward
+//     ejection, and the client gets 504 at once. Not retried: the bound is
+//     minutes, long enough for a full-context prefill behind a queue, and
+//     a request that needs longer would time out on the next replica too.
+//   - The replica leaves routing unready while the request waits
+//     (Gateway.Update): another replica, else 503. The table keeps it out
+//     already, so nothing is counted against it.
+//
+// Every other answer, 4xx included, is relayed and never counts against
+// the replica; its first byte resets the replica's failures and lifts an
+// ejection.
+//
+// Each attempt (try) keeps its books in one place, done (account.go),
+// whichever way it ends.
+func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body []byte) {
+	routes := rt.routes[e.Name]
+	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
+	t := tries{body: body}
+	t.firstByte, t.idle = g.bounds(e.Engine)
+	for n := range maxAttempts {
+		now := g.clock.Now()
+		if n > 0 {
+			// A retry reads the table in use: the one the request began
+			// with may still hold the replica that just left it.
+			routes = g.routing.Load().routes[e.Name]
+		}
+		lr := g.choose(req, e, routes, t.tried, now)
+		if lr == nil {
+			if n == 0 {
+				why := e.Why
+				if why == "" {
+					why = "the leases of its replicas lapsed since the last view"
+				}
+				x.fail(errNoRoute(e.Name, why))
+				return
+			}
+			break
+		}
+		if n > 0 {
+			g.m.retries.WithLabelValues(e.Name, t.reason).Inc()
+		}
+		t.tried = append(t.tried, lr.rep)
+		switch g.try(x, lr, n, routes, &t, now) {
+		case answered:
+			return
+		case aborted:
+			// The answer's status went out and its body broke off: the
+			// client's transfer must fail, not pass for a whole answer.
+			panic(http.ErrAbortHandler)
+		}
+	}
+	if t.final != nil {
+		x.fail(t.final)
+		return
+	}
+	x.fail(errUpstream("no replica of %q could take the request: %v", e.Name, t.lastErr))
+}
+
+// step is what forward does after an attempt.
+type step int
+
+const (
+	// answered: the client has its answer, or went away.
+	answered step = iota
+	// retry: another replica may take the request.
+	retry
+	// aborted: the answer broke off after its status went out.
+	aborted
+)
+
+// try makes attempt n of the request, on lr. Whichever way it ends, done
+// closes its books, with the outcome it recorded on the way.
+func (g *Gateway) try(x *exchange, lr *liveRoute, n int, routes []*liveRoute, t *tries, now time.Time) step {
+	a := g.open(x, lr, n, t.firstByte, t.idle, now)
+	var out outcome
+	defer func() { g.done(x, a, out) }()
+	resp, err := g.send(x, a, t.body)
+	if err != nil {
+		return g.lost(x, a, err, &out, t)
+	}
+	code := resp.StatusCode
+	out.status = code
+	// moveOn leaves this answer for another replica, when there is one
+	// left to try.
+	moveOn := func() bool {
+		if n+1 >= maxAttempts || !g.hasCandidate(routes, t.tried, now) {
+			return false
+		}
+		discard(resp)
+		out.movedOn = true
+		return true
+	}
+	switch code {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		discard(resp)
+		out.movedOn = true
+		t.lastErr = fmt.Errorf("%s on %s refused the gateway's engine key (%s)", lr.ReplicaID, lr.Node, resp.Status)
+		t.reason, t.final = reasonAuth, nil
+		return retry
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		if !t.busyRetried && moveOn() {
+			t.busyRetried, t.reason = true, reasonBusy
+			return retry
+		}
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+		a.failing = true
+		if code != http.StatusInternalServerError && moveOn() {
+			t.lastErr = fmt.Errorf("%s on %s answered %s", lr.ReplicaID, lr.Node, resp.Status)
+			t.reason, t.final = statusReason(code), nil
+			return retry
+		}
+	}
+	err = g.relay(x, a, resp, &out)
+	switch {
+	case errors.Is(err, errAborted):
+		return aborted
+	case a.committed:
+		return answered
+	}
+	return g.lost(x, a, err, &out, t)
+}
+
+// tries is a request's attempts: what they share (the body as sent, the
+// engine kind's bounds: Gateway.bounds), and what each leaves to the next.
+type tries struct {
+	body            []byte
+	firstByte, idle time.Duration
+	tried           []*replica
+	busyRetried     bool
+	lastErr         error
+	// reason is why the next attempt is a retry (the retries' label).
+	reason string
+	// final, when set, is the answer when no replica is left to try, in
+	// place of errUpstream.
+	final *apiError
+}
+
+// Why an attempt failed, as the metrics' reason and kind labels say it.
+const (
+	reasonConnect     = "connect"
+	reasonAuth        = "auth"
+	reasonBusy        = "busy"
+	reasonStream      = "stream"
+	reasonFirstByte   = "first_byte_timeout"
+	reasonStreamIdle  = "stream_idle_timeout"
+	reasonLeftRouting = "left_routing"
+)
+
+// statusReason labels an engine's 5xx answer: status_500, status_502...
+func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
+
+// lost handles an attempt that failed before any byte of its answer
+// reached the client, err being the failure: it records why in out, and
+// says whether to try another replica; when it does not, x has its
+// answer, or its client went away.
+func (g *Gateway) lost(x *exchange, a *attempt, err error, out *outcome, t *tries) step {
+	lr := a.lr
+	if x.r.Context().Err() != nil {
+		x.gone, x.entry.err = true, "client went away"
+		return answered
+	}
+	if c := a.cut(); c != nil {
+		out.broke = c.reason
+		if c.reason == reasonLeftRouting {
+			t.lastErr, t.reason, t.final = c, c.reason, errLeftRouting(c.msg)
+			return retry
+		}
+		// Only the first-byte bound runs before the first byte.
+		x.fail(errFirstByteTimeout(c.msg + "; not retried on another replica, where it would likely take as long"))
+		return answered
+	}
+	out.broke = reasonConnect
+	t.lastErr = fmt.Errorf("%s on %s: %w", lr.ReplicaID, lr.Node, err)
+	t.reason, t.final = reasonConnect, nil
+	return retry
+}
+
+// bounds are the first-byte and stream-idle bounds of an engine kind's
+// answers: the configured ones, else its profile's; zero is none.
+func (g *Gateway) bounds(engine string) (firstByte, idle time.Duration) {
+	r := g.cfg.Profiles[engine].Readiness
+	firstByte, idle = r.FirstByteTimeout, r.StreamIdleTimeout
+	if g.cfg.FirstByteTimeout > 0 {
+		firstByte = g.cfg.FirstByteTimeout
+	}
+	if g.cfg.StreamIdleTimeout > 0 {
+		idle = g.cfg.StreamIdleTimeout
+	}
+	return firstByte, idle
+}
+
+// cutError is why the gateway cancelled an attempt itself: a bound passed,
+// or the engine left routing. reason is its metrics label.
+type cutError struct {
+	reason string
+	msg    string
+}
+
+func (e *cutError) Error() string { return e.msg }
+
+// code is the error code the client sees.
+func (e *cutError) code() string {
+	if e.reason == reasonLeftRouting {
+		return codeLeftRouting
+	}
+	return e.reason
+}
+
+// attempt is one try of a request on one replica, from open to done. Its
+// context is the client's, which the gateway also cancels, with a
+// cutError as the cause, when a bound passes (its timer) or the engine
+// leaves routing (the replica's tracking).
+type attempt struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	lr     *liveRoute
+	n      int    // the request's attempt this is, from 0
+	id     uint64 // the replica's tracking id
+	ticket ticket // its count in the replica's load
+	// firstByte and idle are the bounds; timer, on clock, enforces the
+	// one that runs: firstByte until begun, idle after every read since.
+	clock           clock.Clock
+	firstByte, idle time.Duration
+	timer           clock.Timer
+	begun           atomic.Bool
+	// failing: the engine's answer counts as a failure (a 5xx), so its
+	// first byte does not clear the replica's failures.
+	failing bool
+	// committed: the answer's status went to the client (commit).
+	committed bool
+}
+
+// open starts attempt n on lr at now: the replica's load counts it, its
+// first-byte bound runs, and an engine that leaves routing can cut it.
+// done closes each of these.
+func (g *Gateway) open(x *exchange, lr *liveRoute, n int, firstByte, idle time.Duration, now time.Time) *attempt {
+	a := &attempt{lr: lr, n: n, clock: g.clock, firstByte: firstByte, idle: idle}
+	a.ticket = lr.rep.load.begin(now)
+	a.ctx, a.cancel = context.WithCancelCause(x.r.Context())
+	if firstByte > 0 {
+		a.timer = g.clock.AfterFunc(firstByte, a.expire)
+	}
+	a.id = lr.rep.track(a.cancel)
+	return a
+}
+
+// cut is why the gateway cancelled the attempt, if it did.
+func (a *attempt) cut() *cutError {
+	if a.ctx.Err() == nil {
+		return nil
+	}
+	var c *cutError
+	if errors.As(context.Cause(a.ctx), &c) {
+		return c
+	}
+	return nil
+}
+
+// candidates are the routes a request may go to now: live leases, not yet
+// tried, and of the best health tier present. Healthy routes come first,
+// then routes on suspect nodes, then ejected ones: when every replica is
+// ejected they are tried anyway (Envoy's panic threshold), since refusing
+// is certain to fail and an ejection may be stale.
+func (g *Gateway) candidates(routes []*liveRoute, tried []*replica, now time.Time) []*liveRoute {
+	best := 3
+	var out []*liveRoute
+	for _, lr := range routes {
+		if !lr.live(now) || slices.Contains(tried, lr.rep) {
+			continue
+		}
+		tier := 0
+		switch {
+		case lr.rep.health.ejected(now):
+			tier = 2
+		case lr.Suspect:
+			tier = 1
+		}
+		if tier < best {
+			best, out = tier, out[:0]
+		}
+		if tier == best {
+			out = append(out, lr)
+		}
+	}
+	return out
+}
+
+func (g *Gateway) hasCandidate(routes []*liveRoute, tried []*replica, now time.Time) bool {
+	return len(g.candidates(routes, tried, now)) > 0
+}
+
+// choose asks the policy among the candidates, and starts the load scrapes
+// that are due for them.
+func (g *Gateway) choose(req *Request, e *Entry, routes []*liveRoute, tried []*replica, now time.Time) *liveRoute {
+	lrs := g.candidates(routes, tried, now)
+	if len(lrs) == 0 {
+		return nil
+	}
+	cands := make([]Candidate, len(lrs))
+	for i, lr := range lrs {
+		g.scrape.maybe(e.Engine, lr, now)
+		load, own := lr.rep.load.estimate(now, g.cfg.ScrapeInterval, lr.Load)
+		cands[i] = Candidate{Route: &lr.Route, Load: load, Own: own}
+	}
+	c := Choice{}
+	if len(cands) > 1 {
+		c = g.policy.Choose(req, cands)
+		if c.Index < 0 || c.Index >= len(cands) {
+			c.Index = 0
+		}
+	}
+	if c.Outcome != NoAffinity && len(tried) == 0 {
+		g.m.affinity.WithLabelValues(e.Name, string(c.Outcome)).Inc()
+	}
+	return lrs[c.Index]
+}
+
+// hopHeaders are meaningful for one connection only (RFC 9110 §7.6.1), so
+// a proxy never passes them on.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// cleanHeader copies h without hop-by-hop headers, those the Connection
+// header names, and drop.
+func cleanHeader(h http.Header, drop ...string) http.Header {
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		out[k] = vs
+	}
+	for _, c := range h.Values("Connection") {
+		for _, name := range bytes.Split([]byte(c), []byte(",")) {
+			out.Del(string(bytes.TrimSpace(name)))
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(out, k)
+	}
+	for _, k := range drop {
+		delete(out, k)
+	}
+	return out
+}
+
+// send makes one attempt. The client's Authorization never goes upstream:
+// it is the client's key to the gateway, and the engine has a key of its
+// own.
+func (g *Gateway) send(x *exchange, a *attempt, body []byte) (*http.Response, error) {
+	r, lr := x.r, a.lr
+	url := lr.URL + r.URL.Path
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	rd := x.bb.reader(body)
+	req, err := http.NewRequestWithContext(a.ctx, http.MethodPost, url, rd)
+	if err != nil {
+		_ = rd.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	// Only the standard library's own readers get a length by themselves.
+	req.ContentLength = int64(len(body))
+	req.Header = cleanHeader(r.Header, "Authorization", "Content-Length", "Expect", "Cookie")
+	if g.cfg.EngineKey != nil {
+		if k := g.cfg.EngineKey(lr.EngineID); k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+	}
+	return g.tr.RoundTrip(req)
+}
+
+// discard reads a little of a body the gateway will not relay, so its
+// connection can be reused, and closes it.
+func discard(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+}
