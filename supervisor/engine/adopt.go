@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 		if !ok || e.State == runtime.StateExited {
 			if ok {
 				_ = r.cfg.Runtime.Stop(ctx, id, 0)
-			} else if err := r.stopStray(ctx, st); err != nil {
+			} else if err := stopStray(ctx, r.cfg.Runtime, st, r.cfg.Grace, r.log); err != nil {
 				// Still running, untracked: keep the file for the next try
 				// rather than start a second engine beside it.
 				return fmt.Errorf("runner: %w", err)
@@ -49,7 +50,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			continue
 		}
 		delete(live, id)
-		adopted = append(adopted, r.track(id, st, e.PID, false))
+		adopted = append(adopted, track(id, st, e.PID, false))
 		r.log.Info("adopted running engine", "shard", st.ShardID, "engine", id, "pid", e.PID)
 	}
 	for id, e := range live {
@@ -63,11 +64,24 @@ func (r *Runner) adopt(ctx context.Context) error {
 			_ = r.cfg.Runtime.Stop(ctx, id, 0)
 			continue
 		}
-		orphans = append(orphans, r.track(id, st, e.PID, true))
+		orphans = append(orphans, track(id, st, e.PID, true))
 		r.log.Warn("found a running engine without a state file; it is stopped once the node has settled", "engine", id)
 	}
-	r.probeAdopted(ctx, adopted)
-	for _, a := range slices.Concat(adopted, orphans) {
+	all := slices.Concat(adopted, orphans)
+	r.mu.Lock()
+	for _, a := range all {
+		a.e.mu, a.e.changes = &r.mu, r.changes
+		r.engines[a.e.id] = a.e
+		if port := a.e.state.Spec.HTTPPort; port > 0 {
+			r.ports.hold(port, a.e.id)
+		}
+		if g := a.e.state.Gang; g != nil && g.Rank == 0 && g.MasterPort > 0 {
+			r.ports.hold(g.MasterPort, a.e.id) // rank 0's rendezvous
+		}
+	}
+	r.mu.Unlock()
+	probeAdopted(ctx, r.probe, r.policy, adopted)
+	for _, a := range all {
 		r.wg.Add(1)
 		go r.watch(a.ctx, a.e, true)
 	}
@@ -78,14 +92,14 @@ func (r *Runner) adopt(ctx context.Context) error {
 // list it (its record was lost or corrupt) but it still runs, found by the
 // file's pid and command: left running it would hold its GPUs and port
 // under no claim while the plan starts the shard again beside it.
-func (r *Runner) stopStray(ctx context.Context, st shardstate.State) error {
-	ss, ok := r.cfg.Runtime.(runtime.StrayStopper)
+func stopStray(ctx context.Context, rt runtime.Runtime, st shardstate.State, grace time.Duration, log *slog.Logger) error {
+	ss, ok := rt.(runtime.StrayStopper)
 	if !ok || st.PID <= 0 {
 		return nil
 	}
-	found, err := ss.StopStray(ctx, runtime.Stray{ID: st.Spec.EngineID, PID: st.PID, Command: st.Spec.Command}, r.cfg.Grace)
+	found, err := ss.StopStray(ctx, runtime.Stray{ID: st.Spec.EngineID, PID: st.PID, Command: st.Spec.Command}, grace)
 	if found {
-		r.log.Warn("stopped an engine the runtime no longer listed (its record was lost); the plan starts it afresh", "shard", st.ShardID, "engine", st.Spec.EngineID, "pid", st.PID, "err", err)
+		log.Warn("stopped an engine the runtime no longer listed (its record was lost); the plan starts it afresh", "shard", st.ShardID, "engine", st.Spec.EngineID, "pid", st.PID, "err", err)
 	}
 	if err != nil {
 		return fmt.Errorf("engine %s of shard %s runs untracked: %w", st.Spec.EngineID, st.ShardID, err)
@@ -103,26 +117,26 @@ const adoptProbeTimeout = 5 * time.Second
 // probe, a serving old-version copy would lose its place in a rolling
 // update (only a valid lease keeps it), and its node would stop it before
 // the new copy could serve.
-func (r *Runner) probeAdopted(ctx context.Context, adopted []adoptedEngine) {
+func probeAdopted(ctx context.Context, probe *prober, policy restartPolicy, adopted []adoptedEngine) {
 	ctx, cancel := context.WithTimeout(ctx, adoptProbeTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, a := range adopted {
 		wg.Go(func() {
-			r.mu.Lock()
+			a.e.mu.Lock()
 			pid := a.e.state.PID
-			r.mu.Unlock()
+			a.e.mu.Unlock()
 			// A gang member above rank 0 has no HTTP: found running, it
 			// served in its gang before the agent restarted, and stays
 			// ready until the first plan shows its gang (memberReady).
 			// Taken for "starting", it could lose its shard to a
 			// replacement, and the whole gang would restart for it.
-			if r.isMember(a.e) {
-				r.setReady(a.e, true, pid)
+			if a.e.isMember() {
+				policy.setReady(a.e, true, pid)
 				return
 			}
-			ok, _ := r.probeReady(ctx, a.e)
-			r.setReady(a.e, ok && r.ownsPort(a.e, pid), pid)
+			ok, _ := probe.ready(ctx, a.e)
+			policy.setReady(a.e, ok && probe.ownsPort(a.e, pid), pid)
 		})
 	}
 	wg.Wait()
@@ -135,8 +149,9 @@ type adoptedEngine struct {
 	ctx context.Context
 }
 
-// track registers an adopted engine; adopt starts its watcher.
-func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) adoptedEngine {
+// track makes the managed engine of an adopted one, found running as pid;
+// adopt registers it and starts its watcher.
+func track(id string, st shardstate.State, pid int, orphan bool) adoptedEngine {
 	ctx, cancel := context.WithCancel(context.Background())
 	// Until the plan says more, the state file is the spec: enough to
 	// probe readiness and, after a crash, to start the engine again.
@@ -145,14 +160,5 @@ func (r *Runner) track(id string, st shardstate.State, pid int, orphan bool) ado
 		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment,
 			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, MemoryPerGPU: st.Spec.MemoryPerGPU}, Spec: spec}}
 	e.state.PID = pid
-	r.mu.Lock()
-	r.engines[id] = e
-	if st.Spec.HTTPPort > 0 {
-		r.ports[st.Spec.HTTPPort] = id
-	}
-	if g := st.Gang; g != nil && g.Rank == 0 && g.MasterPort > 0 {
-		r.ports[g.MasterPort] = id // rank 0's rendezvous
-	}
-	r.mu.Unlock()
 	return adoptedEngine{e, ctx}
 }

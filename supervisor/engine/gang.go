@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
@@ -26,12 +27,18 @@ import (
 // tears its engine down when rank 0 does, which is not a crash of its own.
 // Only rank 0 serves HTTP; the others are ready while they run and rank 0's
 // record, at their generation, says it is ready.
+//
+// Here: what an engine knows of its gang (managed's isGang, isMember,
+// memberReady, setGangNote); this node's part in a rendezvous and in the
+// record (gangNode); when a gang is broken (gangBroken) and the teardown
+// (Runner.checkGang); a member's stop, which is not a crash
+// (restartPolicy.memberStopped).
 
 // isMember reports whether e is a gang member above rank 0: it has no
 // HTTP of its own, so its readiness comes from rank 0's record.
-func (r *Runner) isMember(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (e *managed) isMember() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.desired.Gang != nil {
 		return e.desired.Gang.Rank > 0
 	}
@@ -40,9 +47,9 @@ func (r *Runner) isMember(e *managed) bool {
 
 // isGang reports whether the plan gave e a gang (or its state file says it
 // was started in one).
-func (r *Runner) isGang(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (e *managed) isGang() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	return e.desired.Gang != nil || e.state.Gang != nil || e.desired.Spec.PipelineParallel > 1
 }
 
@@ -50,11 +57,22 @@ func stopped(s gossip.ShardStatus) bool {
 	return s == gossip.ShardCrashed || s == gossip.ShardBackoff || s == gossip.ShardStopping
 }
 
-// gangStart says whether gang member e may start now and with which
+// gangNode is this node as its gangs see it: its name (how rank 0 names
+// its members), the address it advertises (where its rank 0 engines
+// listen for their gang), and the ports a rendezvous is taken from.
+type gangNode struct {
+	name, host string
+	clock      clock.Clock
+	ports      *ports
+}
+
+// start says whether gang member e may start now and with which
 // rendezvous, or, when it may not, what it waits for (the member's note).
-func (r *Runner) gangStart(e *managed, w *watchState) (*shardstate.Gang, string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// lastGen is the generation the member's engine last ran against (see
+// watchState.lastGen). It takes e.mu.
+func (n gangNode) start(e *managed, lastGen int64) (*shardstate.Gang, string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	g := e.desired.Gang
 	if g == nil {
 		return nil, "waiting for the plan to place the rest of the gang"
@@ -74,22 +92,17 @@ func (r *Runner) gangStart(e *managed, w *watchState) (*shardstate.Gang, string)
 				return nil, fmt.Sprintf("waiting for rank %d: its node %s is lost", j, p.Node)
 			}
 		}
-		gen := r.cfg.Clock.Now().UnixNano()
-		port := 0
+		gen := n.clock.Now().UnixNano()
+		prevPort := 0
 		if prev := e.state.Gang; prev != nil {
 			gen = max(gen, prev.Generation+1)
-			if owner, ok := r.ports[prev.MasterPort]; ok && owner == e.id && portFree(prev.MasterPort) {
-				port = prev.MasterPort
-			}
+			prevPort = prev.MasterPort
 		}
-		if port == 0 {
-			p, err := r.allocPort(e.id)
-			if err != nil {
-				return nil, "no free port for the rendezvous: " + err.Error()
-			}
-			port = p
+		port, err := n.ports.rendezvous(e.id, prevPort)
+		if err != nil {
+			return nil, "no free port for the rendezvous: " + err.Error()
 		}
-		return &shardstate.Gang{Rank: 0, Size: g.Size, Generation: gen, MasterAddr: r.cfg.Host, MasterPort: port, Members: nodes}, ""
+		return &shardstate.Gang{Rank: 0, Size: g.Size, Generation: gen, MasterAddr: n.host, MasterPort: port, Members: nodes}, ""
 	}
 	r0 := g.Peers[0]
 	rv := r0.Gang
@@ -98,9 +111,9 @@ func (r *Runner) gangStart(e *managed, w *watchState) (*shardstate.Gang, string)
 		return nil, fmt.Sprintf("waiting for rank 0: its node %s is lost", r0.Node)
 	case !r0.Held || rv.Generation == 0 || rv.Addr == "":
 		return nil, fmt.Sprintf("waiting for rank 0's address (rank 0 on %s)", r0.Node)
-	case rv.Generation == w.lastGen || stopped(r0.Status):
+	case rv.Generation == lastGen || stopped(r0.Status):
 		return nil, fmt.Sprintf("waiting for rank 0 on %s to restart the gang", r0.Node)
-	case len(rv.Members) != g.Size || rv.Members[g.Rank] != r.cfg.Node:
+	case len(rv.Members) != g.Size || rv.Members[g.Rank] != n.name:
 		return nil, fmt.Sprintf("waiting for rank 0 on %s to name this node at rank %d", r0.Node, g.Rank)
 	}
 	host, p, err := net.SplitHostPort(rv.Addr)
@@ -113,12 +126,12 @@ func (r *Runner) gangStart(e *managed, w *watchState) (*shardstate.Gang, string)
 }
 
 // setGangNote records what holds e back (shown in its record).
-func (r *Runner) setGangNote(e *managed, note string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (e *managed) setGangNote(note string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.gangNote != note {
 		e.gangNote = note
-		r.notifyLocked()
+		notify(e.changes)
 	}
 }
 
@@ -187,11 +200,12 @@ func orNone(n string) string {
 
 // checkGang tears e down when its gang broke: rank 0 counts it as the
 // gang's crash (so the gang backs off, and fails, as one); any other rank
-// stops without counting it, and waits for rank 0's next generation.
+// stops without counting it, and waits for rank 0's next generation. It
+// runs on e's watch goroutine, which owns w, with no lock held.
 func (r *Runner) checkGang(e *managed, w *watchState) {
-	r.mu.Lock()
+	e.mu.Lock()
 	g, st := e.desired.Gang, e.state.Gang
-	r.mu.Unlock()
+	e.mu.Unlock()
 	why, moved := gangBroken(g, st)
 	now := r.cfg.Clock.Now()
 	if why == "" || !moved {
@@ -216,21 +230,22 @@ func (r *Runner) checkGang(e *managed, w *watchState) {
 	}
 	w.started = false
 	if g.Rank == 0 {
-		r.setGangNote(e, why+"; gang restarting")
-		w.retryAt = r.crashed(e, nil)
+		e.setGangNote(why + "; gang restarting")
+		w.retryAt = r.policy.crashed(e, nil)
 		return
 	}
-	r.memberStopped(e, w, why+"; waiting for rank 0's next generation", nil)
+	r.policy.memberStopped(e, w, why+"; waiting for rank 0's next generation", nil)
 }
 
 // memberStopped records that the engine of gang member e (above rank 0)
 // ended: torn down (code nil) or exited on its own. Neither counts as a
 // crash here: the gang's crashes are counted by rank 0's holder, which
 // tears the gang down when it sees this member stopped, and restarts it
-// under a new generation; this member waits for that one.
-func (r *Runner) memberStopped(e *managed, w *watchState, note string, code *int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// under a new generation; this member waits for that one. Its caller is
+// e's watch goroutine, the owner of w.
+func (p restartPolicy) memberStopped(e *managed, w *watchState, note string, code *int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.state.Gang != nil {
 		w.lastGen = e.state.Gang.Generation
 	}
@@ -245,18 +260,18 @@ func (r *Runner) memberStopped(e *managed, w *watchState, note string, code *int
 	if code != nil {
 		e.state.Restarts++
 		e.state.LastExitCode = code
-		e.state.LastExitAt = r.cfg.Clock.Now()
-		_ = shardstate.Save(r.cfg.DataDir.ShardsDir(), e.state)
+		e.state.LastExitAt = p.clock.Now()
+		_ = shardstate.Save(p.shards, e.state)
 	}
-	r.notifyLocked()
+	notify(e.changes)
 }
 
 // memberReady is a member's readiness: it has no HTTP, so it is ready
 // while it runs and rank 0's record, at its generation, says ready (or
 // said so, see below).
-func (r *Runner) memberReady(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (e *managed) memberReady() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	g, st := e.desired.Gang, e.state.Gang
 	if g == nil && st != nil {
 		// Adopted, and no plan yet (the agent has not settled): it ran
@@ -280,15 +295,15 @@ func (r *Runner) memberReady(e *managed) bool {
 }
 
 // gangInputs are the profile inputs of a gang start.
-func (r *Runner) gangInputs(st *shardstate.Gang) *profile.GangInputs {
+func gangInputs(st *shardstate.Gang) *profile.GangInputs {
 	if st == nil {
 		return nil
 	}
 	return &profile.GangInputs{NNodes: st.Size, Rank: st.Rank, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort}
 }
 
-// gangRecord is e's gang part of its record; the caller holds r.mu.
-func (r *Runner) gangRecordLocked(e *managed) *gossip.GangRecord {
+// recordLocked is e's gang part of its record; the caller holds e.mu.
+func (n gangNode) recordLocked(e *managed) *gossip.GangRecord {
 	st := e.state.Gang
 	var out gossip.GangRecord
 	switch {
@@ -302,7 +317,7 @@ func (r *Runner) gangRecordLocked(e *managed) *gossip.GangRecord {
 	if st != nil && st.Rank == out.Rank && st.Size == out.Size {
 		out.Generation = st.Generation
 		if st.Rank == 0 {
-			out.Addr = net.JoinHostPort(r.cfg.Host, strconv.Itoa(st.MasterPort))
+			out.Addr = net.JoinHostPort(n.host, strconv.Itoa(st.MasterPort))
 			out.Members = slices.Clone(st.Members)
 		}
 	}

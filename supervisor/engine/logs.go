@@ -21,11 +21,8 @@ func (r *Runner) LogPath(shard string) (string, bool) {
 	if best == nil {
 		return "", false
 	}
-	return r.logPath(best.id), true
+	return r.cfg.DataDir.EngineLogFile(best.id), true
 }
-
-// logPath is where an engine's runtime writes its stdout and stderr.
-func (r *Runner) logPath(id string) string { return r.cfg.DataDir.EngineLogFile(id) }
 
 // logLoop caps the engines' log files every LogCheck until the runner
 // closes.
@@ -53,7 +50,7 @@ func (r *Runner) logLoop() {
 			_, live := r.engines[id]
 			r.mu.Unlock()
 			if live {
-				if err := capLog(r.logPath(id), r.cfg.MaxLogBytes); err != nil {
+				if err := capLog(r.cfg.DataDir.EngineLogFile(id), r.cfg.MaxLogBytes); err != nil {
 					r.log.Warn("cap engine log", "engine", id, "err", err)
 				}
 			}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -12,17 +13,28 @@ import (
 
 // managed is one shard's engine on this node, as the runner tracks it.
 //
-// id and stop are set when it is created and never change, so they are
-// read without a lock. Every other field is guarded by Runner.mu: written
-// only under it, and read under it, with one exception: the engine's own
-// watch goroutine reads without it the fields that only it writes, crashes
-// and state (all of state but Spec.Deployment, which Reconcile fills in),
-// for its logs and its state file.
+// id, stop, mu and changes are set before it joins the runner's table
+// (Runner.engines) and never change, so they are read without a lock.
+// Every other field is guarded by mu: written only under it, and read
+// under it, with one exception: the
+// engine's own watch goroutine reads without it the fields that only it
+// writes, crashes and state (all of state but Spec.Deployment, which
+// Reconcile fills in), for its logs and its state file.
+//
+// The methods of managed take mu themselves, except those named …Locked,
+// whose caller holds it.
 type managed struct {
 	id string
 	// stop ends the engine's watch: the watcher then stops the engine and
 	// forgets it (see finish).
 	stop context.CancelFunc
+	// mu is the runner's lock (Runner.mu), one for the runner's table and
+	// every engine in it, so the node's record (Shards) reads all its
+	// engines at one moment.
+	mu *sync.Mutex
+	// changes is the runner's Changes: a change of what e's record shows
+	// is announced there (see notify).
+	changes chan<- struct{}
 
 	desired Desired
 	state   shardstate.State
@@ -39,7 +51,7 @@ type managed struct {
 	// partial command (an orphan is never planned, so never restarted).
 	planned bool
 	// portForeign: another process answers on the engine's port (logged
-	// once per episode; see ownsPort).
+	// once per episode; see prober.ownsPort).
 	portForeign bool
 	// startErr is why the last start failed; cleared by a start that works.
 	startErr string
@@ -66,20 +78,36 @@ type managed struct {
 	scrapedAt time.Time
 }
 
+// notify signals the runner's Changes without waiting: one pending
+// signal stands for any number of changes.
+func notify(changes chan<- struct{}) {
+	select {
+	case changes <- struct{}{}:
+	default:
+	}
+}
+
 // isPlanned reports whether the plan has given e its spec (see
 // managed.planned).
-func (r *Runner) isPlanned(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (e *managed) isPlanned() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	return e.planned
 }
 
-// profileOf returns the engine's profile. The spec version fixes the
-// engine kind, so it is looked up once per engine. Adopted engines carry the
-// kind from their state file (see track).
-func (r *Runner) profileOf(e *managed) (profile.Profile, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// isReady reports e's last readiness verdict.
+func (e *managed) isReady() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ready
+}
+
+// profile returns the engine's profile. The spec version fixes the
+// engine kind, so it is looked up once per engine. Adopted engines carry
+// the kind from their state file (see track).
+func (e *managed) profile() (profile.Profile, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.prof == nil {
 		p, err := profile.Lookup(e.desired.Spec.Engine)
 		if err != nil {
@@ -88,4 +116,46 @@ func (r *Runner) profileOf(e *managed) (profile.Profile, error) {
 		e.prof = &p
 	}
 	return *e.prof, nil
+}
+
+// setNote records what e's engine is doing for its record, notifying only
+// when the words change: at says when, so "loading, log grew 2s ago" needs
+// no republication every poll (a move of at alone waits for the next
+// record the engine's other changes send, or is sent when 15 s old).
+func (e *managed) setNote(note string, at time.Time) {
+	note = clipError(printableOnly(note), 300)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.note == note && (at.Sub(e.noteAt) < noteRefresh) {
+		return
+	}
+	e.note, e.noteAt = note, at
+	notify(e.changes)
+}
+
+// noteRefresh is how stale a note's moment may get in the record before it
+// is republished (a phase change is published at once).
+const noteRefresh = 15 * time.Second
+
+// setStartErr records why e's last start failed (or why it was stopped as
+// a crash), for its record.
+func (e *managed) setStartErr(why string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.startErr = clipError(why, 300)
+}
+
+// startTimeout is e's deployment's start_timeout, or def (the runner's).
+func (e *managed) startTimeout(def time.Duration) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.startTimeoutLocked(def)
+}
+
+// startTimeoutLocked is startTimeout with e.mu held.
+func (e *managed) startTimeoutLocked(def time.Duration) time.Duration {
+	if t := time.Duration(e.desired.Spec.StartTimeout); t > 0 {
+		return t
+	}
+	return def
 }

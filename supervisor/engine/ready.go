@@ -6,35 +6,72 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
-// probeReady runs one readiness probe: /health answers 200 and the models
+// prober asks the engines over HTTP how they are: readiness probes (/health
+// and the models list), whether the answer on a port comes from the
+// engine's own process, and the /metrics load scrape with the tracker that
+// turns its counters into rates. It counts what went wrong for our own
+// metrics.
+//
+// Its methods take the engine's lock (managed.mu) themselves, and never
+// hold it across a request.
+type prober struct {
+	http  *http.Client
+	clock clock.Clock
+	log   *slog.Logger
+	// override is the node's readiness settings (Config.Readiness), over
+	// each profile's rule.
+	override profile.Readiness
+	// listenerOwner is Config.ListenerOwner; loadInterval
+	// Config.LoadInterval.
+	listenerOwner func(port, pid int) (owner int, found bool, err error)
+	loadInterval  time.Duration
+	// key is each engine's API key, by engine ID (Config.engineKey).
+	key     func(id string) string
+	tracker *load.Tracker
+
+	// scrapeErrors counts failed /metrics scrapes; unroutable and
+	// hungRestarts count ready engines that left routing and hung engines
+	// restarted (see judge.go, checkServing).
+	scrapeErrors, unroutable, hungRestarts atomic.Uint64
+}
+
+func newProber(cfg Config, log *slog.Logger) *prober {
+	return &prober{http: cfg.HTTP, clock: cfg.Clock, log: log, override: cfg.Readiness, listenerOwner: cfg.ListenerOwner,
+		loadInterval: cfg.LoadInterval, key: cfg.engineKey, tracker: load.NewTracker()}
+}
+
+// ready runs one readiness probe of e: /health answers 200 and the models
 // list names the served model, each within the profile's probe timeout.
 // Both probes carry the engine's key: the models path is guarded by it (a
 // wrong key, like another engine's on a reused port, is not ready), and
 // the engines leave /health open, so the header costs nothing there. It
 // says how a failed probe failed.
-func (r *Runner) probeReady(ctx context.Context, e *managed) (bool, string) {
-	r.mu.Lock()
+func (p *prober) ready(ctx context.Context, e *managed) (bool, string) {
+	e.mu.Lock()
 	port, served := e.state.Spec.HTTPPort, e.state.Spec.ServedModelName
-	r.mu.Unlock()
-	prof, err := r.profileOf(e)
+	e.mu.Unlock()
+	prof, err := e.profile()
 	if err != nil {
 		return false, err.Error()
 	}
 	if port == 0 {
 		return false, "no port"
 	}
-	timeout := r.ruleOf(prof).ProbeTimeout
+	timeout := p.ruleOf(prof).ProbeTimeout
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
-	key := r.engineKey(e.id)
+	key := p.key(e.id)
 	get := func(path string, body *[]byte) string {
 		pctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
@@ -42,7 +79,7 @@ func (r *Runner) probeReady(ctx context.Context, e *managed) (bool, string) {
 		if key != "" {
 			req.Header.Set("Authorization", "Bearer "+key)
 		}
-		resp, err := r.cfg.HTTP.Do(req)
+		resp, err := p.http.Do(req)
 		if err != nil {
 			if pctx.Err() != nil && ctx.Err() == nil {
 				return fmt.Sprintf("%s timed out after %s", path, timeout)
@@ -82,9 +119,9 @@ func (r *Runner) probeReady(ctx context.Context, e *managed) (bool, string) {
 }
 
 // ruleOf is prof's readiness rule with the node's overrides applied.
-func (r *Runner) ruleOf(prof profile.Profile) profile.Readiness {
+func (p *prober) ruleOf(prof profile.Profile) profile.Readiness {
 	rule := prof.Readiness
-	o := r.cfg.Readiness
+	o := p.override
 	if o.ProbeTimeout > 0 {
 		rule.ProbeTimeout = o.ProbeTimeout
 	}
@@ -107,69 +144,70 @@ func (r *Runner) ruleOf(prof profile.Profile) profile.Readiness {
 	return rule
 }
 
-// ownsPort checks, when an engine is about to be believed ready, that the
-// answer on its port comes from the engine's own process tree: another
-// process there (a stale engine of another agent on this host) would make
-// the lease, and the route, point at the wrong model. Once ready, the
-// check is not repeated every poll (it scans /proc).
-func (r *Runner) ownsPort(e *managed, pid int) bool {
-	r.mu.Lock()
+// ownsPort checks, when engine e is about to be believed ready, that the
+// answer on its port comes from the engine's own process tree (pid and its
+// descendants): another process there (a stale engine of another agent on
+// this host) would make the lease, and the route, point at the wrong
+// model. Once ready, the check is not repeated every poll (it scans
+// /proc).
+func (p *prober) ownsPort(e *managed, pid int) bool {
+	e.mu.Lock()
 	was, port := e.ready, e.state.Spec.HTTPPort
-	r.mu.Unlock()
+	e.mu.Unlock()
 	if was || pid <= 0 || port <= 0 {
 		return true
 	}
-	_, found, err := r.cfg.ListenerOwner(port, pid)
+	_, found, err := p.listenerOwner(port, pid)
 	// An error means nothing to judge by: nothing listens in our network
 	// namespace although the port answered (an engine in a namespace of
 	// its own), or /proc is not readable.
 	foreign := err == nil && !found
-	r.mu.Lock()
+	e.mu.Lock()
 	if foreign && !e.portForeign {
-		r.log.Warn("engine port answered by a process that is not the engine; not ready", "shard", e.state.ShardID, "port", port, "engine_pid", pid)
+		p.log.Warn("engine port answered by a process that is not the engine; not ready", "shard", e.state.ShardID, "port", port, "engine_pid", pid)
 	}
 	e.portForeign = foreign
-	r.mu.Unlock()
+	e.mu.Unlock()
 	return !foreign
 }
 
-// scrapeLoad reads the engine's /metrics every LoadInterval, or at once
-// when force (the readiness rule needs to know whether its counters move).
-// Rates come from counter deltas; the tracker re-baselines when the engine
-// restarted. It returns the token counters (prompt plus generation) when
-// it read them.
-func (r *Runner) scrapeLoad(ctx context.Context, e *managed, force bool, timeout time.Duration) (counters float64, ok bool) {
-	r.mu.Lock()
-	due := force || r.cfg.Clock.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
+// scrapeLoad reads e's /metrics every LoadInterval, or at once when force
+// (the readiness rule needs to know whether its counters move). Rates come
+// from counter deltas; the tracker re-baselines when the engine restarted.
+// It returns the token counters (prompt plus generation) when it read
+// them.
+func (p *prober) scrapeLoad(ctx context.Context, e *managed, force bool, timeout time.Duration) (counters float64, ok bool) {
+	e.mu.Lock()
+	due := force || p.clock.Now().Sub(e.scrapedAt) >= p.loadInterval
 	port := e.state.Spec.HTTPPort
-	r.mu.Unlock()
+	e.mu.Unlock()
 	if !due {
 		return 0, false
 	}
-	prof, err := r.profileOf(e)
+	prof, err := e.profile()
 	if err != nil || prof.MetricsPath == "" {
 		return 0, false
 	}
 	if timeout <= 0 {
-		timeout = r.ruleOf(prof).ProbeTimeout
+		timeout = p.ruleOf(prof).ProbeTimeout
 	}
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	sample, err := r.scraperOf(e, prof).Scrape(sctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
+	sample, err := p.scraperOf(e, prof).Scrape(sctx, "http://127.0.0.1:"+strconv.Itoa(port)+prof.MetricsPath)
 	var l load.Load
 	if err != nil {
-		r.scrapeErrors.Add(1)
-		l = r.tracker.Failed(e.id, r.cfg.Clock.Now(), err)
+		p.scrapeErrors.Add(1)
+		l = p.tracker.Failed(e.id, p.clock.Now(), err)
 	} else {
-		l = r.tracker.Observe(e.id, sample)
+		l = p.tracker.Observe(e.id, sample)
 	}
-	r.mu.Lock()
-	e.scrapedAt = r.cfg.Clock.Now()
+	e.mu.Lock()
+	e.scrapedAt = p.clock.Now()
 	e.load = gossip.ShardLoad{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVCacheUsage, PromptTPS: l.PromptTPS,
 		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, PrefixHitRate: l.PrefixHitRate, PrefixQueriesPS: l.PrefixQueriesPS,
 		ScrapedAt: l.ScrapedAt, Error: l.Error}
-	r.notifyLocked()
-	r.mu.Unlock()
+	notify(e.changes)
+	e.mu.Unlock()
 	if err != nil {
 		return 0, false
 	}
@@ -180,32 +218,25 @@ func (r *Runner) scrapeLoad(ctx context.Context, e *managed, force bool, timeout
 
 // scraperOf is e's /metrics scraper, made on first use with prof's metric
 // names.
-func (r *Runner) scraperOf(e *managed, prof profile.Profile) *load.Scraper {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (p *prober) scraperOf(e *managed, prof profile.Profile) *load.Scraper {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.scraper == nil {
 		// The key goes with every scrape: llama.cpp guards /metrics with
 		// it, vLLM and SGLang leave /metrics open and ignore it.
-		e.scraper = load.NewScraper(r.cfg.HTTP, r.cfg.Clock, load.WithNames(prof.Metrics.LoadNames()),
-			load.WithBearer(r.engineKey(e.id)))
+		e.scraper = load.NewScraper(p.http, p.clock, load.WithNames(prof.Metrics.LoadNames()),
+			load.WithBearer(p.key(e.id)))
 	}
 	return e.scraper
 }
 
-// ScrapeErrors counts failed engine /metrics scrapes.
-func (r *Runner) ScrapeErrors() uint64 { return r.scrapeErrors.Load() }
-
-// Unroutable counts ready engines that left routing by the readiness rule
-// (judge.go): probes failing and counters frozen.
-func (r *Runner) Unroutable() uint64 { return r.unroutable.Load() }
-
-// HungRestarts counts engines restarted because they stayed unroutable
-// without progress for their profile's HungRestart.
-func (r *Runner) HungRestarts() uint64 { return r.hungRestarts.Load() }
-
-// scrapeDue reports whether e's load is due to be read (every LoadInterval).
-func (r *Runner) scrapeDue(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg.Clock.Now().Sub(e.scrapedAt) >= r.cfg.LoadInterval
+// scrapeDue reports whether e's load is due to be read (every
+// LoadInterval).
+func (p *prober) scrapeDue(e *managed) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return p.clock.Now().Sub(e.scrapedAt) >= p.loadInterval
 }
+
+// forget drops what the tracker keeps of engine id, stopped for good.
+func (p *prober) forget(id string) { p.tracker.Forget(id) }

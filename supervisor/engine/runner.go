@@ -9,13 +9,11 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/probes/load"
 	"github.com/llmgw/llmgw/probes/sockets"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/profile"
@@ -112,31 +110,35 @@ type Config struct {
 // Each engine has its own goroutine (watch), so a slow start (an image
 // pull, a model load) never holds up the others or the node's control
 // loop.
+//
+// Locks, in the order they are taken: logMu, then mu (which every managed
+// engine shares as managed.mu), then ports' own; none is held while
+// waiting on the runtime or an engine.
 type Runner struct {
 	cfg Config
 	log *slog.Logger
 
-	// mu guards engines, ports, settled, and the fields of every managed
-	// engine (see managed).
+	// mu guards engines, settled, and the fields of every managed engine
+	// (see managed).
 	mu      sync.Mutex
 	engines map[string]*managed // by engine ID
 	// logMu orders log capping with log removal (see logLoop, finish);
 	// taken before mu, never while holding it.
 	logMu sync.Mutex
-	// ports maps each engine port taken to its engine ID.
-	ports map[int]string
 	// settled is false until the node has heard the cluster: until then a
 	// plan comes from a partial view, and acting on it would start
 	// duplicates or stop healthy engines.
 	settled bool
-
 	changes chan struct{}
-	tracker *load.Tracker
-	// scrapeErrors counts failed /metrics scrapes, for our own metrics.
-	scrapeErrors atomic.Uint64
-	// unroutable and hungRestarts count ready engines that left routing
-	// and hung engines restarted (see judge.go), for our own metrics.
-	unroutable, hungRestarts atomic.Uint64
+
+	// ports holds the engines' ports; probe asks the engines how they are
+	// (and counts what failed); policy turns what a poll found into an
+	// engine's status and backoff; gang is this node as its gangs see it.
+	ports  *ports
+	probe  *prober
+	policy restartPolicy
+	gang   gangNode
+
 	// quit detaches every watcher without stopping its engine; base is
 	// cancelled with it, so a start in progress (an image pull) gives up.
 	quit       chan struct{}
@@ -207,9 +209,11 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	}
 	r := &Runner{
 		cfg: cfg, log: cfg.Logger.With("component", "runner"),
-		engines: map[string]*managed{}, ports: map[int]string{}, changes: make(chan struct{}, 1),
-		quit: make(chan struct{}), tracker: load.NewTracker(),
+		engines: map[string]*managed{}, changes: make(chan struct{}, 1), quit: make(chan struct{}),
+		ports: newPorts(cfg.Node, cfg.PortMin, cfg.PortMax), policy: newRestartPolicy(cfg),
 	}
+	r.probe = newProber(cfg, r.log)
+	r.gang = gangNode{name: cfg.Node, host: cfg.Host, clock: cfg.Clock, ports: r.ports}
 	r.base, r.cancelBase = context.WithCancel(context.Background())
 	for _, d := range []string{cfg.DataDir.ShardsDir(), cfg.DataDir.LogsDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -225,11 +229,11 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 }
 
 // engineKey is engine id's API key; empty when engines run without keys.
-func (r *Runner) engineKey(id string) string {
-	if r.cfg.EngineKey == nil {
+func (c Config) engineKey(id string) string {
+	if c.EngineKey == nil {
 		return ""
 	}
-	return r.cfg.EngineKey(id)
+	return c.EngineKey(id)
 }
 
 // EngineID names one (shard, spec version) engine on a node.
@@ -280,14 +284,14 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		if _, ok := r.engines[id]; ok {
 			continue
 		}
-		port, err := r.allocPort(id)
+		port, err := r.ports.alloc(id)
 		if err != nil {
 			r.log.Error("cannot start shard", "shard", d.ShardID, "err", err)
 			continue
 		}
 		now := r.cfg.Clock.Now()
 		cctx, cancel := context.WithCancel(context.Background())
-		e := &managed{id: id, desired: d, planned: true, status: gossip.ShardStarting, stop: cancel,
+		e := &managed{id: id, mu: &r.mu, changes: r.changes, desired: d, planned: true, status: gossip.ShardStarting, stop: cancel,
 			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
 				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
 					GPUIndices: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
@@ -299,14 +303,6 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 	// and Changes() wakes that same caller, so notifying here would make
 	// it reconcile again, forever (a busy loop on every idle node).
 	// Watchers notify when an engine's state really changes.
-}
-
-// notifyLocked signals Changes; the caller holds r.mu.
-func (r *Runner) notifyLocked() {
-	select {
-	case r.changes <- struct{}{}:
-	default:
-	}
 }
 
 // Reclaim claims every shard held here afresh, stamped now: this node's
@@ -326,7 +322,7 @@ func (r *Runner) Reclaim(now time.Time) {
 			r.log.Error("save shard state", "shard", e.state.ShardID, "err", err)
 		}
 	}
-	r.notifyLocked()
+	notify(r.changes)
 }
 
 // Shards implements supervisor.Runner.
@@ -349,7 +345,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment
 		}
-		rec.Gang = r.gangRecordLocked(e)
+		rec.Gang = r.gang.recordLocked(e)
 		// Only rank 0 of a gang serves HTTP; the other ranks publish no URL.
 		if st.Spec.HTTPPort > 0 && (rec.Gang == nil || rec.Gang.Rank == 0) {
 			rec.URL = "http://" + net.JoinHostPort(r.cfg.Host, strconv.Itoa(st.Spec.HTTPPort))
@@ -362,6 +358,17 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 
 // RuntimeName names the runtime engines run in.
 func (r *Runner) RuntimeName() string { return r.cfg.Runtime.Name() }
+
+// ScrapeErrors counts failed engine /metrics scrapes.
+func (r *Runner) ScrapeErrors() uint64 { return r.probe.scrapeErrors.Load() }
+
+// Unroutable counts ready engines that left routing by the readiness rule
+// (judge.go): probes failing and counters frozen.
+func (r *Runner) Unroutable() uint64 { return r.probe.unroutable.Load() }
+
+// HungRestarts counts engines restarted because they stayed unroutable
+// without progress for their profile's HungRestart.
+func (r *Runner) HungRestarts() uint64 { return r.probe.hungRestarts.Load() }
 
 // Changes implements Engines.
 func (r *Runner) Changes() <-chan struct{} { return r.changes }

@@ -16,14 +16,14 @@ import (
 // stop. It gives up waiting after DrainMax, and at once for an engine
 // whose load it cannot read. It returns false if the agent closes meanwhile.
 func (r *Runner) awaitIdle(e *managed) bool {
-	prof, err := r.profileOf(e)
+	prof, err := e.profile()
 	if err != nil || prof.MetricsPath == "" || (prof.Metrics.Running == "" && prof.Metrics.Waiting == "") {
 		return true
 	}
-	r.mu.Lock()
+	e.mu.Lock()
 	port := e.state.Spec.HTTPPort
-	r.mu.Unlock()
-	scraper := r.scraperOf(e, prof)
+	e.mu.Unlock()
+	scraper := r.probe.scraperOf(e, prof)
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + prof.MetricsPath
 	deadline := r.cfg.Clock.Now().Add(r.cfg.DrainMax)
 	tick := r.cfg.Clock.NewTicker(r.cfg.Poll)
@@ -54,9 +54,9 @@ func (r *Runner) awaitIdle(e *managed) bool {
 // GPUs busy under no one's claim. If the agent closes meanwhile, the state
 // file stays, and the next agent adopts the engine and stops it.
 func (r *Runner) finish(e *managed) {
-	r.mu.Lock()
+	e.mu.Lock()
 	drain := e.drain
-	r.mu.Unlock()
+	e.mu.Unlock()
 	if drain {
 		t := r.cfg.Clock.NewTimer(r.cfg.DrainDelay)
 		select {
@@ -84,22 +84,19 @@ func (r *Runner) finish(e *managed) {
 		}
 	}
 	_ = shardstate.Remove(r.cfg.DataDir.ShardsDir(), shardstate.FileID(e.state))
-	r.tracker.Forget(e.id)
+	r.probe.forget(e.id)
 	// Its log goes with it: engine IDs change with every spec version, so
 	// kept logs would pile up with each rolling update. Under logMu, and
 	// after the engine leaves r.engines, so a cap cannot bring .1 back.
 	r.logMu.Lock()
 	r.mu.Lock()
 	delete(r.engines, e.id)
-	for p, id := range r.ports {
-		if id == e.id {
-			delete(r.ports, p)
-		}
-	}
-	r.notifyLocked()
+	r.ports.release(e.id)
+	notify(r.changes)
 	r.mu.Unlock()
-	_ = os.Remove(r.logPath(e.id))
-	_ = os.Remove(r.logPath(e.id) + ".1")
+	logPath := r.cfg.DataDir.EngineLogFile(e.id)
+	_ = os.Remove(logPath)
+	_ = os.Remove(logPath + ".1")
 	r.logMu.Unlock()
 	r.log.Info("engine stopped", "shard", e.state.ShardID, "engine", e.id)
 }

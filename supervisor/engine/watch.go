@@ -68,7 +68,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.wg.Done()
 	w := &watchState{started: adopted, scraped: make(chan scrapeResult, 1)}
 	w.clock.begin(r.cfg.Clock.Now())
-	if adopted && r.isReady(e) {
+	if adopted && e.isReady() {
 		// Judged ready at adoption: from now on by the rule, so a busy
 		// engine found by a restarted agent is never taken for a
 		// starting one that stopped answering.
@@ -83,11 +83,11 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 			return
 		}
 		var gs *shardstate.Gang
-		mayStart := !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && r.isPlanned(e)
-		if mayStart && r.isGang(e) {
+		mayStart := !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && e.isPlanned()
+		if mayStart && e.isGang() {
 			var note string
-			if gs, note = r.gangStart(e, w); gs == nil {
-				r.setGangNote(e, note)
+			if gs, note = r.gang.start(e, w.lastGen); gs == nil {
+				e.setGangNote(note)
 				mayStart = false
 			}
 		}
@@ -106,10 +106,8 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 					continue // no longer wanted: not a crash; the loop's top stops it
 				}
 				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
-				r.mu.Lock()
-				e.startErr = clipError(err.Error(), 300)
-				r.mu.Unlock()
-				w.retryAt = r.crashed(e, nil)
+				e.setStartErr(err.Error())
+				w.retryAt = r.policy.crashed(e, nil)
 			} else {
 				w.started = true
 			}
@@ -117,7 +115,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		if w.started {
 			r.check(ctx, e, w)
 		}
-		if w.started && r.isGang(e) {
+		if w.started && e.isGang() {
 			r.checkGang(e, w)
 		}
 		select {
@@ -143,15 +141,15 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		// engine itself still can. A dead one stops being ready, so
 		// its lease is no longer renewed and nothing routes to it.
 		r.log.Warn("engine status unknown; judging by readiness alone", "shard", e.state.ShardID, "err", err)
-		ok, _ := r.probeReady(ctx, e)
-		r.setReady(e, ok, 0)
+		ok, _ := r.probe.ready(ctx, e)
+		r.policy.setReady(e, ok, 0)
 	case err == nil && st.State == runtime.StateUnknown && w.unknowns < 20:
 		// containerd restarting or a shim not answering: look again
 		// rather than kill a possibly healthy engine.
 		w.unknowns++
 	case err != nil || st.State != runtime.StateRunning:
 		code := st.ExitCode
-		member := r.isMember(e)
+		member := e.isMember()
 		if member {
 			r.log.Warn("gang member exited; waiting for rank 0 to restart the gang", "shard", e.state.ShardID, "exit_code", code)
 		} else {
@@ -163,19 +161,19 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		}
 		w.started = false
 		if member {
-			r.memberStopped(e, w, fmt.Sprintf("exited with code %d; waiting for rank 0's next generation", code), &code)
+			r.policy.memberStopped(e, w, fmt.Sprintf("exited with code %d; waiting for rank 0's next generation", code), &code)
 			return
 		}
-		if r.isGang(e) {
-			r.setGangNote(e, fmt.Sprintf("rank 0 exited with code %d; gang restarting", code))
+		if e.isGang() {
+			e.setGangNote(fmt.Sprintf("rank 0 exited with code %d; gang restarting", code))
 		}
-		w.retryAt = r.crashed(e, &code)
+		w.retryAt = r.policy.crashed(e, &code)
 	default:
 		w.unknowns = 0
-		if r.isMember(e) {
-			ready := r.memberReady(e)
+		if e.isMember() {
+			ready := e.memberReady()
 			w.everReady = w.everReady || ready
-			r.setReady(e, ready, st.PID)
+			r.policy.setReady(e, ready, st.PID)
 			if !ready && !w.everReady && r.startExpired(e, w) {
 				r.restartStarting(e, w, true)
 			}
@@ -192,25 +190,25 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 // checkStarting is one poll of an engine that has not been ready yet: its
 // probes alone decide, and its start clock runs.
 func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, pid int) {
-	ok, why := r.probeReady(ctx, e)
-	ready := ok && r.ownsPort(e, pid)
+	ok, why := r.probe.ready(ctx, e)
+	ready := ok && r.probe.ownsPort(e, pid)
 	now := r.cfg.Clock.Now()
 	if ready {
 		w.everReady = true
 		w.live.becameReady(now)
-		r.setNote(e, "", time.Time{})
-		r.setReady(e, true, pid)
-		r.scrapeLoad(ctx, e, false, 0)
+		e.setNote("", time.Time{})
+		r.policy.setReady(e, true, pid)
+		r.probe.scrapeLoad(ctx, e, false, 0)
 		return
 	}
-	r.setReady(e, false, pid)
+	r.policy.setReady(e, false, pid)
 	if r.startExpired(e, w) {
 		r.log.Warn("engine not ready within the start timeout and silent; restarting it", "shard", e.state.ShardID,
-			"timeout", r.startTimeout(e), "last_probe", why)
+			"timeout", e.startTimeout(r.cfg.StartTimeout), "last_probe", why)
 		r.restartStarting(e, w, false)
 		return
 	}
-	r.setNote(e, "loading", w.clock.activityAt)
+	e.setNote("loading", w.clock.activityAt)
 }
 
 // startExpired samples the starting engine's signs of progress (its log,
@@ -218,26 +216,19 @@ func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, p
 // its start timeout.
 func (r *Runner) startExpired(e *managed, w *watchState) bool {
 	now := r.cfg.Clock.Now()
-	if fi, err := os.Stat(r.logPath(e.id)); err == nil {
+	if fi, err := os.Stat(r.cfg.DataDir.EngineLogFile(e.id)); err == nil {
 		w.clock.sawLog(now, fi.Size())
 	}
 	if r.cfg.WeightsDir != "" && (w.clock.weightsAt.IsZero() || now.Sub(w.clock.weightsAt) >= weightsEvery) {
 		// The model's own directory, not the whole cache: that is where
 		// its download lands (HF_HOME is the weights dir).
-		r.mu.Lock()
+		e.mu.Lock()
 		model := e.desired.Spec.Model
-		r.mu.Unlock()
+		e.mu.Unlock()
 		size, _ := weights.ModelSize(r.cfg.WeightsDir, model)
 		w.clock.sawWeights(now, int64(size))
 	}
-	return w.clock.expired(now, r.startTimeout(e))
-}
-
-// startTimeout is e's deployment's start_timeout, or the runner's default.
-func (r *Runner) startTimeout(e *managed) time.Duration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.startTimeoutLocked(e)
+	return w.clock.expired(now, e.startTimeout(r.cfg.StartTimeout))
 }
 
 // restartStarting stops an engine that never became ready in time and
@@ -251,21 +242,13 @@ func (r *Runner) restartStarting(e *managed, w *watchState, member bool) {
 	}
 	w.started = false
 	if member {
-		r.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
+		r.policy.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
 		return
 	}
-	r.mu.Lock()
-	e.startErr = clipError(fmt.Sprintf("not ready within the start timeout (%s without progress)", r.startTimeoutLocked(e)), 300)
-	r.mu.Unlock()
-	w.retryAt = r.crashed(e, nil)
-}
-
-// startTimeoutLocked is startTimeout with r.mu held.
-func (r *Runner) startTimeoutLocked(e *managed) time.Duration {
-	if t := time.Duration(e.desired.Spec.StartTimeout); t > 0 {
-		return t
-	}
-	return r.cfg.StartTimeout
+	e.mu.Lock()
+	e.startErr = clipError(fmt.Sprintf("not ready within the start timeout (%s without progress)", e.startTimeoutLocked(r.cfg.StartTimeout)), 300)
+	e.mu.Unlock()
+	w.retryAt = r.policy.crashed(e, nil)
 }
 
 // checkServing is one poll of an engine that has been ready: the rule of
@@ -273,18 +256,18 @@ func (r *Runner) startTimeoutLocked(e *managed) time.Duration {
 // health probe and the /metrics read run side by side, so a hung engine
 // costs one probe timeout per poll, not two.
 func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pid int) {
-	prof, err := r.profileOf(e)
+	prof, err := e.profile()
 	if err != nil {
-		r.setReady(e, false, pid)
+		r.policy.setReady(e, false, pid)
 		return
 	}
-	rule := r.ruleOf(prof)
+	rule := r.probe.ruleOf(prof)
 	// The /metrics read runs in the background, apart from the probe:
 	// vLLM serves /metrics on the same loop as /health, so under load it
 	// is as slow, and a read bounded by the probe timeout would never see
 	// the progress that tells busy from hung. It gets the whole progress
 	// window, and one read at a time is in flight; the poll goes on.
-	if !w.scraping && (w.live.failures > 0 || r.scrapeDue(e)) {
+	if !w.scraping && (w.live.failures > 0 || r.probe.scrapeDue(e)) {
 		w.scraping = true
 		force := w.live.failures > 0
 		r.wg.Add(1)
@@ -294,11 +277,11 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 			defer cancel()
 			stop := context.AfterFunc(r.base, cancel) // Close waits for this read
 			defer stop()
-			c, ok := r.scrapeLoad(sctx, e, force, max(rule.ProbeTimeout, rule.ProgressWindow))
+			c, ok := r.probe.scrapeLoad(sctx, e, force, max(rule.ProbeTimeout, rule.ProgressWindow))
 			w.scraped <- scrapeResult{counters: c, ok: ok}
 		}()
 	}
-	ok, why := r.probeReady(ctx, e)
+	ok, why := r.probe.ready(ctx, e)
 	var counters float64
 	var haveCounters bool
 	select {
@@ -312,21 +295,21 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 	}
 	now := r.cfg.Clock.Now()
 	v := w.live.observe(rule, now, ok, why, counters, haveCounters)
-	r.setReady(e, v.routable, pid)
+	r.policy.setReady(e, v.routable, pid)
 	switch {
 	case v.changed && v.routable:
 		r.log.Info("engine routable again", "shard", e.state.ShardID, "engine", e.id)
-		r.setNote(e, "", time.Time{})
+		e.setNote("", time.Time{})
 	case v.changed:
-		r.unroutable.Add(1)
+		r.probe.unroutable.Add(1)
 		r.log.Warn("engine not routable: "+v.why, "shard", e.state.ShardID, "engine", e.id,
 			"probe_timeout", rule.ProbeTimeout, "failures", rule.Failures, "progress_window", rule.ProgressWindow)
-		r.setNote(e, "not routable: "+v.why, now)
+		e.setNote("not routable: "+v.why, now)
 	}
 	if !v.hung {
 		return
 	}
-	r.hungRestarts.Add(1)
+	r.probe.hungRestarts.Add(1)
 	reason := fmt.Sprintf("hung: not routable and no progress for %s (%s)", rule.HungRestart, v.why)
 	r.log.Error("engine hung; restarting it", "shard", e.state.ShardID, "engine", e.id, "reason", reason)
 	if err := r.cfg.Runtime.Stop(context.Background(), e.id, r.cfg.Grace); err != nil && !errors.Is(err, runtime.ErrNotFound) {
@@ -334,41 +317,13 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 		return
 	}
 	w.started, w.everReady = false, false
-	r.mu.Lock()
-	e.startErr = clipError(reason, 300)
-	r.mu.Unlock()
-	r.setNote(e, "restarted: "+reason, now)
-	if r.isGang(e) {
-		r.setGangNote(e, "rank 0 hung; gang restarting")
+	e.setStartErr(reason)
+	e.setNote("restarted: "+reason, now)
+	if e.isGang() {
+		e.setGangNote("rank 0 hung; gang restarting")
 	}
-	w.retryAt = r.crashed(e, nil)
+	w.retryAt = r.policy.crashed(e, nil)
 }
-
-// isReady reports e's last readiness verdict.
-func (r *Runner) isReady(e *managed) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return e.ready
-}
-
-// setNote records what e's engine is doing for its record, notifying only
-// when the words change: at says when, so "loading, log grew 2s ago" needs
-// no republication every poll (a move of at alone waits for the next
-// record the engine's other changes send, or is sent when 15 s old).
-func (r *Runner) setNote(e *managed, note string, at time.Time) {
-	note = clipError(printableOnly(note), 300)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e.note == note && (at.Sub(e.noteAt) < noteRefresh) {
-		return
-	}
-	e.note, e.noteAt = note, at
-	r.notifyLocked()
-}
-
-// noteRefresh is how stale a note's moment may get in the record before it
-// is republished (a phase change is published at once).
-const noteRefresh = 15 * time.Second
 
 // printableOnly replaces what a record may not carry (newlines, control
 // characters) with spaces.
@@ -389,16 +344,16 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	defer cancel()
 	stop := context.AfterFunc(engineCtx, cancel)
 	defer stop()
-	r.ensurePort(e)
-	r.mu.Lock()
+	r.ports.ensure(e, r.log)
+	e.mu.Lock()
 	d, st := e.desired, e.state
-	r.mu.Unlock()
-	prof, err := r.profileOf(e)
+	e.mu.Unlock()
+	prof, err := e.profile()
 	if err != nil {
 		return err
 	}
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
-		APIKey: r.engineKey(e.id), Gang: r.gangInputs(gs), StartTimeout: r.startTimeout(e)}
+		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout)}
 	if gs != nil {
 		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
 	}
@@ -423,7 +378,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	spec := runtime.EngineSpec{
 		ID: e.id, Node: r.cfg.Node, ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
 		Image: image, Command: cmd, Env: env, GPUIndices: d.GPUs, GPUUUIDs: uuids, HTTPPort: st.Spec.HTTPPort,
-		LogPath: r.logPath(e.id), WeightsDir: r.cfg.WeightsDir,
+		LogPath: r.cfg.DataDir.EngineLogFile(e.id), WeightsDir: r.cfg.WeightsDir,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
 	st.Gang = gs
@@ -440,11 +395,11 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 				return
 			}
 			last = now
-			r.setNote(e, fmt.Sprintf("pulling image %d%%", min(done*100/total, 99)), now)
+			e.setNote(fmt.Sprintf("pulling image %d%%", min(done*100/total, 99)), now)
 		}
-		r.setNote(e, "pulling image", r.cfg.Clock.Now())
+		e.setNote("pulling image", r.cfg.Clock.Now())
 		err := p.EnsureImage(ctx, image, progress)
-		r.setNote(e, "", time.Time{})
+		e.setNote("", time.Time{})
 		if err != nil {
 			return err
 		}
@@ -463,7 +418,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), st); err != nil {
 		r.log.Error("save shard state", "err", err)
 	}
-	r.mu.Lock()
+	e.mu.Lock()
 	st.ClaimStamp = e.state.ClaimStamp // a Reclaim meanwhile stands
 	e.state = st
 	e.readySince = time.Time{}
@@ -475,8 +430,8 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	if e.status != gossip.ShardStopping {
 		e.status = gossip.ShardStarting
 	}
-	r.notifyLocked()
-	r.mu.Unlock()
+	notify(e.changes)
+	e.mu.Unlock()
 	r.log.Info("engine started", "shard", d.ShardID, "engine", e.id, "pid", eng.PID, "port", st.Spec.HTTPPort)
 	return nil
 }
@@ -499,60 +454,4 @@ func clipError(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
-}
-
-// crashed records a crash (an exit, a failed start, a start timeout) and
-// returns when to try again.
-func (r *Runner) crashed(e *managed, code *int) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := r.cfg.Clock.Now()
-	if !e.readySince.IsZero() && now.Sub(e.readySince) >= r.cfg.StableAfter {
-		e.crashes = 0 // it had served stably: a new story, not a loop
-	}
-	e.readySince = time.Time{}
-	e.crashes++
-	e.state.Restarts++
-	e.state.LastExitCode = code
-	e.state.LastExitAt = now
-	e.ready = false
-	if e.status != gossip.ShardStopping {
-		e.status = gossip.ShardBackoff
-	}
-	e.failing = e.crashes >= r.cfg.FailingAfter
-	_ = shardstate.Save(r.cfg.DataDir.ShardsDir(), e.state)
-	r.notifyLocked()
-	delay := r.cfg.BackoffMin << min(e.crashes-1, 16)
-	return r.cfg.Clock.Now().Add(min(delay, r.cfg.BackoffMax))
-}
-
-// setReady records a poll's readiness verdict (and the engine's pid, when
-// the runtime told it), notifying on a change.
-func (r *Runner) setReady(e *managed, ready bool, pid int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e.status == gossip.ShardStopping {
-		return
-	}
-	status := gossip.ShardStarting
-	now := r.cfg.Clock.Now()
-	if ready {
-		status = gossip.ShardReady
-		if e.readySince.IsZero() {
-			e.readySince = now
-		}
-		if (e.crashes > 0 || e.failing) && now.Sub(e.readySince) >= r.cfg.StableAfter {
-			e.crashes, e.failing = 0, false
-			r.notifyLocked()
-		}
-	} else {
-		e.readySince = time.Time{}
-	}
-	if e.ready != ready || e.status != status || (pid > 0 && e.state.PID != pid) {
-		e.ready, e.status = ready, status
-		if pid > 0 {
-			e.state.PID = pid
-		}
-		r.notifyLocked()
-	}
 }

@@ -66,7 +66,8 @@ func (o outcome) failure() string {
 // It judges at the time it runs, when the outcome is known: an ejection
 // runs EjectFor from the failure, not from the request's sending, which
 // for a first-byte timeout is minutes earlier.
-func (g *Gateway) done(x *exchange, a *attempt, out outcome) {
+func (x *exchange) done(a *attempt, out outcome) {
+	g := x.g
 	lr, now := a.lr, g.clock.Now()
 	if a.timer != nil {
 		a.timer.Stop()

@@ -53,7 +53,8 @@ import (
 //
 // Each attempt (try) keeps its books in one place, done (account.go),
 // whichever way it ends.
-func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body []byte) {
+func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
+	g := x.g
 	routes := rt.routes[e.Name]
 	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
 	t := tries{body: body}
@@ -81,7 +82,7 @@ func (g *Gateway) forward(x *exchange, e *Entry, rt *routing, ep endpoint, body 
 			g.m.retries.WithLabelValues(e.Name, t.reason).Inc()
 		}
 		t.tried = append(t.tried, lr.rep)
-		switch g.try(x, lr, n, routes, &t, now) {
+		switch x.try(lr, n, routes, &t, now) {
 		case answered:
 			return
 		case aborted:
@@ -111,20 +112,20 @@ const (
 
 // try makes attempt n of the request, on lr. Whichever way it ends, done
 // closes its books, with the outcome it recorded on the way.
-func (g *Gateway) try(x *exchange, lr *liveRoute, n int, routes []*liveRoute, t *tries, now time.Time) step {
-	a := g.open(x, lr, n, t.firstByte, t.idle, now)
+func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now time.Time) step {
+	a := x.open(lr, n, t.firstByte, t.idle, now)
 	var out outcome
-	defer func() { g.done(x, a, out) }()
-	resp, err := g.send(x, a, t.body)
+	defer func() { x.done(a, out) }()
+	resp, err := x.send(a, t.body)
 	if err != nil {
-		return g.lost(x, a, err, &out, t)
+		return x.lost(a, err, &out, t)
 	}
 	code := resp.StatusCode
 	out.status = code
 	// moveOn leaves this answer for another replica, when there is one
 	// left to try.
 	moveOn := func() bool {
-		if n+1 >= maxAttempts || !g.hasCandidate(routes, t.tried, now) {
+		if n+1 >= maxAttempts || !hasCandidate(routes, t.tried, now) {
 			return false
 		}
 		discard(resp)
@@ -151,14 +152,14 @@ func (g *Gateway) try(x *exchange, lr *liveRoute, n int, routes []*liveRoute, t 
 			return retry
 		}
 	}
-	err = g.relay(x, a, resp, &out)
+	err = x.relay(a, resp, &out)
 	switch {
 	case errors.Is(err, errAborted):
 		return aborted
 	case a.committed:
 		return answered
 	}
-	return g.lost(x, a, err, &out, t)
+	return x.lost(a, err, &out, t)
 }
 
 // tries is a request's attempts: what they share (the body as sent, the
@@ -194,7 +195,7 @@ func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
 // reached the client, err being the failure: it records why in out, and
 // says whether to try another replica; when it does not, x has its
 // answer, or its client went away.
-func (g *Gateway) lost(x *exchange, a *attempt, err error, out *outcome, t *tries) step {
+func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	lr := a.lr
 	if x.r.Context().Err() != nil {
 		x.gone, x.entry.err = true, "client went away"
@@ -274,12 +275,13 @@ type attempt struct {
 // open starts attempt n on lr at now: the replica's load counts it, its
 // first-byte bound runs, and an engine that leaves routing can cut it.
 // done closes each of these.
-func (g *Gateway) open(x *exchange, lr *liveRoute, n int, firstByte, idle time.Duration, now time.Time) *attempt {
-	a := &attempt{lr: lr, n: n, clock: g.clock, firstByte: firstByte, idle: idle}
+func (x *exchange) open(lr *liveRoute, n int, firstByte, idle time.Duration, now time.Time) *attempt {
+	clk := x.g.clock
+	a := &attempt{lr: lr, n: n, clock: clk, firstByte: firstByte, idle: idle}
 	a.ticket = lr.rep.load.begin(now)
 	a.ctx, a.cancel = context.WithCancelCause(x.r.Context())
 	if firstByte > 0 {
-		a.timer = g.clock.AfterFunc(firstByte, a.expire)
+		a.timer = clk.AfterFunc(firstByte, a.expire)
 	}
 	a.id = lr.rep.track(a.cancel)
 	return a
@@ -302,7 +304,7 @@ func (a *attempt) cut() *cutError {
 // then routes on suspect nodes, then ejected ones: when every replica is
 // ejected they are tried anyway (Envoy's panic threshold), since refusing
 // is certain to fail and an ejection may be stale.
-func (g *Gateway) candidates(routes []*liveRoute, tried []*replica, now time.Time) []*liveRoute {
+func candidates(routes []*liveRoute, tried []*replica, now time.Time) []*liveRoute {
 	best := 3
 	var out []*liveRoute
 	for _, lr := range routes {
@@ -326,14 +328,14 @@ func (g *Gateway) candidates(routes []*liveRoute, tried []*replica, now time.Tim
 	return out
 }
 
-func (g *Gateway) hasCandidate(routes []*liveRoute, tried []*replica, now time.Time) bool {
-	return len(g.candidates(routes, tried, now)) > 0
+func hasCandidate(routes []*liveRoute, tried []*replica, now time.Time) bool {
+	return len(candidates(routes, tried, now)) > 0
 }
 
 // choose asks the policy among the candidates, and starts the load scrapes
 // that are due for them.
 func (g *Gateway) choose(req *Request, e *Entry, routes []*liveRoute, tried []*replica, now time.Time) *liveRoute {
-	lrs := g.candidates(routes, tried, now)
+	lrs := candidates(routes, tried, now)
 	if len(lrs) == 0 {
 		return nil
 	}
@@ -385,8 +387,8 @@ func cleanHeader(h http.Header, drop ...string) http.Header {
 // send makes one attempt. The client's Authorization never goes upstream:
 // it is the client's key to the gateway, and the engine has a key of its
 // own.
-func (g *Gateway) send(x *exchange, a *attempt, body []byte) (*http.Response, error) {
-	r, lr := x.r, a.lr
+func (x *exchange) send(a *attempt, body []byte) (*http.Response, error) {
+	g, r, lr := x.g, x.r, a.lr
 	url := lr.URL + r.URL.Path
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery

@@ -21,9 +21,9 @@
 //     mode, streaming of server-sent events event by event with an error
 //     event when the engine dies mid-stream, and cancellation of the
 //     upstream request when the client goes away.
-//   - telling busy from dead (see forward). Ejection counts, in a row,
-//     connection failures, 500/502/504 answers and first-byte timeouts;
-//     429 and 503 say busy and never count. 502/504 are tried on another
+//   - telling busy from dead (see exchange.forward). Ejection counts, in a
+//     row, connection failures, 500/502/504 answers and first-byte
+//     timeouts; 429 and 503 say busy and never count. 502/504 are tried on another
 //     replica like a failed connection; 500 is relayed. The first byte of
 //     an answer is awaited for the engine profile's
 //     Readiness.FirstByteTimeout (Config.FirstByteTimeout overrides it),
@@ -55,14 +55,18 @@
 //
 //   - gateway.go: Config, New, Update (the table and letting go of
 //     engines), the surface (ServeHTTP, /v1/models, /health), keys.
-//   - exchange.go: one proxied request from reading its body to its count
-//     and log line (finish).
-//   - attempt.go: the attempt loop (forward): the choice of replica, the
-//     retry and ejection rules, one attempt's send.
+//   - exchange.go: one proxied request (exchange) from reading its body to
+//     its count and log line (finish). The attempt loop, the relay and the
+//     books below are the exchange's methods; the Gateway keeps what
+//     requests share.
+//   - attempt.go: the attempt loop (exchange.forward): the choice of
+//     replica (Gateway.choose), the retry and ejection rules, one
+//     attempt's send.
 //   - relay.go: the answer's way to the client: the plain body, events
 //     one by one, the first-byte and stream-idle timers.
-//   - account.go: an attempt's books, closed in one place (done): in-flight
-//     counts, upstream errors, failures and ejections, the log's replica.
+//   - account.go: an attempt's books, closed in one place (exchange.done):
+//     in-flight counts, upstream errors, failures and ejections, the log's
+//     replica.
 //   - loadestimate.go, health.go, replica.go: what the gateway learns of
 //     one engine (its load; its failures and ejection; its attempts in
 //     flight, cut when it leaves routing).

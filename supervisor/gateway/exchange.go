@@ -13,9 +13,14 @@ import (
 // whose client went away before its answer ended (nginx's convention).
 const statusClientGone = 499
 
-// exchange is one proxied request on its way through the gateway: read
-// (proxyPost), forwarded over one or more attempts (forward, attempt.go),
-// relayed (relay.go), and counted and logged once when it ends (finish).
+// exchange is one proxied request on its way through the gateway: admitted
+// (proxyPost), read (readBody), forwarded over one or more attempts
+// (forward, attempt.go), relayed (relay.go), each attempt's books closed
+// (done, account.go), and counted and logged once when it ends (finish).
+// Those steps are its methods because what they change is the request's
+// own (its answer, status, usage and log line); what the gateway shares
+// between requests (the table, the policy, health and load, the metrics,
+// the transport) they reach through g.
 type exchange struct {
 	g     *Gateway
 	w     http.ResponseWriter
@@ -72,7 +77,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		}
 		defer release()
 	}
-	err = g.readBody(x)
+	err = x.readBody()
 	if x.bb != nil {
 		defer x.bb.release()
 	}
@@ -98,7 +103,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		// The engine serves the deployment name only.
 		body = withModel(body, p.modelSpan, e.Name)
 	}
-	g.forward(x, e, rt, ep, body)
+	x.forward(e, rt, ep, body)
 }
 
 // readBody reads the whole body (capped), so that a retry can resend it and
@@ -107,7 +112,8 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 //
 // The body lands in a pooled buffer (x.bb), which the exchange releases
 // when it ends and each attempt when the transport closes its body.
-func (g *Gateway) readBody(x *exchange) *apiError {
+func (x *exchange) readBody() *apiError {
+	g := x.g
 	limit := g.cfg.MaxBodyBytes
 	if x.r.ContentLength > limit {
 		return errBodyTooLarge(limit)

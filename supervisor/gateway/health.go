@@ -9,7 +9,7 @@ import (
 // shows the gateway, counted in a row, ejects it for a while; any answer
 // it gives clears the count and lifts the ejection. Busy is not broken:
 // only connection failures, 500/502/504 answers and first-byte timeouts
-// count (see Gateway.forward), and a refused engine key ejects at once.
+// count (see exchange.forward), and a refused engine key ejects at once.
 type health struct {
 	mu           sync.Mutex
 	failures     int

@@ -38,22 +38,22 @@ var errAborted = errors.New("gateway: the answer broke off after its status went
 // that until then a failure can still be retried or answered in full
 // (504, 503) instead of cutting a response whose status went out: when it
 // is not, a.committed is false and err says why.
-func (g *Gateway) relay(x *exchange, a *attempt, resp *http.Response, out *outcome) error {
+func (x *exchange) relay(a *attempt, resp *http.Response, out *outcome) error {
 	defer resp.Body.Close()
 	resp.Body = &watchedBody{ReadCloser: resp.Body, a: a}
 	if isEventStream(resp.Header) {
-		g.commit(x, a, resp)
+		x.commit(a, resp)
 		x.entry.stream = true
 		// The client learns at once that its stream began.
 		_ = x.rc.Flush()
-		g.relayEvents(x, a, resp, out)
+		x.relayEvents(a, resp, out)
 		return nil
 	}
-	return g.relayBody(x, a, resp, out)
+	return x.relayBody(a, resp, out)
 }
 
 // commit sends the engine's status and headers to the client.
-func (g *Gateway) commit(x *exchange, a *attempt, resp *http.Response) {
+func (x *exchange) commit(a *attempt, resp *http.Response) {
 	a.committed = true
 	lr := a.lr
 	h := x.w.Header()
@@ -92,7 +92,7 @@ func (x *exchange) write(b []byte) error {
 // or goes quiet past the stream-idle bound, leaves a body that must not
 // pass for a whole one: relayBody answers errAborted, and the client's
 // connection is aborted, so it sees a failed transfer instead.
-func (g *Gateway) relayBody(x *exchange, a *attempt, resp *http.Response, out *outcome) error {
+func (x *exchange) relayBody(a *attempt, resp *http.Response, out *outcome) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -104,7 +104,7 @@ func (g *Gateway) relayBody(x *exchange, a *attempt, resp *http.Response, out *o
 	if n == 0 && !errors.Is(err, io.EOF) {
 		return err
 	}
-	g.commit(x, a, resp)
+	x.commit(a, resp)
 	chunked := resp.ContentLength < 0
 	for {
 		if n > 0 {
@@ -158,7 +158,7 @@ func brokeOff(a *attempt, err error, what string, out *outcome) (code, msg strin
 // written whole, so when the engine dies mid-stream the client gets the
 // events that completed and then a final error event, never half an event
 // or a stream that merely stops.
-func (g *Gateway) relayEvents(x *exchange, a *attempt, resp *http.Response, out *outcome) {
+func (x *exchange) relayEvents(a *attempt, resp *http.Response, out *outcome) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	br := bufio.NewReaderSize(resp.Body, len(*bp))
