@@ -100,10 +100,18 @@ func (s *Store) MergeDeployment(d DeploymentRecord) bool {
 	return true
 }
 
-// supersedes reports whether d replaces old. A later stamp wins. Equal
-// stamps with different content cannot come from correct nodes (the HLC
-// never issues a stamp twice), but the merge must stay order-independent
-// anyway: a tombstone wins, then the larger encoded spec.
+// supersedes reports whether d replaces old. A later stamp wins. The HLC
+// never issues a stamp twice, so equal stamps with different content come
+// from one write read by two agent versions (below) or from an incorrect
+// node; the merge must stay order-independent either way: a tombstone
+// wins, then the longer encoded spec, then the larger.
+//
+// Longer first: an older agent decodes a spec without the fields it does
+// not know and relays that copy, at the write's stamp, in every push/pull.
+// The copy that carries them is the longer one, and must win, or one older
+// node in the cluster would strip a new field (start_timeout) from every
+// newer node's copy. An older agent itself keeps its own copy whichever it
+// hears: it cannot tell the two apart.
 func supersedes(d, old DeploymentRecord) bool {
 	if d.Stamp != old.Stamp {
 		return old.Stamp.Less(d.Stamp)
@@ -118,6 +126,9 @@ func supersedes(d, old DeploymentRecord) bool {
 	}
 	a, _ := json.Marshal(d.Spec)
 	b, _ := json.Marshal(old.Spec)
+	if len(a) != len(b) {
+		return len(a) > len(b)
+	}
 	return string(a) > string(b)
 }
 

@@ -66,8 +66,15 @@ type Deployment struct {
 	// StartTimeout bounds how long an engine may start (after its image
 	// is pulled) without becoming ready and without a sign of progress
 	// (its log or the weights cache growing). Zero: the runner's default
-	// (2 h). It changes nothing about how the engine runs, so it stays out
-	// of the spec version, and no default is written into a stored spec.
+	// (the node's --engine-start-timeout, 2 h unless set). It bounds only
+	// a start (the vllm profile also hands it to vLLM as
+	// VLLM_ENGINE_READY_TIMEOUT_S), so it stays out of the spec version:
+	// changing it rolls no engine (the runner's watch of a start under way
+	// takes the new value at once; vLLM's own bound, at the engine's next
+	// start). No default is written into a stored spec, so a spec stored
+	// before the field existed reads the same. An agent older than the
+	// field drops it from the copy it relays; see gossip's supersedes for
+	// why newer nodes keep theirs.
 	StartTimeout Duration `json:"start_timeout,omitempty"`
 }
 
@@ -249,6 +256,12 @@ func ShardID(replica string, j, pipelineParallel int) string {
 	}
 	return replica + "-s" + strconv.Itoa(j)
 }
+
+// EngineID names the engine of one (shard, spec version) on a node: its
+// process or container, its state file and log, and its API key (derived
+// from the cluster token and this ID) are all named by it, so the runner
+// that starts it and the gateway and tools that call it must agree.
+func EngineID(shard, specVersion string) string { return shard + "-" + specVersion }
 
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))

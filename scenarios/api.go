@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/secret"
+	"github.com/llmgw/llmgw/placement"
 )
 
 // The runner reads the nodes' HTTP API as any client would, with its own
@@ -230,11 +231,9 @@ func firstErr(nodes []*node, errs []error) error {
 // engineKey is the API key of the engine a shard row names: nodes start
 // every engine with the key derived from the cluster token and the
 // engine's ID (internal/secret.EngineKey), and the runner, holding the
-// token, derives it the same way. The row's engine ID is its shard and
-// spec version (engine.EngineID; scenarios may not import the engine
-// package).
+// token, derives it the same way from the row's shard and spec version.
 func (r *runner) engineKey(row shardRow) string {
-	return secret.EngineKey(r.token, row.ShardID+"-"+row.SpecVersion)
+	return secret.EngineKey(r.token, placement.EngineID(row.ShardID, row.SpecVersion))
 }
 
 // servedModelVia asks the engine behind row, through client, which model

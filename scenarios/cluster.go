@@ -95,16 +95,29 @@ func (r *runner) targetNodes(d *directive) ([]*node, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if as, ok := d.kvRaw("as"); ok {
-		if len(ns) != 1 {
-			return nil, nil, usagef("%s: as= names one node", d.cmd)
+	if _, ok := d.kvRaw("as"); ok && len(ns) != 1 {
+		return nil, nil, usagef("%s: as= names one node", d.cmd)
+	}
+	if len(ns) == 1 {
+		if err := r.alias(d, ns[0].name); err != nil {
+			return nil, nil, err
 		}
-		if _, clash := r.byName[as]; clash {
-			return nil, nil, usagef("%s: alias %q is a node name", d.cmd, as)
-		}
-		r.aliases[as] = ns[0].name
 	}
 	return ns, labels, nil
+}
+
+// alias reads as=ALIAS, when d gives it, and makes ALIAS name the node
+// called name in later commands.
+func (r *runner) alias(d *directive, name string) error {
+	as, ok := d.kvRaw("as")
+	if !ok {
+		return nil
+	}
+	if _, clash := r.byName[as]; clash {
+		return usagef("%s: alias %q is a node name", d.cmd, as)
+	}
+	r.aliases[as] = name
+	return nil
 }
 
 // onNodes reads on=(...): nil means every observer.

@@ -164,14 +164,13 @@ func (r *runner) cmdHangEngine(d *directive) (string, time.Time, error) {
 	if row.URL == "" {
 		return "", time.Time{}, fmt.Errorf("%s has no engine URL in /v1/shards", shard)
 	}
-	if as, ok := d.kvRaw("as"); ok {
-		if _, clash := r.byName[as]; clash {
-			return "", time.Time{}, usagef("hang-engine: alias %q is a node name", as)
-		}
+	if _, ok := d.kvRaw("as"); ok {
 		if _, ok := r.byName[row.Node]; !ok {
 			return "", time.Time{}, fmt.Errorf("%s runs on %s, a node this scenario did not start", shard, row.Node)
 		}
-		r.aliases[as] = row.Node
+		if err := r.alias(d, row.Node); err != nil {
+			return "", time.Time{}, err
+		}
 	}
 	at := time.Now()
 	if err := r.callWith(r.ctx, "POST", strings.TrimRight(row.URL, "/")+"/debug/hang", nil, r.engineKey(row), nil); err != nil {

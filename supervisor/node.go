@@ -28,8 +28,10 @@
 //   - hop.go: signing and checking node-to-node calls (hops).
 //   - runner.go: the Runner interface the control loop drives.
 //
-// What goes out in the node's gossip record, and when, is for
-// supervisor/publish to decide. What the node drives lives beside it:
+// What churns in the node's gossip record (shards and their load, the
+// gateway's rates, GPUs, probes, telemetry), and when it goes out, is for
+// supervisor/publish to decide; Start writes the rest once, and the
+// weights loop the cached models. What the node drives lives beside it:
 // supervisor/engine runs the engines, supervisor/status is the read model
 // every interface shows, and supervisor/datadir names what the node keeps
 // on disk.
@@ -143,7 +145,6 @@ type Node struct {
 	clock   clock.Clock
 	cluster *gossip.Cluster
 	runner  Runner
-	started time.Time
 
 	hops      hops       // signs and checks node-to-node calls
 	drops     dropRules  // the test partition's rules (TestHooks)
@@ -192,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, clock: cfg.Clock, log: log, started: started, closed: make(chan struct{}),
+	n := &Node{cfg: cfg, clock: cfg.Clock, log: log, closed: make(chan struct{}),
 		hops: hops{name: cfg.Name, token: cfg.Token, clock: cfg.Clock}}
 	wake := newWakeup()
 	n.reads = newReadModel(cfg.Clock, status.Build(status.Input{Self: cfg.Name, Now: started, TTL: cfg.LeaseTTL}), n.closed, wake)

@@ -92,11 +92,15 @@ func fakeExit(err error) error {
 }
 
 // runPlainFake parses args with the plain fake's flags, as a command of its
-// own (the help shows them), and runs it.
+// own (the help shows them), and runs it. It is a root of its own, so it
+// gets what newApp gives the tree: urfave/cli's parse errors are usage
+// errors (exit status 2), and urfave/cli never exits the process itself.
 func runPlainFake(ctx context.Context, parent *cli.Command, args []string) error {
 	plain := plainFake()
 	plain.Name = "llmgw engine fake"
 	plain.Writer, plain.ErrWriter = parent.Root().Writer, parent.Root().ErrWriter
+	plain.ExitErrHandler = func(context.Context, *cli.Command, error) {}
+	configure(plain)
 	// A context that carries no command, so plain runs as a root, not as
 	// a child of `fake` (its help would read `fake fake`); it ends with
 	// ctx.

@@ -209,7 +209,8 @@ func runEngineFake(t *testing.T, args []string) (stop func()) {
 }
 
 // A flag the real engine lacks, or a bad fake knob, is a usage error (exit
-// status 2) naming it; so is --personality anywhere but first.
+// status 2) naming it; so is --personality anywhere but first, and a flag
+// the plain fake lacks.
 func TestEnginePersonalityRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -222,6 +223,10 @@ func TestEnginePersonalityRefusals(t *testing.T) {
 		{[]string{"--personality", "tgi", "--model", "m"}, nil, []string{`"tgi"`}},
 		{[]string{"--personality=vllm", "serve", "m"}, map[string]string{fakeengine.EnvTokenDelay: "fast"}, []string{fakeengine.EnvTokenDelay}},
 		{[]string{"--model", "m", "--personality", "vllm"}, nil, []string{"--personality must come first"}},
+		// The plain fake's own parse errors, urfave/cli's, are usage
+		// errors too.
+		{[]string{"--model", "m", "--bogus"}, nil, []string{"-bogus", "llmgw engine fake --help"}},
+		{[]string{"--model", "m", "--port", "x"}, nil, []string{`invalid value "x" for flag -port`}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			for k, v := range tc.env {

@@ -88,7 +88,8 @@ const noGPUHint = "name a GPU with --gpu or point --addr at a node to compare"
 // fitGPUs is --gpu, or else the GPU types the cluster at --addr reports.
 // With neither, kinds is empty and none says why: a model's needs are
 // worth printing without a cluster. A node named by --addr (or
-// LLMGW_ADDR) that does not answer is an error.
+// LLMGW_ADDR) that does not answer, or any node that answers with an
+// error, is an error.
 func fitGPUs(ctx context.Context, c *cli.Command) (kinds []fit.GPUKind, none string, err error) {
 	for _, spec := range c.StringSlice("gpu") {
 		gs, err := gpu.ParseSimulated("1x"+spec, "fit")
@@ -108,7 +109,10 @@ func fitGPUs(ctx context.Context, c *cli.Command) (kinds []fit.GPUKind, none str
 	defer cancel()
 	var ci status.ClusterInfo
 	if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &ci); err != nil {
-		if c.IsSet("addr") {
+		// Only a default address with nothing there is "no cluster": a
+		// node that answers with an error is one, and the error stands.
+		var unreachable *url.Error
+		if c.IsSet("addr") || !errors.As(err, &unreachable) {
 			return nil, "", fmt.Errorf("%w (or name the GPU with --gpu H100-80GB)", err)
 		}
 		return nil, fmt.Sprintf("no GPU to compare with: no node answers at %s; %s", cl.base, noGPUHint), nil

@@ -112,8 +112,7 @@ func newApp() *cli.Command {
 //     say where the command's help is;
 //   - a command that only groups others refuses a name that is none of
 //     them as the root does (bareAction), instead of looking for a help
-//     topic;
-//   - a flag's old spelling (oldSpelling) hands its value to the new one.
+//     topic.
 func configure(c *cli.Command) {
 	c.DisableSliceFlagSeparator = true
 	c.OnUsageError = func(_ context.Context, c *cli.Command, err error, _ bool) error {
@@ -122,7 +121,6 @@ func configure(c *cli.Command) {
 	if len(c.Commands) > 0 && c.Action == nil {
 		c.Action = groupAction
 	}
-	takeOldSpellings(c)
 	for _, sub := range c.Commands {
 		configure(sub)
 	}
@@ -132,9 +130,15 @@ func configure(c *cli.Command) {
 // ...): its help, or a usage error for a name that is not one of them.
 func groupAction(_ context.Context, c *cli.Command) error {
 	if c.Args().Present() {
-		return usageError(fmt.Sprintf("no command %q in %s: see %s --help", c.Args().First(), c.FullName(), c.FullName()))
+		return noSuchCommand(c)
 	}
 	return cli.ShowSubcommandHelp(c)
+}
+
+// noSuchCommand is the usage error for c's first argument, which names
+// none of c's commands.
+func noSuchCommand(c *cli.Command) error {
+	return usageError(fmt.Sprintf("no command %q in %s: see %s --help", c.Args().First(), c.FullName(), c.FullName()))
 }
 
 func versionCommand() *cli.Command {

@@ -49,7 +49,7 @@ func overviewCommand() *cli.Command {
 // machine with a node data dir, the overview; anywhere else the help.
 func bareAction(ctx context.Context, c *cli.Command) error {
 	if c.Args().Len() > 0 {
-		return usageError(fmt.Sprintf("no command %q: see llmgw --help", c.Args().First()))
+		return noSuchCommand(c)
 	}
 	dir := os.Getenv("LLMGW_DATA_DIR")
 	if dir == "" {

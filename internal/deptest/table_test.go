@@ -1,6 +1,7 @@
 package deptest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,10 +11,11 @@ import (
 )
 
 // The design's package table (docs/architecture.md, "Packages and import
-// rules") is the allow-list: every package of the module has a row, and
-// every module package it imports is one its row names. A new import, or a
-// new package, changes the table in the same commit, so the two cannot
-// drift.
+// rules") is the allow-list: every package of the module has a row, every
+// row is a package of the module, and every module package a package's
+// non-test files import is one its row names (tests import the test
+// helpers from anywhere). A new import, or a new, moved or removed package,
+// changes the table in the same commit, so the two cannot drift.
 
 // row is one line of the table: the packages it describes and what they
 // may import.
@@ -77,49 +79,63 @@ func splitTop(s string) []string {
 
 // parseTable reads the package table of the design. A may-import cell is a
 // comma-separated list of module packages (braces expand, "/*" is a
-// subtree); "anything" allows all; words that are not package paths
-// ("charm libraries", "standard library only", "–") allow no module
-// package; what follows a ";" (a "never" clause) is the prose of the
-// rules above, not the allow-list.
-func parseTable(t *testing.T, doc string) map[string]row {
-	t.Helper()
+// subtree); "anything" allows all; prose ("charm libraries", "standard
+// library only", "–") allows no module package; what follows a ";" (a
+// "never" clause) is the prose of the rules above, not the allow-list. An
+// item that is neither is an error naming its line, so a misspelt package
+// is not read as prose that allows nothing.
+func parseTable(doc string) (map[string]row, error) {
 	lines := strings.Split(doc, "\n")
 	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "| package | owns | may import") })
 	if start < 0 {
-		t.Fatal("docs/architecture.md has no package table (a line starting \"| package | owns | may import\")")
+		return nil, fmt.Errorf("docs/architecture.md has no package table (a line starting \"| package | owns | may import\")")
 	}
 	rows := map[string]row{}
 	for i := start + 2; i < len(lines) && strings.HasPrefix(lines[i], "|"); i++ {
 		cells := strings.Split(strings.Trim(lines[i], "|"), " | ")
 		if len(cells) < 3 {
-			t.Fatalf("docs/architecture.md:%d: a table row needs three cells", i+1)
+			return nil, fmt.Errorf("docs/architecture.md:%d: a table row needs three cells", i+1)
 		}
 		r := row{line: i + 1}
 		for _, m := range backticked.FindAllStringSubmatch(cells[0], -1) {
 			r.pkgs = append(r.pkgs, expand(m[1])...)
 		}
+		if len(r.pkgs) == 0 {
+			return nil, fmt.Errorf("docs/architecture.md:%d: a row names no package (in backticks)", i+1)
+		}
 		may := cells[len(cells)-1]
 		may, _, _ = strings.Cut(may, ";")
 		for _, item := range splitTop(may) {
 			item = strings.Trim(strings.TrimSpace(item), "`")
-			if item == "anything" {
+			first, _, prose := strings.Cut(item, " ")
+			switch {
+			case item == "anything":
 				r.anything = true
-			}
-			for _, p := range expand(item) {
-				if pkgPath.MatchString(p) || isTopPackage(p) {
+			case isPackage(first) && prose:
+				return nil, fmt.Errorf("docs/architecture.md:%d: %q: a package followed by words; put them after a \";\"", i+1, item)
+			case prose || item == "–":
+				// Prose: allows no module package.
+			default:
+				for _, p := range expand(item) {
+					if !isPackage(p) {
+						return nil, fmt.Errorf("docs/architecture.md:%d: %q is neither a module package nor prose", i+1, p)
+					}
 					r.allowed = append(r.allowed, p)
 				}
 			}
 		}
 		for _, p := range r.pkgs {
 			if prev, dup := rows[p]; dup {
-				t.Fatalf("docs/architecture.md:%d: %s already has a row (line %d)", i+1, p, prev.line)
+				return nil, fmt.Errorf("docs/architecture.md:%d: %s already has a row (line %d)", i+1, p, prev.line)
 			}
 			rows[p] = r
 		}
 	}
-	return rows
+	return rows, nil
 }
+
+// isPackage: a module package path a cell may name ("/*" for a subtree).
+func isPackage(p string) bool { return pkgPath.MatchString(p) || isTopPackage(p) }
 
 // isTopPackage: a one-word module package a cell may name.
 func isTopPackage(p string) bool {
@@ -136,10 +152,15 @@ func readDesign(t *testing.T) string {
 }
 
 func TestImportsFollowTheDesignTable(t *testing.T) {
-	rows := parseTable(t, readDesign(t))
+	rows, err := parseTable(readDesign(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var missing, broken []string
+	listed := map[string]bool{}
 	for _, p := range listModule(t) {
 		rel := p.rel()
+		listed[rel] = true
 		r, ok := rows[rel]
 		if !ok {
 			missing = append(missing, rel)
@@ -153,6 +174,16 @@ func TestImportsFollowTheDesignTable(t *testing.T) {
 				broken = append(broken, rel+" imports "+dep)
 			}
 		}
+	}
+	var stale []string
+	for p, r := range rows {
+		if !listed[p] {
+			stale = append(stale, fmt.Sprintf("%s (line %d)", p, r.line))
+		}
+	}
+	slices.Sort(stale)
+	if len(stale) > 0 {
+		t.Errorf("rows in docs/architecture.md's package table for packages the module does not have (remove or rename them):\n  %s", strings.Join(stale, "\n  "))
 	}
 	if len(missing) > 0 {
 		t.Errorf("packages without a row in docs/architecture.md's package table (add one: what it owns, what it may import):\n  %s", strings.Join(missing, "\n  "))
@@ -170,7 +201,10 @@ func TestDesignTableParser(t *testing.T) {
 		"| `cmd/x` | y | anything |\n" +
 		"| `leaf` | z | – |\n" +
 		"| `ui` | w | charm libraries, placement/fit |\n"
-	rows := parseTable(t, doc)
+	rows, err := parseTable(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		pkg, imp string
 		ok       bool
@@ -192,5 +226,19 @@ func TestDesignTableParser(t *testing.T) {
 	}
 	if _, ok := rows["nope"]; ok {
 		t.Error("a package the table does not name has a row")
+	}
+	// A cell it cannot read is an error, not prose that allows nothing.
+	head := "| package | owns | may import (module packages) |\n|---|---|---|\n"
+	for _, bad := range []string{
+		"| `a/b` | x | gossip, supervisor/Status |\n",
+		"| `a/b` | x | gosip |\n",
+		"| `a/b` | x | placement/fit (pure) |\n",
+		"| `a/b` | x | gossip, |\n",
+		"| a/b | x | gossip |\n",
+		"| `a/b` | x |\n",
+	} {
+		if _, err := parseTable(head + bad); err == nil || !strings.Contains(err.Error(), "docs/architecture.md:3") {
+			t.Errorf("%q: %v, want an error naming line 3", bad, err)
+		}
 	}
 }

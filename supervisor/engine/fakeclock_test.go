@@ -39,6 +39,9 @@ func (e *runnerEnv) openFake(mutate func(*Config)) (*Runner, *fakeTime) {
 
 // Waiters on a fake runner clock with one engine: the log loop's ticker
 // and the engine watcher's poll ticker; a drain adds its delay timer.
+// Backoffs and start timeouts are no timers (a poll compares the clock
+// with them), so advance(oneEngineWaits, …) only waits for the watcher
+// to run; drainWaits waits for the drain's timer to be armed.
 const (
 	oneEngineWaits = 2
 	drainWaits     = oneEngineWaits + 1
@@ -74,8 +77,9 @@ func (f *fakeTime) waitShard(r *Runner, what string, cond func(s []string) bool)
 	})
 }
 
-// advance moves the clock by d once n timers and tickers wait on it, that
-// is once the runner has armed the wait d is to pass.
+// advance moves the clock by d once at least n timers and tickers wait
+// on it (clockwork's BlockUntilContext), that is once the runner has
+// armed the wait d is to pass.
 func (f *fakeTime) advance(n int, d time.Duration) {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -115,9 +115,8 @@ func (l *liveness) becameReady(now time.Time) {
 // log or the weights cache growing), so a 140 GB download that keeps
 // writing is never killed, while a silent engine is.
 type startClock struct {
-	// since is when the current attempt's engine started (after its pull).
-	since time.Time
-	// activityAt is the last sign of progress; logSize and weightsSize
+	// activityAt is the last sign of progress, or when the current
+	// attempt's engine started (after its pull); logSize and weightsSize
 	// the sizes it was judged from (-1: not read yet).
 	activityAt  time.Time
 	logSize     int64
@@ -133,7 +132,7 @@ const weightsEvery = 15 * time.Second
 
 // begin starts the clock for an attempt whose engine started at now.
 func (c *startClock) begin(now time.Time) {
-	*c = startClock{since: now, activityAt: now, logSize: -1, weightsSize: -1}
+	*c = startClock{activityAt: now, logSize: -1, weightsSize: -1}
 }
 
 // sawLog notes the engine log's size; growth is progress.
@@ -155,5 +154,5 @@ func (c *startClock) sawWeights(now time.Time, size int64) {
 // expired reports whether the engine has been silent for longer than
 // timeout since its last sign of progress (or since it started).
 func (c *startClock) expired(now time.Time, timeout time.Duration) bool {
-	return !c.since.IsZero() && now.Sub(c.activityAt) > timeout
+	return !c.activityAt.IsZero() && now.Sub(c.activityAt) > timeout
 }

@@ -12,8 +12,9 @@ import (
 // ports is the runner's engine ports: which port of the range each engine
 // holds (its HTTP port, and rank 0's gang rendezvous).
 //
-// Its lock is a leaf: its methods are called with Runner.mu held or not,
-// and call nothing that locks.
+// Its lock is a leaf, taken after Runner.mu and never before it: its
+// methods are called with Runner.mu held or not, and take no other lock,
+// but ensure, which takes Runner.mu (as e.mu) first.
 type ports struct {
 	// node seeds the scan's offset (see alloc); min and max bound the
 	// range.

@@ -171,19 +171,16 @@ func (p *prober) ownsPort(e *managed, pid int) bool {
 	return !foreign
 }
 
-// scrapeLoad reads e's /metrics every LoadInterval, or at once when force
-// (the readiness rule needs to know whether its counters move). Rates come
-// from counter deltas; the tracker re-baselines when the engine restarted.
-// It returns the token counters (prompt plus generation) when it read
-// them.
-func (p *prober) scrapeLoad(ctx context.Context, e *managed, force bool, timeout time.Duration) (counters float64, ok bool) {
+// scrapeLoad reads e's /metrics now (its callers read it every
+// LoadInterval, see scrapeDue, and at once when the readiness rule needs
+// to know whether its counters move), bounded by timeout (0: the
+// profile's probe timeout). Rates come from counter deltas; the tracker
+// re-baselines when the engine restarted. It returns the token counters
+// (prompt plus generation) when it read them.
+func (p *prober) scrapeLoad(ctx context.Context, e *managed, timeout time.Duration) (counters float64, ok bool) {
 	e.mu.Lock()
-	due := force || p.clock.Now().Sub(e.scrapedAt) >= p.loadInterval
 	port := e.state.Spec.HTTPPort
 	e.mu.Unlock()
-	if !due {
-		return 0, false
-	}
 	prof, err := e.profile()
 	if err != nil || prof.MetricsPath == "" {
 		return 0, false

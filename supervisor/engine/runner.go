@@ -236,9 +236,6 @@ func (c Config) engineKey(id string) string {
 	return c.EngineKey(id)
 }
 
-// EngineID names one (shard, spec version) engine on a node.
-func EngineID(shard, spec string) string { return shard + "-" + spec }
-
 // Settle allows the runner to start and stop engines. Until then it only
 // watches what it adopted.
 func (r *Runner) Settle() {
@@ -259,7 +256,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 	}
 	want := map[string]Desired{}
 	for _, d := range desired {
-		want[EngineID(d.ShardID, d.SpecVersion)] = d
+		want[placement.EngineID(d.ShardID, d.SpecVersion)] = d
 	}
 	for id, e := range r.engines {
 		if d, ok := want[id]; ok && !e.orphan {

@@ -100,7 +100,7 @@ func TestRunnerOverContainerd(t *testing.T) {
 	pid := readyPID(r, "chat-0")
 	// The record names the container the runtime reports, not the
 	// engine ID (they differ where the ID outgrows containerd's limit).
-	cid, err := containerd.ContainerID(EngineID(d.ShardID, d.SpecVersion))
+	cid, err := containerd.ContainerID(placement.EngineID(d.ShardID, d.SpecVersion))
 	if err != nil {
 		t.Fatal(err)
 	}

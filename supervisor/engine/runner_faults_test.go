@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
 
@@ -356,7 +357,7 @@ func TestEngineWithACorruptRuntimeRecordIsNotLeftRunning(t *testing.T) {
 	// Should the runner lose it, the test must not: nothing else tracks it.
 	t.Cleanup(func() { _ = syscall.Kill(-first, syscall.SIGKILL) })
 	r.Close()
-	id := EngineID(d.ShardID, d.SpecVersion)
+	id := placement.EngineID(d.ShardID, d.SpecVersion)
 	if err := os.WriteFile(filepath.Join(env.dir.RuntimeDir(), id+".json"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}

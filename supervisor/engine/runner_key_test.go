@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/placement"
 )
 
 const testToken = "test-token-0123456789abcdef"
@@ -50,7 +51,7 @@ func TestEngineDemandsItsKeyAndTheRunnerPresentsIt(t *testing.T) {
 	runReady(t, r, d)
 	pid := readyPID(r, "chat-0")
 	url := r.Shards()[0].URL
-	key := secret.EngineKey(testToken, EngineID(d.ShardID, d.SpecVersion))
+	key := secret.EngineKey(testToken, placement.EngineID(d.ShardID, d.SpecVersion))
 	// The key is in the engine's environment, not on its command line,
 	// which every local user can read.
 	argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -70,7 +71,7 @@ func TestEngineDemandsItsKeyAndTheRunnerPresentsIt(t *testing.T) {
 	}{
 		{"", http.StatusUnauthorized},
 		{secret.EngineKey(testToken, "chat-0-another"), http.StatusUnauthorized},
-		{secret.EngineKey("other-token-0123456789abcdef", EngineID(d.ShardID, d.SpecVersion)), http.StatusUnauthorized},
+		{secret.EngineKey("other-token-0123456789abcdef", placement.EngineID(d.ShardID, d.SpecVersion)), http.StatusUnauthorized},
 		{key, http.StatusOK},
 	} {
 		if got := httpStatus(t, "GET", url+"/v1/models", tc.key, ""); got != tc.want {

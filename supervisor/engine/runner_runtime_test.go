@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/runtime"
 )
 
@@ -71,7 +72,7 @@ func TestRunnerPullsFirstAndRecordsTheRuntimesContainer(t *testing.T) {
 	}()
 	d := desired("chat")
 	d.Spec.Image = "example.invalid/fake:1"
-	id := EngineID(d.ShardID, d.SpecVersion)
+	id := placement.EngineID(d.ShardID, d.SpecVersion)
 	r.Reconcile(context.Background(), []Desired{d})
 	waitShard(t, r, "ready", func([]string) bool { return readyPID(r, "chat-0") > 0 })
 	if got, want := f.Calls(), []string{"pull " + d.Spec.Image, "start " + id}; !slices.Equal(got, want) {

@@ -33,7 +33,7 @@ func TestStartTimeoutWaitsForAGrowingDownload(t *testing.T) {
 		s, ok := shardOf(r)
 		return ok && s.Note == "loading" && s.PID > 0
 	})
-	logPath := r.cfg.DataDir.EngineLogFile(EngineID(d.ShardID, d.SpecVersion))
+	logPath := r.cfg.DataDir.EngineLogFile(placement.EngineID(d.ShardID, d.SpecVersion))
 	grow := func() {
 		lf, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
 		if err != nil {

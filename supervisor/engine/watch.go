@@ -32,8 +32,7 @@ type watchState struct {
 	started bool
 	// retryAt is when a start may be tried again after a crash.
 	retryAt time.Time
-	// everReady: the current attempt's engine became ready (when it
-	// began is clock.since).
+	// everReady: the current attempt's engine became ready.
 	everReady bool
 	// unknowns counts "unknown" runtime states in a row.
 	unknowns int
@@ -67,13 +66,14 @@ type scrapeResult struct {
 func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.wg.Done()
 	w := &watchState{started: adopted, scraped: make(chan scrapeResult, 1)}
-	w.clock.begin(r.cfg.Clock.Now())
+	now := r.cfg.Clock.Now()
+	w.clock.begin(now)
 	if adopted && e.isReady() {
 		// Judged ready at adoption: from now on by the rule, so a busy
 		// engine found by a restarted agent is never taken for a
 		// starting one that stopped answering.
 		w.everReady = true
-		w.live.becameReady(w.clock.since)
+		w.live.becameReady(now)
 	}
 	tick := r.cfg.Clock.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
@@ -198,7 +198,9 @@ func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, p
 		w.live.becameReady(now)
 		e.setNote("", time.Time{})
 		r.policy.setReady(e, true, pid)
-		r.probe.scrapeLoad(ctx, e, false, 0)
+		if r.probe.scrapeDue(e) {
+			r.probe.scrapeLoad(ctx, e, 0)
+		}
 		return
 	}
 	r.policy.setReady(e, false, pid)
@@ -269,7 +271,6 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 	// window, and one read at a time is in flight; the poll goes on.
 	if !w.scraping && (w.live.failures > 0 || r.probe.scrapeDue(e)) {
 		w.scraping = true
-		force := w.live.failures > 0
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -277,7 +278,7 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 			defer cancel()
 			stop := context.AfterFunc(r.base, cancel) // Close waits for this read
 			defer stop()
-			c, ok := r.probe.scrapeLoad(sctx, e, force, max(rule.ProbeTimeout, rule.ProgressWindow))
+			c, ok := r.probe.scrapeLoad(sctx, e, max(rule.ProbeTimeout, rule.ProgressWindow))
 			w.scraped <- scrapeResult{counters: c, ok: ok}
 		}()
 	}

@@ -96,19 +96,6 @@ func flagTableFor(p Personality) (*flagTable, error) {
 	return nil, fmt.Errorf("fake engine: personality %q has no command line", p)
 }
 
-// AcceptedFlags lists every flag name p's command line accepts.
-func AcceptedFlags(p Personality) ([]string, error) {
-	t, err := flagTableFor(p)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(t.byName))
-	for n := range t.byName {
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 // CommandLineError is a command line the real engine would refuse: exit
 // status 2, as argparse's.
 type CommandLineError struct {
@@ -131,7 +118,6 @@ type parsedArgs struct {
 
 type parsedFlag struct {
 	name   string // the spec's first name
-	given  string // as written
 	values []string
 }
 
@@ -203,7 +189,7 @@ func (t *flagTable) parse(p Personality, args []string, underscores bool) (parse
 		if spec == nil {
 			return out, fail(name, "%s has no flag %s (the flags it accepts are in supervisor/fakeengine/%s)", t.program, name, t.file)
 		}
-		f := parsedFlag{name: spec.names[0], given: name}
+		f := parsedFlag{name: spec.names[0]}
 		switch spec.arg {
 		case argNone:
 			if inline {

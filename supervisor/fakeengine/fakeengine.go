@@ -234,8 +234,9 @@ func Run(ctx context.Context, cfg Config) error {
 	ln := cfg.Listener
 	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
 	if cfg.Personality == PersonalityVLLM && cfg.StartupDelay > 0 {
-		// vLLM's API server binds its port only once the engine core is
-		// up: until then a client's connection is refused.
+		// vLLM's API server listens only once the engine core is up
+		// (its socket is bound but not listening until then; see
+		// PersonalityVLLM): until then a client's connection is refused.
 		if ln != nil {
 			addr = ln.Addr().String()
 			_ = ln.Close()

@@ -22,30 +22,48 @@ type Personality string
 const (
 	// PersonalityNone is the plain fake engine, unchanged.
 	PersonalityNone Personality = ""
-	// PersonalityVLLM opens no port while loading (vLLM's API server
-	// listens only once its engine core is up), and serves every request,
-	// /health, /v1/models and /metrics included, on one loop that the
-	// running requests slow down: each request first waits
+	// PersonalityVLLM opens no port while loading and serves every
+	// request, /health, /v1/models and /metrics included, on one loop that
+	// the running requests slow down: each request first waits
 	// HealthDelayPerRunning for every request running when it arrives (a
-	// /health answered in 30-40 s under heavy load: vllm PR #38157).
+	// /health answered in 30-40 s under heavy load: vllm PR #38157). vLLM
+	// binds its socket before the engine starts (setup_server in
+	// vllm/entrypoints/openai/api_server.py: bind, no listen) and uvicorn
+	// listens on it only once the engine core is up (build_and_serve), so
+	// a connection is refused while it loads; the fake, which cannot bind
+	// without listening, closes its port instead.
 	PersonalityVLLM Personality = "vllm"
-	// PersonalitySGLang listens at once and answers 503 on /health (and
-	// the model endpoints) while loading. Once loaded, /health is SGLang's
-	// health_generate (python/sglang/srt/entrypoints/http_server.py): a
+	// PersonalitySGLang listens at once and answers 503 on /health (and,
+	// as the plain fake, on the model endpoints) for the whole
+	// StartupDelay. SGLang itself listens only once its scheduler has
+	// loaded the weights (python/sglang/srt/entrypoints/http_server.py
+	// launch_server runs uvicorn after engine.py's _launch_subprocesses
+	// has waited "for the model to finish loading"), then answers 503 on
+	// /health alone while ServerStatus is Starting, until its warmup
+	// request returns; the fake folds both phases into one 503 window.
+	// Once loaded, /health is SGLang's health_generate (same file): a
 	// one-token generation in the same scheduler as real requests, then a
 	// poll once a second until some output arrives (its own, or any
 	// other request's), up to SGLangHealthTimeout, else 503. With
 	// SGLangCheapHealth (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0, which
-	// llmgw's profile sets) /health answers 200 at once; /health_generate
-	// still generates. Metrics are SGLang's (sglang:num_running_reqs, ...),
-	// and the key guards every path but /health* and /metrics*.
+	// llmgw's profile sets) /health answers 200 at once once started;
+	// /health_generate still generates. Metrics are SGLang's
+	// (sglang:num_running_reqs, ...), and the key guards every path but
+	// /health* and /metrics* (add_api_key_middleware,
+	// python/sglang/srt/utils.py).
 	PersonalitySGLang Personality = "sglang"
-	// PersonalityLlamaCpp listens at once and answers every path with 503
-	// "Loading model" while loading. Its metrics are llama-server's
+	// PersonalityLlamaCpp listens at once, as llama-server starts its HTTP
+	// server before it loads the model (tools/server/server.cpp), and
+	// answers every path with 503 "Loading model" while loading
+	// (middleware_server_state, tools/server/server-http.cpp; there "/"
+	// and *.html get the 503 loading page instead, in builds with the web
+	// UI, and some releases let /models, /v1/models and /api/tags
+	// through). Its metrics are llama-server's
 	// (llamacpp:requests_processing, ...; no KV-cache gauge, which
 	// llama.cpp removed), served only with --metrics (NoMetrics otherwise),
 	// and its key guards every path but /health, /v1/health, /models,
-	// /v1/models, /api/tags and /.
+	// /v1/models, /api/tags and / (middleware_validate_api_key, same file;
+	// the newest releases drop /api/tags and open the web UI's assets).
 	PersonalityLlamaCpp Personality = "llamacpp"
 )
 
@@ -147,7 +165,12 @@ func (p Personality) guarded(r *http.Request) bool {
 		}
 		return r.Method != http.MethodOptions
 	}
-	// vLLM's authentication middleware: /v1 only.
+	// vLLM's AuthenticationMiddleware
+	// (vllm/entrypoints/serve/utils/server_utils.py) guards every path that
+	// starts with /v1 (newer releases also /v2, /inference and /cohere,
+	// which the fake does not serve), OPTIONS excepted; the plain fake,
+	// which scenarios rely on, keeps to /v1 and /v1/..., whatever the
+	// method.
 	return path == "/v1" || strings.HasPrefix(path, "/v1/")
 }
 
@@ -163,13 +186,17 @@ func (p Personality) presentedKey(r *http.Request) (string, bool) {
 		return key, ok
 	case PersonalityLlamaCpp:
 		// Authorization, else Anthropic's X-Api-Key, either with or
-		// without "Bearer ".
+		// without "Bearer ", as the newest middleware_validate_api_key
+		// reads it (tools/server/server-http.cpp; older releases took
+		// only "Bearer KEY" in Authorization, or the bare key in
+		// X-Api-Key).
 		if h == "" {
 			h = r.Header.Get("X-Api-Key")
 		}
 		return strings.TrimPrefix(h, "Bearer "), h != ""
 	}
-	// vLLM: the scheme is case-insensitive.
+	// vLLM: the scheme is case-insensitive (AuthenticationMiddleware's
+	// verify_token).
 	scheme, key, _ := strings.Cut(h, " ")
 	return key, strings.EqualFold(scheme, "bearer")
 }

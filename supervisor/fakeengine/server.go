@@ -172,9 +172,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if p == PersonalityLlamaCpp && !s.loaded() {
-		// Every path, as llmgw's notes on llama-server have it (newer
-		// builds' tools/server/server-http.cpp let /models and
-		// /v1/models through while loading).
+		// Every path, as the newest tools/server/server-http.cpp has it
+		// ("no endpoints are allowed to be accessed when the server is
+		// not ready"; see PersonalityLlamaCpp for where releases differ).
 		llamaLoading(w)
 		return
 	}

@@ -1,9 +1,6 @@
 package gateway
 
-import (
-	"net/http"
-	"time"
-)
+import "net/http"
 
 // outcome is how an attempt went, as try and the relay record it on the
 // way: all done needs to close the attempt's books.
@@ -25,23 +22,28 @@ type outcome struct {
 // errors' kind labels it; empty for an answer that says nothing (2xx, 4xx
 // but 401, 403 and 429).
 func answerReason(status int) string {
-	switch status {
-	case http.StatusUnauthorized, http.StatusForbidden:
+	switch {
+	case status == http.StatusUnauthorized, status == http.StatusForbidden:
 		return reasonAuth
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	case status == http.StatusTooManyRequests, status == http.StatusServiceUnavailable:
 		return reasonBusy
-	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+	case failingStatus(status):
 		return statusReason(status)
 	}
 	return ""
+}
+
+// failingStatus reports whether an engine's answer counts toward ejecting
+// it: 500, 502 and 504 (see exchange.forward).
+func failingStatus(status int) bool {
+	return status == http.StatusInternalServerError || status == http.StatusBadGateway || status == http.StatusGatewayTimeout
 }
 
 // failure is what of the outcome counts toward ejecting the replica, if
 // anything: a 5xx answer, else a connection that failed or an answer with
 // no byte within the first-byte bound. An attempt counts once at most.
 func (o outcome) failure() string {
-	switch o.status {
-	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+	if failingStatus(o.status) {
 		return statusReason(o.status)
 	}
 	if o.broke == reasonConnect || o.broke == reasonFirstByte {
@@ -92,8 +94,10 @@ func (x *exchange) done(a *attempt, out outcome) {
 	case answer == reasonBusy && out.movedOn:
 		lr.rep.health.answered()
 	default:
-		if reason := out.failure(); reason != "" {
-			g.failed(lr, now, reason)
+		// A failure counts toward ejecting the replica; the one that
+		// tips it over is counted as the ejection's reason.
+		if reason := out.failure(); reason != "" && lr.rep.health.failed(now, g.cfg.EjectAfter, g.cfg.EjectFor) {
+			g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, reason).Inc()
 		}
 	}
 	x.entry.replica, x.entry.node, x.entry.attempts = lr.ReplicaID, lr.Node, a.n+1
@@ -101,13 +105,5 @@ func (x *exchange) done(a *attempt, out outcome) {
 	// logged as gone.
 	if out.note != "" && !x.gone {
 		x.entry.err = out.note
-	}
-}
-
-// failed counts a failure against the replica at now, and an ejection
-// when it tips it over.
-func (g *Gateway) failed(lr *liveRoute, now time.Time, reason string) {
-	if lr.rep.health.failed(now, g.cfg.EjectAfter, g.cfg.EjectFor) {
-		g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, reason).Inc()
 	}
 }

@@ -31,18 +31,30 @@ import (
 //   - 502 or 504: something in or before the engine could not answer, not
 //     the request's fault; counts toward ejection, and is tried on
 //     another replica like a failed connection (else relayed).
-//   - 500: counts toward ejection (an engine whose core died answers 500
-//     to everything) but is relayed, not retried: it is as often the
-//     request's own error (a bad parameter the engine failed on), which
-//     every replica would repeat, at the cost of a generation each.
+//   - 500: counts toward ejection but is relayed, not retried. vLLM
+//     answers a bare 500 both when its engine core died (EngineDeadError,
+//     after which its API server exits unless
+//     VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set) and when one request failed
+//     in it (EngineGenerateError): vllm/entrypoints/launcher.py,
+//     _add_shutdown_handlers. The second is the request's own error,
+//     which every replica would repeat, at the cost of a generation each.
 //   - 429 or 503: the engine is busy or loading, which is no fault:
 //     never counted toward ejection; one other replica, when there is
-//     one, else its answer goes back.
+//     one, else its answer goes back. SGLang refuses a request its full
+//     waiting queue cannot take with 503 "The request queue is full."
+//     (--max-queued-requests: python/sglang/srt/managers/scheduler.py,
+//     Scheduler._abort_on_queued_limit); llama.cpp answers 503 "Loading
+//     model" while it loads (tools/server/server-http.cpp,
+//     middleware_server_state).
 //   - No byte of the answer within the first-byte bound (Config.
 //     FirstByteTimeout, else the engine's profile): counts toward
 //     ejection, and the client gets 504 at once. Not retried: the bound is
 //     minutes, long enough for a full-context prefill behind a queue, and
 //     a request that needs longer would time out on the next replica too.
+//     A plain (not streamed) answer's first byte is its last: vLLM writes
+//     it once the whole generation is done (serving_chat.py,
+//     chat_completion_full_generator), so for such a request the bound
+//     caps the prefill and the decode together.
 //   - The replica leaves routing unready while the request waits
 //     (Gateway.Update): another replica, else 503. The table keeps it out
 //     already, so nothing is counted against it.
@@ -198,7 +210,7 @@ func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
 func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	lr := a.lr
 	if x.r.Context().Err() != nil {
-		x.gone, x.entry.err = true, "client went away"
+		x.clientGone()
 		return answered
 	}
 	if c := a.cut(); c != nil {

@@ -346,6 +346,9 @@ func TestStreamIdleBoundStartsWithTheFirstByte(t *testing.T) {
 			h := newHarness(t, Config{Profiles: bounded(c.firstByte, idle)}, oneDeployment(slow.URL).snapshot())
 			resp := h.stream(chatBody("chat", true))
 			h.pass(6 * idle)
+			// A window of real time: the fake clock runs a timer's function
+			// in a goroutine of its own, so a bound that (wrongly) passed
+			// cuts the request some time after Advance returns.
 			check, what := testwait.StaysTrue, "waiting on the first event, six idle bounds on"
 			if c.cut {
 				check, what = testwait.BreaksWithin, "cut by a first-byte bound within six idle bounds"

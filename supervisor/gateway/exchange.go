@@ -167,6 +167,10 @@ func (x *exchange) fail(e *apiError) {
 	x.status, x.entry.err = e.status, e.code
 }
 
+// clientGone notes that the client went away before its answer ended:
+// the metrics and the access log count it as 499.
+func (x *exchange) clientGone() { x.gone, x.entry.err = true, "client went away" }
+
 // finish counts the request and logs it; it runs even when the relay
 // aborts the connection.
 func (x *exchange) finish() {

@@ -220,7 +220,7 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 			st := next[k]
 			if st == nil {
 				if st = g.states[k]; st == nil {
-					st = &tracked{rep: newReplica()}
+					st = &tracked{rep: &replica{}}
 				} else {
 					st.rep.uncut()
 				}

@@ -82,7 +82,7 @@ func (x *exchange) write(b []byte) error {
 	n, err := x.w.Write(b)
 	x.entry.bytesOut += int64(n)
 	if err != nil {
-		x.gone, x.entry.err = true, "client went away"
+		x.clientGone()
 	}
 	return err
 }
@@ -126,7 +126,7 @@ func (x *exchange) relayBody(a *attempt, resp *http.Response, out *outcome) erro
 		}
 		if err != nil {
 			if x.r.Context().Err() != nil {
-				x.gone, x.entry.err = true, "client went away"
+				x.clientGone()
 				return nil
 			}
 			brokeOff(a, err, "answer", out)
@@ -213,7 +213,7 @@ func (x *exchange) relayEvents(a *attempt, resp *http.Response, out *outcome) {
 			}
 			return
 		case x.r.Context().Err() != nil:
-			x.gone, x.entry.err = true, "client went away"
+			x.clientGone()
 			return
 		default:
 			code, msg := brokeOff(a, err, "stream", out)

@@ -26,8 +26,6 @@ type replica struct {
 	cut error
 }
 
-func newReplica() *replica { return &replica{} }
-
 // track registers an attempt's cancel function until untrack; an attempt
 // to an engine already cut is cancelled at once.
 func (r *replica) track(cancel context.CancelCauseFunc) (id uint64) {

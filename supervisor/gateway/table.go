@@ -147,7 +147,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		// purpose: both finish their requests whole.
 		if si.Lease == placement.LeaseStarting && si.Status != gossip.ShardStopping && !si.Draining &&
 			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] {
-			t.unready[engineAt(engineID(si.ShardID, si.SpecVersion), si.Node)] = true
+			t.unready[engineAt(placement.EngineID(si.ShardID, si.SpecVersion), si.Node)] = true
 		}
 		idx, ok := placement.ShardIndex(si.ShardID, si.ReplicaID)
 		if !ok {
@@ -191,7 +191,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 				continue
 			}
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
-				EngineID: engineID(r0.ShardID, k.spec), Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
+				EngineID: placement.EngineID(r0.ShardID, k.spec), Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
 				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting}
 			for _, si := range g.valid {
 				rt.Suspect = rt.Suspect || state[si.Node] == gossip.StateSuspect
@@ -218,11 +218,6 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	}
 	return t
 }
-
-// engineID is the ID the engine of one (shard, spec version) runs under,
-// as supervisor/engine.EngineID writes it (the gateway may not import the
-// engine runner): its API key is derived from it.
-func engineID(shard, spec string) string { return shard + "-" + spec }
 
 // engineAt names one engine on one node, as Table.unready holds them.
 func engineAt(engineID, node string) string { return engineID + "@" + node }

@@ -22,17 +22,10 @@ type DisksReader struct {
 	// Statfs reads a file system's free (available to unprivileged
 	// users) and total bytes (Statfs).
 	Statfs func(path string) (free, total uint64, err error)
-	// Clock times Read's bound. Nil: the Overview's clock in a frame, the
-	// real clock otherwise.
+	// Clock times Read's bound. Nil: the real clock, which also bounds the
+	// other sections of a frame (a test's Overview.Clock fixes the frame's
+	// moment, not its bounds: a hung statfs must not wait for Advance).
 	Clock clock.Clock
-}
-
-// on is r with its Clock set to c where it has none.
-func (r DisksReader) on(c clock.Clock) DisksReader {
-	if r.Clock == nil {
-		r.Clock = c
-	}
-	return r
 }
 
 // DisksSection is what the Disks section shows.

@@ -113,7 +113,7 @@ func (o Overview) Read(ctx context.Context) Frame {
 			},
 			// Disks bounds each path itself, so one hung mount leaves the
 			// others readable.
-			func() { disks = o.Disks.on(clk).Read(o.Dir, st, limit) },
+			func() { disks = o.Disks.Read(o.Dir, st, limit) },
 		}
 	)
 	for _, s := range sections {

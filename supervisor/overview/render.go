@@ -114,6 +114,15 @@ func (r renderer) agent(a AgentSection) {
 	r.kv("data dir", a.DataDir)
 }
 
+// state is a peer's or engine's state word in its tone (status.StateTone,
+// as the page and top draw it), or else dimmed, drawn as none.
+func (r renderer) state(word, none string) Cell {
+	if style, ok := r.st.Tone(status.StateTone(word)); ok {
+		return S(word, style)
+	}
+	return S(none, r.st.Dim)
+}
+
 func (r renderer) peers(p PeersSection) {
 	if p.FromAgent {
 		r.head("Peers (as the agent knows them)")
@@ -131,10 +140,7 @@ func (r renderer) peers(p PeersSection) {
 	}
 	t := Table{Head: []string{"NAME", "GOSSIP", "STATE", "GOSSIP PORT"}, Flex: -1}
 	for _, x := range p.Peers {
-		state := S(dash(x.State), r.st.Dim)
-		if status.StateTone(x.State) != status.ToneNone {
-			state = r.st.State(x.State)
-		}
+		state := r.state(x.State, dash(x.State))
 		port := S("reachable", r.st.OK)
 		if x.DialErr != "" {
 			port = S(x.DialErr, r.st.Bad)
@@ -231,10 +237,7 @@ func (r renderer) engines(e EnginesSection) {
 			if !x.StartedAt.IsZero() && x.PIDAlive {
 				up = Ago(r.now.Sub(x.StartedAt))
 			}
-			lease := S("-", r.st.Dim)
-			if status.StateTone(x.Lease) != status.ToneNone {
-				lease = r.st.State(x.Lease)
-			}
+			lease := r.state(x.Lease, "-")
 			if x.Status != "" && x.Status != "ready" {
 				lease.Text += " (" + x.Status + ")"
 			}

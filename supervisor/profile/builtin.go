@@ -27,9 +27,13 @@ const (
 	// one-token generation (see the sglang profile's Readiness).
 	sglangCheapHealth = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
 	// vllmReadyTimeout raises vLLM's own wait for its engine core
-	// (VLLM_ENGINE_READY_TIMEOUT_S, 600 s in vllm/envs.py, too short for
-	// large weight loads: vllm PR #35616) to the deployment's start
-	// timeout, which llmgw enforces itself.
+	// (VLLM_ENGINE_READY_TIMEOUT_S, 600 s in vllm/envs.py, the handshake
+	// bound of vllm/v1/engine/core_client.py, too short for large weight
+	// loads: vllm PR #35616) to the deployment's start timeout. vLLM's
+	// bound is the whole start-up, counted from its launch; llmgw's is a
+	// silence, extended while the log or the weights grow, so a download
+	// that outlasts start_timeout while it progresses is ended by vLLM,
+	// not by llmgw.
 	vllmReadyTimeout = "{{if .StartTimeoutSeconds}}VLLM_ENGINE_READY_TIMEOUT_S={{.StartTimeoutSeconds}}{{end}}"
 )
 
@@ -51,6 +55,16 @@ var gangEnv = []string{
 
 // headless marks the members above rank 0, which serve no HTTP.
 const headless = "{{if .Headless}}--headless{{end}}"
+
+// tolerance is the readiness rule the built-in engines share, with each
+// one's probe timeout and progress window: three failed probes in a row
+// (K), a hung engine restarted after 2 min (R), and at the gateway 10 min
+// to an answer's first byte (a 128k-token prompt queued behind others can
+// take minutes to its first token) and 2 min between stream events.
+func tolerance(probe, window time.Duration) Readiness {
+	return Readiness{ProbeTimeout: probe, Failures: 3, ProgressWindow: window, HungRestart: 2 * time.Minute,
+		FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute}
+}
 
 // Builtin returns the profiles llmgw ships, keyed by name. Every call builds
 // fresh values, so callers may change what they get.
@@ -99,14 +113,15 @@ func Builtin() map[string]Profile {
 			// vLLM's /health runs on the API server's asyncio loop, the
 			// same loop that streams every answer, and only asks whether the
 			// engine core died (vllm/entrypoints/serve/instrumentator/
-			// health.py: 503 on EngineDeadError alone): under heavy load it
-			// takes seconds, 30-40 s in vllm PR #38157, and proves nothing
-			// but that the loop turned. A probe of 10 s, three in a row, and counters
-			// frozen for 30 s are what a hung engine shows and a busy one
-			// does not. A 128k-token prompt queued behind others can take
-			// minutes to its first token, hence 10 min.
-			Readiness: Readiness{ProbeTimeout: 10 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
-				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
+			// health.py, later trees vllm/frontend/entrypoints/serve/
+			// instrumentator/health.py: 503 on EngineDeadError alone, which
+			// AsyncLLM.check_health in vllm/v1/engine/async_llm.py raises
+			// only once the engine errored): under heavy load it takes
+			// seconds, 30-40 s in vllm PR #38157, and proves nothing but
+			// that the loop turned. A probe of 10 s, three in a row, and
+			// counters frozen for 30 s are what a hung engine shows and a
+			// busy one does not.
+			Readiness: tolerance(10*time.Second, 30*time.Second),
 		},
 		"sglang": {
 			Name:  "sglang",
@@ -145,15 +160,14 @@ func Builtin() map[string]Profile {
 			// one-token generation and polls once a second until output
 			// arrives, up to SGLANG_HEALTH_CHECK_TIMEOUT, 20 s
 			// (python/sglang/srt/entrypoints/http_server.py). The profile's
-			// env turns that off (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0:
+			// env turns that off (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0,
+			// an EnvBool defaulting to true in python/sglang/srt/environ.py:
 			// health_generate then answers "/health" 200 at once, unless the
 			// server is starting or shutting down), so /health is the cheap
-			// check of the server's loop, and
-			// progress comes from the token counters (not
-			// sglang:num_running_reqs, a gauge that can stay stale for 30 s
-			// after going idle: sglang PR #26495).
-			Readiness: Readiness{ProbeTimeout: 10 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
-				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
+			// check of the server's loop, and progress comes from the token
+			// counters (not sglang:num_running_reqs, a gauge that can stay
+			// stale for 30 s after going idle: sglang PR #26495).
+			Readiness: tolerance(10*time.Second, 30*time.Second),
 		},
 		"llamacpp": {
 			Name: "llamacpp",
@@ -188,11 +202,10 @@ func Builtin() map[string]Profile {
 			// llama-server answers /health from its HTTP threads without
 			// touching the slots that generate (tools/server/server-context.
 			// cpp, server_routes' get_health: {"status":"ok"}; loading and
-			// errors are its HTTP middleware's 503), so a busy server
-			// answers it quickly. Same K and
-			// W as the others; a shorter probe is enough.
-			Readiness: Readiness{ProbeTimeout: 5 * time.Second, Failures: 3, ProgressWindow: 30 * time.Second,
-				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
+			// errors are the 503 of its HTTP middleware, tools/server/
+			// server-http.cpp), so a busy server answers it quickly. Same K
+			// and W as the others; a shorter probe is enough.
+			Readiness: tolerance(5*time.Second, 30*time.Second),
 		},
 		"fake": {
 			Name: "fake",
@@ -230,8 +243,7 @@ func Builtin() map[string]Profile {
 			// personality slows it: then it is run as --engine vllm), so a
 			// short probe; the rule is vLLM's otherwise, with a shorter
 			// window since its counters move with every request.
-			Readiness: Readiness{ProbeTimeout: 2 * time.Second, Failures: 3, ProgressWindow: 10 * time.Second,
-				HungRestart: 2 * time.Minute, FirstByteTimeout: 10 * time.Minute, StreamIdleTimeout: 2 * time.Minute},
+			Readiness: tolerance(2*time.Second, 10*time.Second),
 		},
 	}
 }

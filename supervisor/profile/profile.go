@@ -84,11 +84,12 @@ type Profile struct {
 // generation; SGLang's runs a generation), so one slow or failed probe
 // says nothing. The rule (supervisor/engine, judge.go): an engine stops
 // being routable when its process is gone, or when Failures probes in a
-// row failed or timed out AND its token and request counters did not move
-// during the last ProgressWindow. An engine that stays so for HungRestart
-// after having been ready is restarted. A truly hung engine therefore
-// leaves routing within about Failures × (ProbeTimeout + poll) (or
-// ProgressWindow when that is longer), and is restarted HungRestart later.
+// row failed or timed out AND its token counters (prompt plus generation
+// tokens, Metrics.PromptTokens and GenerationTokens) did not move during
+// the last ProgressWindow. An engine that stays so for HungRestart after
+// having been ready is restarted. A truly hung engine therefore leaves
+// routing within about Failures × (ProbeTimeout + poll) (or ProgressWindow
+// when that is longer), and is restarted HungRestart later.
 type Readiness struct {
 	// ProbeTimeout bounds one health (and models) probe.
 	ProbeTimeout time.Duration `json:"probe_timeout"`
