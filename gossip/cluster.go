@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -55,6 +56,26 @@ type Config struct {
 	// another token, and each side logs an error naming the other. Empty:
 	// nothing is announced or compared.
 	TokenFingerprint string
+
+	// Protocol is the range of protocol versions this node speaks and
+	// announces in its meta (zero: this build's, protocol.Build()). Tests
+	// run nodes of other ranges with it.
+	Protocol protocol.Range
+	// ActiveVersion is the cluster version this node starts at: the one
+	// it ran at before it restarted (node.json keeps it). 0 is the
+	// lowest this node speaks; above its Max, New fails.
+	ActiveVersion int
+	// VersionSettle (T) is how long no member speaking less may have been
+	// seen before a version becomes active (0: DefaultVersionSettle).
+	VersionSettle time.Duration
+	// VersionDeadAfter (D) is how long a dead member still counts for the
+	// cluster version (0: DefaultVersionDeadAfter).
+	VersionDeadAfter time.Duration
+	// OnActiveVersion, when set, is called with each new active version
+	// once it rose (the node persists it), in order. It runs on the
+	// version loop, which waits for it: it may read the Cluster, and
+	// should not block for long.
+	OnActiveVersion func(int)
 }
 
 // MemberState is memberlist's verdict on a node, as this node sees it.
@@ -67,6 +88,10 @@ const (
 	StateLeft    MemberState = "left"
 	// StateUnknown: a record arrived for a node memberlist has not met.
 	StateUnknown MemberState = "unknown"
+	// StateRefused: the node's build cannot speak this node's active
+	// protocol version; it is kept out of membership and its records are
+	// dropped (Member.Protocol says what it speaks).
+	StateRefused MemberState = "refused"
 )
 
 // Member is one node as this node knows it.
@@ -90,6 +115,10 @@ type Member struct {
 	// TokenMismatch: the node announces another cluster token's
 	// fingerprint. API calls between the two fail, and MCP forwarding.
 	TokenMismatch bool `json:"token_mismatch,omitempty"`
+	// Protocol is the range of protocol versions the node announces in its
+	// meta ([1, 1] for an agent from before cluster versions; zero when
+	// memberlist has not met it).
+	Protocol protocol.Range `json:"protocol,omitzero"`
 }
 
 // Stats count gossip traffic.
@@ -107,6 +136,12 @@ type Stats struct {
 	ClockPeers  int           `json:"clock_peers"`
 	// TokenMismatches counts members announcing another token.
 	TokenMismatches int `json:"token_mismatches"`
+	// ActiveVersion is the cluster version this node runs at, Protocol
+	// the range it speaks, and VersionsMixedSince since when live members
+	// announce different versions (zero: they do not).
+	ActiveVersion      int            `json:"active_version"`
+	Protocol           protocol.Range `json:"protocol"`
+	VersionsMixedSince time.Time      `json:"versions_mixed_since,omitzero"`
 }
 
 // Cluster is one node's membership in the gossip cluster.
@@ -163,6 +198,8 @@ type Cluster struct {
 	bigThreshold int
 	// lastHeard is when a peer was last heard, Unix ns (contact.go).
 	lastHeard atomic.Int64
+	// ver is the cluster version (version.go).
+	ver versions
 }
 
 type memberInfo struct {
@@ -172,6 +209,10 @@ type memberInfo struct {
 	epoch int64
 	// token is the token fingerprint the node announces ("" if none).
 	token string
+	// proto is the protocol range its meta announces, active the version
+	// it says it runs at (0: an agent from before cluster versions).
+	proto  protocol.Range
+	active int
 }
 
 // New starts memberlist listening and returns the node, not yet joined to
@@ -193,6 +234,9 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	if cfg.Profile.base == nil {
 		cfg.Profile, _ = ProfileByName("lan")
 	}
+	if err := versionConfig(&cfg); err != nil {
+		return nil, err
+	}
 	if len(cfg.Key) > 0 {
 		if err := memberlist.ValidateKey(cfg.Key); err != nil {
 			return nil, fmt.Errorf("gossip key: %w (want 16, 24 or 32 bytes)", err)
@@ -201,7 +245,6 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	c := &Cluster{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "gossip"),
-		store:   NewStore(cfg.Clock, cfg.TombstoneTTL),
 		hlc:     NewHLC(cfg.Name, cfg.Clock),
 		members: map[string]*memberInfo{},
 		drops:   map[DropReason]*atomic.Uint64{},
@@ -212,6 +255,8 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	for _, r := range DropReasons() {
 		c.drops[r] = new(atomic.Uint64)
 	}
+	c.store = NewStore(cfg.Clock, cfg.TombstoneTTL, c.ActiveVersion)
+	c.ver.init(cfg, cfg.Clock.Now())
 	if err := c.loadDeployments(); err != nil {
 		return nil, err
 	}
@@ -241,6 +286,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	mc.Delegate = &delegate{c: c}
 	mc.Events = &eventDelegate{c: c}
 	mc.Ping = &pingDelegate{c: c}
+	mc.Alive = &aliveDelegate{c: c}
 	mc.Logger = log.New(memberlistLog{log: cfg.Logger}, "", 0)
 	if cfg.Drop != nil {
 		t, err := newDropTransport(mc, cfg.Drop)
@@ -262,6 +308,7 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	c.ready.Store(true)
 	c.spawn(c.persistLoop)
+	c.spawn(c.versionLoop)
 	return c, nil
 }
 
@@ -374,22 +421,24 @@ func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
 	// the store: a place that could not be saved is refused, so it must
 	// not spread either.
 	c.saveMu.Lock()
-	deps := c.store.Deployments()
+	deps := c.store.depEntries()
 	// Stamp after the snapshot, and past the record r replaces: the stamp
 	// then beats what the file will hold beside it. (Stamped before, a
 	// peer's later write could land in between, and the file would keep
 	// the loser.)
 	if old, ok := findDeployment(deps, r.Name); ok {
-		c.hlc.Witness(old.Stamp)
+		c.hlc.Witness(old.rec.Stamp)
 	}
 	r.Stamp = c.hlc.Now()
-	err := c.writeDeployments(withDeployment(deps, r))
-	if err == nil && !c.store.MergeDeployment(r) {
+	// Encoded once: the file, the store and the broadcast hold these bytes.
+	e := depEntry{rec: r, raw: rawOf(r)}
+	err := c.writeDeployments(withDeployment(deps, e))
+	if err == nil && !c.store.mergeDeployment(e) {
 		// A later write of this name arrived while r was being saved: it
 		// stands, r does not, and the file must not keep r.
 		cur, _ := c.store.Deployment(r.Name)
 		err = fmt.Errorf("deployment %s: a later write (stamp %v) arrived while this one was saved; it stands, this one was not applied", r.Name, cur.Stamp)
-		if werr := c.writeDeployments(c.store.Deployments()); werr != nil {
+		if werr := c.writeDeployments(c.store.depEntries()); werr != nil {
 			err = errors.Join(err, werr)
 		}
 	}
@@ -397,7 +446,7 @@ func (c *Cluster) putDeployment(r DeploymentRecord) (DeploymentRecord, error) {
 	if err != nil {
 		return r, err
 	}
-	c.send("dep/"+r.Name, message{Deployments: []DeploymentRecord{r}})
+	c.send("dep/"+r.Name, e.message())
 	c.notify()
 	return r, nil
 }
@@ -417,6 +466,7 @@ func (c *Cluster) Members() []Member {
 	for _, n := range c.ml.Members() {
 		live[n.Name] = n
 	}
+	active := c.ActiveVersion()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	self, clocks, sampled := c.clockView(c.cfg.Clock.Now())
@@ -437,6 +487,7 @@ func (c *Cluster) Members() []Member {
 		if info, ok := c.members[rec.Name]; ok {
 			m.State, m.Address, m.Since, m.Epoch = info.state, info.addr, info.since, info.epoch
 			m.TokenMismatch = c.otherToken(info.token)
+			m.Protocol = info.proto
 		}
 		if n, ok := live[rec.Name]; ok && n.State == memberlist.StateSuspect {
 			m.State = StateSuspect
@@ -445,15 +496,26 @@ func (c *Cluster) Members() []Member {
 			m.State = StateLeft
 		}
 		if rec.Name == c.cfg.Name {
-			m.State = StateAlive
+			m.State, m.Protocol = StateAlive, c.ver.own
 		}
+		c.markRefused(&m, active)
 		out = append(out, m)
 		seen[rec.Name] = true
 	}
 	for name, info := range c.members {
 		if !seen[name] {
-			out = append(out, Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name),
-				TokenMismatch: c.otherToken(info.token)})
+			m := Member{Name: name, State: info.state, Address: info.addr, Since: info.since, ClockOffset: clockOf(name),
+				TokenMismatch: c.otherToken(info.token), Protocol: info.proto}
+			c.markRefused(&m, active)
+			out = append(out, m)
+			seen[name] = true
+		}
+	}
+	for name := range c.ver.refused {
+		if !seen[name] {
+			m := Member{Name: name}
+			c.markRefused(&m, active)
+			out = append(out, m)
 		}
 	}
 	sortMembers(out)
@@ -478,9 +540,11 @@ func (c *Cluster) Stats() Stats {
 			mismatches++
 		}
 	}
+	mixedSince := c.ver.mixedSince
 	c.mu.Unlock()
 	return Stats{Sent: c.sent.Load(), Received: c.received.Load(), Dropped: c.dropped.Load(), Members: c.ml.NumMembers(), Drops: drops,
-		ClockOffset: off, ClockPeers: peers, TokenMismatches: mismatches}
+		ClockOffset: off, ClockPeers: peers, TokenMismatches: mismatches,
+		ActiveVersion: c.ActiveVersion(), Protocol: c.ver.own, VersionsMixedSince: mixedSince}
 }
 
 // otherToken reports whether a peer's announced token fingerprint shows

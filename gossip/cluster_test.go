@@ -281,7 +281,7 @@ func TestConcurrentPlacesAreAllPersisted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var d deploymentsOnDisk
+		var d struct{ Deployments []DeploymentRecord }
 		if err := json.Unmarshal(b, &d); err != nil {
 			t.Fatal(err)
 		}

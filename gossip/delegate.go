@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/internal/protocol"
 )
 
 // delegate adapts memberlist's Delegate callbacks to the cluster: node
@@ -23,19 +25,34 @@ var _ memberlist.Delegate = (*delegate)(nil)
 //
 // Tok is the fingerprint of the cluster token (Config.TokenFingerprint),
 // never the token.
+//
+// P is the range of protocol versions the node's build speaks
+// (Config.Protocol): peers judge the cluster version by it, and refuse a
+// node that cannot speak theirs before it becomes a member. Agents from
+// before cluster versions send none, which reads as [1, 1]. V stays 1:
+// they read it too.
 type nodeMeta struct {
-	V     int    `json:"v"`
-	API   string `json:"api,omitempty"`
-	Epoch int64  `json:"epoch,omitempty"`
-	Tok   string `json:"tok,omitempty"`
+	V     int             `json:"v"`
+	API   string          `json:"api,omitempty"`
+	Epoch int64           `json:"epoch,omitempty"`
+	Tok   string          `json:"tok,omitempty"`
+	P     *protocol.Range `json:"p,omitempty"`
+	// A is the version the node runs at (its ActiveVersion): a node that
+	// joins a cluster already running a version it speaks adopts it at
+	// once rather than waiting T to find out by itself (evaluateVersion).
+	A int `json:"a,omitempty"`
 }
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint})
+	p := d.c.cfg.Protocol
+	a := d.c.ActiveVersion()
+	b, _ := json.Marshal(nodeMeta{V: 1, API: d.c.cfg.APIAddr, Epoch: d.c.epoch, Tok: d.c.cfg.TokenFingerprint, P: &p, A: a})
 	if len(b) > limit {
 		// memberlist panics on oversized meta; an API address never gets
-		// close, but refuse to be the reason.
-		b, _ = json.Marshal(nodeMeta{V: 1})
+		// close, but refuse to be the reason. The range stays: without it
+		// the node would read as [1, 1], and be refused where the cluster
+		// runs at a later version.
+		b, _ = json.Marshal(nodeMeta{V: 1, P: &p, A: a})
 	}
 	return b
 }

@@ -13,9 +13,13 @@
 //   - cluster.go: Config, the Cluster, New/Join/Leave/Shutdown and the API
 //     the supervisor calls (UpdateLocal, Renew, PutDeployment, Members,
 //     Stats).
-//   - delegate.go, event_delegate.go, ping_delegate.go: one adapter per
-//     memberlist callback interface (messages and push/pull; membership
-//     events; probe acks carrying wall time), each wrapping the Cluster.
+//   - delegate.go, event_delegate.go, ping_delegate.go, alive_delegate.go:
+//     one adapter per memberlist callback interface (messages and
+//     push/pull; membership events; probe acks carrying wall time; alive
+//     messages, refused from a peer that cannot speak the cluster
+//     version), each wrapping the Cluster.
+//   - version.go: the cluster version, the protocol version every node
+//     runs at (ActiveVersion), and the peers it refuses.
 //   - send.go: how deltas leave (named broadcasts, reliable sends, relays);
 //     receive.go: how a peer's message is checked, merged and refused.
 //   - store.go: the replicated state and its merge rules; record.go: the

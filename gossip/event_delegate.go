@@ -19,8 +19,8 @@ func (e *eventDelegate) NotifyUpdate(n *memberlist.Node) { e.c.setMember(n, Stat
 // memberlist v0.7.0. Members() consults the node's record for that.
 func (e *eventDelegate) NotifyLeave(n *memberlist.Node) { e.c.setMember(n, StateDead) }
 
-// setMember records memberlist's verdict s on n, with the boot epoch and
-// token fingerprint its meta announces.
+// setMember records memberlist's verdict s on n, with the boot epoch,
+// token fingerprint and protocol range its meta announces.
 func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 	var meta nodeMeta
 	_ = json.Unmarshal(n.Meta, &meta)
@@ -35,6 +35,7 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 		c.members[n.Name] = info
 	}
 	info.addr = n.Address()
+	info.proto, info.active = metaRange(meta), meta.A
 	newToken := meta.Tok != info.token
 	info.token = meta.Tok
 	// An epoch beyond the bound would void every record the node sends
@@ -55,4 +56,5 @@ func (c *Cluster) setMember(n *memberlist.Node, s MemberState) {
 			"peer", n.Name, "address", n.Address(), "peer_token_fingerprint", meta.Tok, "token_fingerprint", c.cfg.TokenFingerprint)
 	}
 	c.notify()
+	c.pokeVersion()
 }

@@ -1,6 +1,10 @@
 package gossip
 
-import "time"
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
 
 // receive merges a message from a peer. rebroadcast is true for packets
 // that arrived as gossip, which are passed on when they taught us something
@@ -16,21 +20,41 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	c.received.Add(1)
 	// Every record is checked on its own: one bad record is refused and
 	// counted, and the rest of the message (a push/pull carries the whole
-	// state) is still taken.
+	// state) is still taken. That holds for a record that did not even
+	// decode, too.
+	for _, bad := range m.bad {
+		c.refuse(DropMalformedRecord, bad.what, fmt.Errorf("%w: %w", ErrMalformed, bad.err))
+	}
 	now := c.cfg.Clock.Now()
 	changed := false
-	for _, n := range m.Nodes {
+	// refused names the node records of this message that were refused:
+	// the beat that a push/pull sends beside a record (Store.full) must not
+	// then ask its owner for it.
+	var refused map[string]bool
+	for i, n := range m.Nodes {
 		if n.Name == c.cfg.Name {
 			continue // our own record: we are its only writer
 		}
-		if reason, err := checkNode(n, now); err != nil {
+		reason, err := checkNode(n, now)
+		if err == nil {
+			// A peer that cannot speak the active version (version.go).
+			reason, err = c.checkPeerProtocol(n.Name)
+		}
+		if err != nil {
 			c.refuse(reason, "node "+n.Name, err)
+			if refused == nil {
+				refused = map[string]bool{}
+			}
+			refused[n.Name] = true
 			continue
 		}
-		if c.store.MergeNode(n) {
+		// The bytes the record came in are what it is kept and relayed
+		// in, unknown fields and all.
+		raw := rawAt(m.nodeRaw, i)
+		if c.store.mergeNode(n, raw) {
 			changed = true
 			if rebroadcast {
-				c.relay("node/"+n.Name, message{Nodes: []NodeRecord{n}})
+				c.relay("node/"+n.Name, message{Nodes: []NodeRecord{n}, nodeRaw: []json.RawMessage{raw}})
 			}
 		}
 	}
@@ -38,7 +62,11 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		if bt.Name == c.cfg.Name {
 			continue
 		}
-		if reason, err := checkBeat(bt, now); err != nil {
+		reason, err := checkBeat(bt, now)
+		if err == nil {
+			reason, err = c.checkPeerProtocol(bt.Name)
+		}
+		if err != nil {
 			c.refuse(reason, "beat "+bt.Name, err)
 			continue
 		}
@@ -47,7 +75,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 			if rebroadcast {
 				c.relay("beat/"+bt.Name, message{Beats: []Beat{bt}})
 			}
-		} else if c.store.Lacks(bt) {
+		} else if !refused[bt.Name] && c.store.Lacks(bt) {
 			c.want(bt)
 		}
 	}
@@ -57,16 +85,17 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		}
 	}
 	depChanged := false
-	for _, d := range m.Deployments {
+	for i, d := range m.Deployments {
 		if reason, err := checkDeployment(d, now); err != nil {
 			c.refuse(reason, "deployment "+d.Name, err)
 			continue
 		}
 		c.hlc.Witness(d.Stamp)
-		if c.store.MergeDeployment(d) {
+		e := depEntry{rec: d, raw: rawAt(m.depRaw, i)}
+		if c.store.mergeDeployment(e) {
 			depChanged = true
 			if rebroadcast {
-				c.relay("dep/"+d.Name, message{Deployments: []DeploymentRecord{d}})
+				c.relay("dep/"+d.Name, e.message())
 			}
 		}
 	}

@@ -24,6 +24,10 @@ type DropReason string
 const (
 	// DropMalformed: the whole message did not decode.
 	DropMalformed DropReason = "malformed"
+	// DropMalformedRecord: one record of a message (or of
+	// deployments.json) did not decode, as when a later release changed
+	// a field's type; the rest of the message is taken.
+	DropMalformedRecord DropReason = "malformed_record"
 	// DropInvalidDeployment: a deployment record fails the checks of
 	// POST /v1/deployments, or its name is not its spec's.
 	DropInvalidDeployment DropReason = "invalid_deployment"
@@ -35,6 +39,9 @@ const (
 	// DropEpochAhead: a boot epoch (record, beat or memberlist meta) is
 	// more than MaxClockOffset ahead of this node's clock.
 	DropEpochAhead DropReason = "epoch_ahead"
+	// DropProtocolRefused: a node record or beat of a peer whose build
+	// cannot speak this node's active protocol version (version.go).
+	DropProtocolRefused DropReason = "protocol_refused"
 )
 
 // MaxClockOffset bounds how far ahead of this node's clock a stamp or a
@@ -60,7 +67,7 @@ func ahead(t int64, now time.Time) bool { return t > now.Add(MaxClockOffset).Uni
 // DropReasons lists every reason, in a fixed order, so a reader can show
 // each (at zero too: a vanished series is not a count that went to zero).
 func DropReasons() []DropReason {
-	return []DropReason{DropMalformed, DropInvalidDeployment, DropInvalidNode, DropStampAhead, DropEpochAhead}
+	return []DropReason{DropMalformed, DropMalformedRecord, DropInvalidDeployment, DropInvalidNode, DropStampAhead, DropEpochAhead, DropProtocolRefused}
 }
 
 // ErrInvalidRecord is wrapped by every error the record checks return.

@@ -104,7 +104,11 @@ func TestLoadedDeploymentsAreValidated(t *testing.T) {
 
 func writeDeploymentsFile(t *testing.T, dir string, recs ...DeploymentRecord) {
 	t.Helper()
-	b, err := json.Marshal(deploymentsOnDisk{FormatVersion: 1, Deployments: recs})
+	// As the previous release wrote it: without "protocol".
+	b, err := json.Marshal(struct {
+		FormatVersion int                `json:"format_version"`
+		Deployments   []DeploymentRecord `json:"deployments"`
+	}{1, recs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +204,7 @@ func TestLosingStampIsNeverSaved(t *testing.T) {
 	if rerr != nil {
 		t.Fatal(rerr)
 	}
-	var disk deploymentsOnDisk
+	var disk struct{ Deployments []DeploymentRecord }
 	if err := json.Unmarshal(b, &disk); err != nil {
 		t.Fatal(err)
 	}

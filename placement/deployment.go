@@ -301,3 +301,45 @@ func (f Fit) String() string {
 	g := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB" }
 	return g(f.Weights) + " weights + " + g(f.KVCache) + " KV cache + " + g(f.Overhead) + " overhead"
 }
+
+// FieldVersion is a spec field that not every cluster protocol version
+// knows, and the first version that does.
+type FieldVersion struct {
+	// Field is the field's name in the API and in YAML.
+	Field string
+	// Protocol is the first cluster protocol version (internal/protocol)
+	// whose agents decode the field.
+	Protocol int
+}
+
+// fieldVersion is one row of fieldVersions.
+type fieldVersion struct {
+	FieldVersion
+	set func(Deployment) bool
+}
+
+// fieldVersions lists every spec field newer than protocol 1, with the
+// version that brought it. An agent of an older version decodes a spec
+// without such a field: it would run the deployment without it, and
+// relay its stripped copy. So a place that sets one is refused until the
+// cluster runs its version, and a new field joins this table with the
+// version bump that brings it. (Placement imports nothing of the module,
+// so the versions are numbers here: 2 is protocol.V2.)
+func fieldVersions() []fieldVersion {
+	return []fieldVersion{
+		{FieldVersion{Field: "start_timeout", Protocol: 2}, func(d Deployment) bool { return d.StartTimeout != 0 }},
+	}
+}
+
+// FieldsAbove lists the fields set in d that cluster protocol version v
+// does not know, each with the version it needs, in a fixed order. Empty:
+// every node of a cluster at v reads d as it is.
+func (d Deployment) FieldsAbove(v int) []FieldVersion {
+	var out []FieldVersion
+	for _, f := range fieldVersions() {
+		if f.Protocol > v && f.set(d) {
+			out = append(out, f.FieldVersion)
+		}
+	}
+	return out
+}

@@ -303,6 +303,10 @@ func (r *runner) chatVia(ctx context.Context, client *http.Client, row shardRow,
 type gatewayAnswer struct {
 	node, replica string
 	head          time.Time
+	// status is the answer's HTTP status (0: none came); retryAfter: it
+	// carried a Retry-After header.
+	status     int
+	retryAfter bool
 }
 
 // chatThroughGateway sends one small chat completion for deployment to a
@@ -328,6 +332,7 @@ func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, ga
 	ans.head = time.Now()
 	defer resp.Body.Close()
 	ans.node, ans.replica = resp.Header.Get("Llmgw-Node"), resp.Header.Get("Llmgw-Replica")
+	ans.status, ans.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After") != ""
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return ans, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))

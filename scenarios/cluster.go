@@ -172,10 +172,10 @@ func (r *runner) observers(only []*node) []*node {
 	return out
 }
 
-// engineProcs lists the engine processes started from the runner's binary
+// engineProcs lists the engine processes started from the run's binaries
 // (argv[1] == "engine"), whoever started them. Engines outlive their agent,
 // so this is how orphans are found and how the teardown finds everything.
-func engineProcs(binary string) map[int][]string {
+func engineProcs(binaries ...string) map[int][]string {
 	out := map[int][]string{}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -187,7 +187,7 @@ func engineProcs(binary string) map[int][]string {
 			continue
 		}
 		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || strings.TrimSuffix(exe, " (deleted)") != binary {
+		if err != nil || !slices.Contains(binaries, strings.TrimSuffix(exe, " (deleted)")) {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
@@ -225,7 +225,7 @@ func (r *runner) teardown() {
 		n.waitExit(5 * time.Second)
 	}
 	for range 3 {
-		procs := engineProcs(r.opts.Binary)
+		procs := engineProcs(r.binaryPaths()...)
 		if len(procs) == 0 {
 			return
 		}

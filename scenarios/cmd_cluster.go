@@ -39,6 +39,10 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 		return "", time.Time{}, err
 	}
 	labels, _ := d.list("labels")
+	binary, err := r.binaryKey(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
 	within, err := d.duration("within", 30*time.Second+time.Duration(count)*time.Second)
 	if err != nil {
 		return "", time.Time{}, err
@@ -71,6 +75,7 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 		if err != nil {
 			return "", time.Time{}, err
 		}
+		n.setBinary(binary)
 		nodes = append(nodes, n)
 	}
 	// The first node first, so the others find someone at once.
@@ -100,6 +105,9 @@ func (r *runner) cmdCluster(d *directive) (string, time.Time, error) {
 	where := "on 127.0.0.1"
 	if r.namespaces != nil {
 		where = "each in its own network namespace"
+	}
+	if binary != currentBinary {
+		where += ", binary " + binary
 	}
 	return fmt.Sprintf("%d nodes up (%s) %s, %s each, profile %s, lease-ttl %v, runtime %s%s", count, names, where, r.cfg.gpus, r.cfg.profile, r.cfg.leaseTTL, r.cfg.runtime,
 		describeNodeFlags(r.cfg.nodeFlags)), at, nil
@@ -142,10 +150,15 @@ func (r *runner) cmdAddNode(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	binary, err := r.binaryKey(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
 	n, err := r.newNode(name, gpus, labels)
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	n.setBinary(binary)
 	at := time.Now()
 	if err := r.start(n); err != nil {
 		return "", time.Time{}, err
@@ -236,7 +249,7 @@ func (r *runner) enginesOf(n *node) []int {
 		}
 	}
 	agent := n.pid()
-	for pid := range engineProcs(r.opts.Binary) {
+	for pid := range engineProcs(r.binaryPaths()...) {
 		if sockets.Host().Parent(pid) == agent {
 			pids[pid] = true
 		}
@@ -275,6 +288,10 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	binary, err := r.binaryKey(d)
+	if err != nil {
+		return "", time.Time{}, err
+	}
 	ns, labels, err := r.targetNodes(d)
 	if err != nil {
 		return "", time.Time{}, err
@@ -293,6 +310,11 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 	}
 	at := time.Now()
 	for _, n := range ns {
+		if d.has("binary") {
+			// An upgrade (or downgrade): the operator installed another
+			// binary before the restart.
+			n.setBinary(binary)
+		}
 		if err := r.start(n); err != nil {
 			return "", time.Time{}, err
 		}
@@ -306,6 +328,10 @@ func (r *runner) cmdRestart(d *directive) (string, time.Time, error) {
 			if err := r.installPartitionRule(n, n.partitionRule); err != nil {
 				out = append(out, "error: re-install partition rule: "+err.Error())
 			}
+		}
+		if d.has("binary") {
+			out = append(out, "restarted "+labels[i]+" on binary "+binary)
+			continue
 		}
 		out = append(out, "restarted "+labels[i])
 	}

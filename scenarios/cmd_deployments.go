@@ -147,7 +147,7 @@ func (r *runner) engineRow(d *directive) (string, shardRow, error) {
 	if found.PID == 0 {
 		return shard, shardRow{}, fmt.Errorf("%s has no engine pid in /v1/shards (runtime %s)", shard, r.cfg.runtime)
 	}
-	if _, ok := engineProcs(r.opts.Binary)[found.PID]; !ok && r.cfg.runtime == "process" {
+	if _, ok := engineProcs(r.binaryPaths()...)[found.PID]; !ok && r.cfg.runtime == "process" {
 		return shard, shardRow{}, fmt.Errorf("%s: pid in /v1/shards is not an engine of this run", shard)
 	}
 	return shard, found, nil

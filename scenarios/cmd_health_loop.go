@@ -173,7 +173,7 @@ func (r *runner) anyEngineHealthy(ctx context.Context, client *http.Client, depl
 		wg sync.WaitGroup
 		mu sync.Mutex
 	)
-	for _, argv := range engineProcs(r.opts.Binary) {
+	for _, argv := range engineProcs(r.binaryPaths()...) {
 		i := slices.Index(argv, "--model")
 		if k := slices.Index(argv, "--served-model-name"); k >= 0 {
 			i = k

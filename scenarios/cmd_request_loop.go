@@ -3,11 +3,13 @@ package scenarios
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -36,6 +38,11 @@ type requestLoop struct {
 	// default).
 	client *http.Client
 	tokens int
+	// nextGateway (retry=next-gateway) retries a request on the next
+	// gateway, as OpenAI's SDKs retry, when the connection was refused
+	// or closed before any answer, or the answer was a 503 with
+	// Retry-After; each gateway at most once.
+	nextGateway bool
 	// stopping is closed to ask the loop to stop, done once every worker
 	// has.
 	stopping, done chan struct{}
@@ -64,6 +71,11 @@ type loopRequest struct {
 	// or the row's replica.
 	node, replica string
 	err           string
+	// gateway is the node whose gateway gave the final answer (via=gateway),
+	// and binary the llmgw binary it ran then; attempts is how many
+	// gateways were asked.
+	gateway, binary string
+	attempts        int
 }
 
 // workerStagger spaces the workers' first requests, so that long streams
@@ -143,6 +155,16 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 	if d.has("tokens") && tokens < 1 {
 		return "", time.Time{}, usagef("request-loop: tokens=%d: want at least 1", tokens)
 	}
+	retry, err := d.str("retry", "none")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if retry != "none" && retry != "next-gateway" {
+		return "", time.Time{}, usagef("request-loop: retry=%s: want none or next-gateway", retry)
+	}
+	if retry == "next-gateway" && via != "gateway" {
+		return "", time.Time{}, usagef("request-loop: retry=next-gateway needs via=gateway")
+	}
 	client := r.http
 	if d.has("timeout") {
 		timeout, err := d.duration("timeout", 0)
@@ -164,7 +186,7 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 		}
 	}
 	l := &requestLoop{name: name, deployment: dep, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
-		client: client, tokens: tokens, stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
+		client: client, tokens: tokens, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
 		inFlight: map[int]time.Time{}}
 	r.loops[name] = l
 	var wg sync.WaitGroup
@@ -189,6 +211,9 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 		out += ", routed by what " + strings.Join(onLabels, ", ") + " report,"
 	}
 	out += " in a loop"
+	if l.nextGateway {
+		out += ", retried on the next gateway as an SDK would"
+	}
 	if workers > 1 {
 		out += fmt.Sprintf(", %d at once", workers)
 	}
@@ -198,6 +223,23 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 func (l *requestLoop) stop() {
 	l.once.Do(func() { close(l.stopping) })
 	<-l.done
+}
+
+// sdkRetries says whether OpenAI's SDKs would send a failed request again:
+// the connection was refused, or closed before any answer, or the answer
+// was a 503 that says when to come back (Retry-After). A timeout or any
+// other answer is the caller's to see.
+func sdkRetries(ans gatewayAnswer, err error) bool {
+	if ans.status != 0 {
+		return ans.status == http.StatusServiceUnavailable && ans.retryAfter
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	// net/http's own words for a keep-alive connection the server closed
+	// as the request went out (errServerClosedIdle is not exported).
+	return strings.Contains(err.Error(), "server closed idle connection")
 }
 
 // tally counts answered and failed requests, with the first errors.
@@ -234,6 +276,15 @@ func (r *runner) addLoopNote(l *requestLoop) {
 	}
 	if !l.viaGateway {
 		note += fmt.Sprintf(", %d retried, min %d routable", l.retries, l.minRoutable)
+	}
+	if l.nextGateway {
+		retried := 0
+		for _, q := range l.reqs {
+			if q.attempts > 1 {
+				retried++
+			}
+		}
+		note += fmt.Sprintf(", %d sent again to the next gateway", retried)
 	}
 	served := map[string]int{}
 	for _, q := range l.reqs {
@@ -325,6 +376,22 @@ func (r *runner) loopVerdict(d *directive, name string) (string, error) {
 			}
 		}
 	}
+	// except-binary=NAME: failures whose last answer came from a gateway
+	// running that binary are reported apart (the summary), not judged:
+	// an old release's stopping gateway refuses what the new one serves.
+	exceptBin, hasExcept := d.kvRaw("except-binary")
+	if hasExcept {
+		kept, apart := reqs[:0:0], 0
+		for _, q := range reqs {
+			if q.err != "" && q.binary == exceptBin {
+				apart++
+				continue
+			}
+			kept = append(kept, q)
+		}
+		reqs = kept
+		r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s: %d failed at gateways running binary %s (not judged)", name, apart, exceptBin))
+	}
 	answered, errs, first := tally(reqs)
 	total := answered + errs
 	if hasBefore {
@@ -344,6 +411,9 @@ func (r *runner) loopVerdict(d *directive, name string) (string, error) {
 		return fmt.Sprintf("%d of %d requests failed; first: %v", errs, total, first), nil
 	default:
 		verdict = "no errors"
+	}
+	if hasExcept {
+		verdict += " at gateways not running binary " + exceptBin
 	}
 	if hasBefore {
 		verdict += " among those begun before " + beforeRef
@@ -442,16 +512,25 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 		l.mu.Unlock()
 		n := obs[next%len(obs)]
 		if l.viaGateway {
-			// The gateway routes and retries; the loop is only a client.
+			// The gateway routes and retries; the loop is only a client
+			// (with retry=next-gateway, one that moves on as an SDK does).
 			id, q := l.begin()
-			ans, err := r.chatThroughGateway(r.ctx, l.client, n.gateway(), l.deployment, l.stream, next, l.tokens)
-			q.end = time.Now()
-			q.node, q.replica, q.first = ans.node, ans.replica, ans.head
-			if q.first.IsZero() {
-				q.first = q.end
-			}
-			if err != nil {
-				q.err = n.name + "'s gateway: " + err.Error()
+			for try := 0; ; try++ {
+				gw := obs[(next+try)%len(obs)]
+				ans, err := r.chatThroughGateway(r.ctx, l.client, gw.gateway(), l.deployment, l.stream, next, l.tokens)
+				q.end = time.Now()
+				q.node, q.replica, q.first = ans.node, ans.replica, ans.head
+				q.gateway, q.binary, q.attempts = gw.name, gw.binaryName(), try+1
+				if q.first.IsZero() {
+					q.first = q.end
+				}
+				q.err = ""
+				if err != nil {
+					q.err = gw.name + "'s gateway: " + err.Error()
+				}
+				if err == nil || !l.nextGateway || try+1 >= len(obs) || !sdkRetries(ans, err) {
+					break
+				}
 			}
 			l.record(id, q)
 			continue

@@ -192,7 +192,7 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return nil, err
 		}
 		return func([]*node) (bool, string) {
-			if got := len(engineProcs(r.opts.Binary)); got != n {
+			if got := len(engineProcs(r.binaryPaths()...)); got != n {
 				return false, fmt.Sprintf("%d engine processes run, want %d", got, n)
 			}
 			return true, ""
@@ -258,13 +258,15 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 		return r.condShardsAgree, wantArgs(0, "no positional arguments")
 	case "isolated":
 		return r.isolatedCondition(args)
+	case "cluster-version":
+		return r.clusterVersionCondition(args)
 	case "no-orphans":
 		return func([]*node) (bool, string) {
 			ok, detail, _ := r.noOrphans()
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, settled, shards-agree, engines, no-orphans, isolated)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, settled, shards-agree, engines, no-orphans, isolated, cluster-version)", name)
 }
 
 // poll evaluates cond until it holds or within passes. The time returned is

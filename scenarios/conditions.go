@@ -273,7 +273,7 @@ func (r *runner) wrongListener(row shardRow) string {
 	if err != nil {
 		return ""
 	}
-	procs := engineProcs(r.opts.Binary)
+	procs := engineProcs(r.binaryPaths()...)
 	pids := make([]int, 0, len(procs))
 	for pid := range procs {
 		pids = append(pids, pid)
@@ -326,7 +326,7 @@ func (r *runner) engineState(row shardRow) string {
 	if row.PID == 0 {
 		return "gone"
 	}
-	if _, ok := engineProcs(r.opts.Binary)[row.PID]; ok {
+	if _, ok := engineProcs(r.binaryPaths()...)[row.PID]; ok {
 		return "running"
 	}
 	return "gone"
@@ -372,7 +372,7 @@ func (r *runner) noOrphans() (bool, string, int) {
 			}
 		}
 	}
-	procs := engineProcs(r.opts.Binary)
+	procs := engineProcs(r.binaryPaths()...)
 	orphans := 0
 	for pid := range procs {
 		if !held[pid] {

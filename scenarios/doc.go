@@ -59,7 +59,7 @@
 // The cluster and its nodes (cmd_cluster.go):
 //
 //	cluster nodes=N [gpus=4xH100-80GB] [profile=local] [lease-ttl=3s] [runtime=none] [labels=(k=v,...)]
-//	        [net=loopback|netns] [log-level=info] [within=DURATION]
+//	        [net=loopback|netns] [log-level=info] [within=DURATION] [binary=current]
 //	        [engine-probe-timeout=D] [engine-probe-failures=N] [engine-progress-window=D]
 //	        [engine-hung-restart=D] [engine-start-timeout=D]
 //	        [gateway-first-byte-timeout=D] [gateway-stream-idle-timeout=D]
@@ -77,8 +77,16 @@
 //	    move for engine-progress-window; it is restarted after
 //	    engine-hung-restart so) and the gateway's bounds on an engine's
 //	    answer. Left out, the engine profile's own apply. The output lists
-//	    the ones given.
-//	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s]
+//	    the ones given. binary=NAME runs every node on a binary that
+//	    build-binary built (default: current, the runner's own).
+//	build-binary NAME commit=REV
+//	    Build the llmgw binary of commit REV of the repository the runner
+//	    runs in (git archive, then go build with the go command on PATH)
+//	    into the work dir, under NAME, for binary= keys: a cluster of the
+//	    previous release, upgraded node by node with restart ...
+//	    binary=current. A commit missing from the clone is an error (the
+//	    scenario fails): fetch the history (.ci/run does).
+//	add-node NAME [gpus=...] [labels=(k=v,...)] [within=30s] [binary=current]
 //	    Start one more node joining the others (gpus: the cluster's unless
 //	    given; NAME: lower-case letters, digits and '-'); wait until every
 //	    observer sees it alive.
@@ -87,10 +95,12 @@
 //	                           keep running (keep, the default), or the whole
 //	                           node dying, its engines too (kill).
 //	stop NODE [as=ALIAS]       SIGTERM: graceful leave; prints the exit status.
-//	restart NODE [within=15s]  Start a stopped or killed node again with the
+//	restart NODE [within=15s] [binary=NAME]
+//	                           Start a stopped or killed node again with the
 //	                           same name, data dir and ports (SIGTERM first if
 //	                           it runs); waits for its API. A partition rule it
-//	                           had is installed again.
+//	                           had is installed again. binary= starts it on
+//	                           another binary from then on (an upgrade).
 //	freeze NODE [as=ALIAS]     SIGSTOP the agent.
 //	thaw NODE                  SIGCONT the agent.
 //
@@ -151,7 +161,7 @@
 // A background client (cmd_request_loop.go):
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
-//	        [tokens=N] [timeout=DURATION]
+//	        [tokens=N] [timeout=DURATION] [retry=none|next-gateway]
 //	    Chat completions in a loop. via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
 //	    engine's API key (derived from the run's token and the row's engine
@@ -168,13 +178,17 @@
 //	    and min_tokens N: with the engine's token delay, a request that
 //	    keeps it busy). timeout=D bounds each request, its answer read whole
 //	    (default 3s, the runner's client; with timeout= the loop has a
-//	    client of its own). Every request is recorded: when it was
+//	    client of its own). retry=next-gateway (via=gateway) is a client
+//	    that retries as OpenAI's SDKs do, on the next gateway: after a
+//	    refused connection, one closed before any answer, or a 503 with
+//	    Retry-After; each gateway at most once a request. Every request is
+//	    recorded: when it was
 //	    sent, when its answer began (the response head, or the failure)
 //	    and ended, and the node and replica that served it (the gateway's
 //	    Llmgw-Node and Llmgw-Replica headers; via=engines, the row's).
 //	    The requests still in flight are known too (wait-until settled).
 //	request-loop NAME stop
-//	request-loop NAME expect-no-errors [min-routable=N] [min-success=P%] [before=EVENT]
+//	request-loop NAME expect-no-errors [min-routable=N] [min-success=P%] [before=EVENT] [except-binary=NAME]
 //	    "no errors" when every request was answered. min-success=99.9%
 //	    allows failures up to 100-P percent of the requests ("at least
 //	    99.9% of requests answered"; the counts go to the summary only).
@@ -185,6 +199,9 @@
 //	    was still in flight at the event. min-routable=N (via=engines)
 //	    also checks that no /v1/shards the loop read offered fewer than N
 //	    routable replicas (surge before drain in a rolling update).
+//	    except-binary=NAME leaves out the failures whose last answer came
+//	    from a gateway running that binary (an old release's stopping
+//	    gateway); the summary counts them.
 //	request-loop NAME expect-none-from NODE after=EVENT[+DURATION] [before=EVENT]
 //	    No request sent after that moment was served by NODE (name it by
 //	    name or alias: "@SHARD" would be resolved now), and at least one
@@ -306,6 +323,9 @@
 //	isolated yes|no             /status.json says the node is (or is not) isolated:
 //	                            it has heard no peer for several probe intervals
 //	                            although it expects some
+//	cluster-version N           /v1/cluster says the node runs at cluster
+//	                            protocol version N (an agent from before
+//	                            cluster versions says none)
 //
 // serving, restarts and shard read the first observer's /v1/shards;
 // single-holder, engines and no-orphans look at every running node and at

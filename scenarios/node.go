@@ -32,7 +32,10 @@ type node struct {
 	// or the node's addresses in its namespace (net=netns).
 	host, apiHost, netns string
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// binary names the llmgw binary the agent runs (build-binary's NAME,
+	// or "current", the runner's own); set at each start.
+	binary string
 	cmd    *exec.Cmd
 	exited chan struct{}
 	state  *os.ProcessState
@@ -80,6 +83,20 @@ func (n *node) isFrozen() bool {
 	return n.frozen && n.cmd != nil
 }
 
+// binaryName is the name of the binary the agent runs (or last ran).
+func (n *node) binaryName() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.binary
+}
+
+// setBinary makes the node's next start run the named binary.
+func (n *node) setBinary(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.binary = name
+}
+
 func (n *node) pid() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -111,7 +128,7 @@ func (r *runner) newNode(name, gpus string, labels []string) (*node, error) {
 	n := &node{
 		name: name, gossipPort: gp, apiPort: ap, gatewayPort: gwp, gpus: gpus, labels: labels, index: len(r.nodes) + 1,
 		dataDir: filepath.Join(r.work, name), logPath: filepath.Join(r.work, name+".log"),
-		host: "127.0.0.1", apiHost: "127.0.0.1",
+		host: "127.0.0.1", apiHost: "127.0.0.1", binary: currentBinary,
 	}
 	if r.namespaces != nil {
 		if err := r.namespaces.addNode(n); err != nil {
@@ -179,10 +196,17 @@ func (r *runner) start(n *node) error {
 		return err
 	}
 	fmt.Fprintf(logf, "%s%s at %s\n", startMarker, n.name, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(r.opts.Binary, args...)
+	n.mu.Lock()
+	bin := r.binaries[n.binary]
+	n.mu.Unlock()
+	if bin == "" {
+		logf.Close()
+		return fmt.Errorf("start %s: no binary %q (build-binary names one)", n.name, n.binaryName())
+	}
+	cmd := exec.Command(bin, args...)
 	if n.netns != "" {
 		// ip netns exec execs the binary: the pid is the agent's.
-		cmd = exec.Command("ip", append([]string{"netns", "exec", n.netns, r.opts.Binary}, args...)...)
+		cmd = exec.Command("ip", append([]string{"netns", "exec", n.netns, bin}, args...)...)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The run's engines first on PATH (engines.go).

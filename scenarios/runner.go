@@ -99,6 +99,9 @@ type runner struct {
 	// fake engine's personalities (see engines.go).
 	binDir    string
 	pollEvery time.Duration
+	// binaries are the llmgw binaries nodes may run, by name: "current"
+	// (Options.Binary) and those build-binary built.
+	binaries map[string]string
 }
 
 // cmdSpec is one command: the keys it accepts, space-separated (every
@@ -112,11 +115,12 @@ type cmdSpec struct {
 // it once and keeps it on the runner, so no table is package state.
 func commandTable() map[string]cmdSpec {
 	return map[string]cmdSpec{
-		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net " + nodeFlagKeys(), (*runner).cmdCluster},
-		"add-node":     {"gpus labels within", (*runner).cmdAddNode},
+		"cluster":      {"nodes gpus profile lease-ttl runtime labels log-level within net binary " + nodeFlagKeys(), (*runner).cmdCluster},
+		"add-node":     {"gpus labels within binary", (*runner).cmdAddNode},
+		"build-binary": {"commit", (*runner).cmdBuildBinary},
 		"kill":         {"as engines", (*runner).cmdKill},
 		"stop":         {"as", (*runner).cmdStop},
-		"restart":      {"within", (*runner).cmdRestart},
+		"restart":      {"within binary", (*runner).cmdRestart},
 		"freeze":       {"as", (*runner).cmdFreeze},
 		"thaw":         {"", (*runner).cmdThaw},
 		"partition":    {"", (*runner).cmdPartition},
@@ -131,7 +135,7 @@ func commandTable() map[string]cmdSpec {
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment via stream on workers tokens timeout min-routable min-success min-share before after at", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment via stream on workers tokens timeout retry min-routable min-success min-share before after at except-binary", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment timeout", (*runner).cmdHealthLoop},
 		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}
@@ -274,6 +278,7 @@ func newRunner(ctx context.Context, opts Options, commands map[string]cmdSpec, r
 		http:   &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}},
 		byName: map[string]*node{}, aliases: map[string]string{}, events: map[string]time.Time{},
 		snapshots: map[string]*snapshot{}, loops: map[string]*requestLoop{}, healthLoops: map[string]*healthLoop{}, pollEvery: 50 * time.Millisecond,
+		binaries: map[string]string{currentBinary: opts.Binary},
 	}
 	undo = append(undo, r.teardownNet, r.teardown)
 	r.tokenFile = filepath.Join(work, "token")

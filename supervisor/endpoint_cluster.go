@@ -7,7 +7,9 @@ import (
 )
 
 // handleCluster is /v1/cluster: every member as this node's last pass saw
-// it.
+// it, with the cluster version it ran at.
 func (s *apiServer) handleCluster(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, status.ClusterInfo{Self: s.conf.name, Members: s.node.Status().Members()})
+	snap := s.node.Status()
+	writeJSON(w, http.StatusOK, status.ClusterInfo{Self: s.conf.name, Members: snap.Members(),
+		ActiveVersion: snap.ActiveVersion(), VersionsMixedSince: snap.VersionsMixedSince()})
 }

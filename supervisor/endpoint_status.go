@@ -6,11 +6,15 @@ import (
 )
 
 // handleStatus is /status.json: this node as it sees itself (its record,
-// gossip counters, what is assigned here, whether it is isolated).
+// gossip counters, what is assigned here, whether it is isolated, whether
+// it had settled when its last pass began: `llmgw node upgrade` waits for
+// that before it trusts what is assigned here).
 func (s *apiServer) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec := s.gossip.Local()
-	plan := s.node.Status().Plan()
+	snap := s.node.Status()
+	plan := snap.Plan()
 	body := map[string]any{
+		"settled":       snap.Settled(),
 		"name":          s.conf.name,
 		"api":           s.addr(),
 		"gossip":        s.gossip.Address(),

@@ -5,18 +5,25 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 )
 
-// identity is this node's node.json: its name, its boot epoch and the
-// peers it remembers. Start loads it; after that the join loop owns it.
+// identity is this node's node.json: its name, its boot epoch, the peers
+// it remembers and the cluster version it last saw active. Start loads
+// it; after that two loops write it, each its own field: the join loop
+// the peers, gossip the active version (when it rises).
 type identity struct {
 	dir datadir.Dir
-	id  datadir.Identity
 	log *slog.Logger
+	// mu guards id and orders the writes of node.json: each writes the
+	// whole file, so one writer's older copy must not land after
+	// another's newer one.
+	mu sync.Mutex
+	id datadir.Identity
 }
 
 // loadIdentity reads node.json, checks the name, and bumps the boot epoch
@@ -28,7 +35,14 @@ type identity struct {
 // with its clock far ahead) starts over at now, with a log line: peers
 // refuse epochs that far ahead, so they never took a record of it, and
 // bumping it would keep the node out until the clocks caught up.
+//
+// Before anything is written it checks that no file in the data dir comes
+// from an llmgw of a newer protocol (datadir.CheckProtocol): going back to
+// an older binary must not overwrite what the newer one left.
 func loadIdentity(dir datadir.Dir, name string, now time.Time, log *slog.Logger) (datadir.Identity, error) {
+	if err := dir.CheckProtocol(); err != nil {
+		return datadir.Identity{}, err
+	}
 	id, found, err := dir.ReadIdentity()
 	switch {
 	case errors.Is(err, datadir.ErrCorrupt):
@@ -60,6 +74,8 @@ func (i *identity) rememberPeers(self string, members []gossip.Member) {
 			peers = append(peers, m.Address)
 		}
 	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
 	if len(peers) == 0 || slices.Equal(i.id.Peers, peers) {
 		return
 	}
@@ -67,4 +83,24 @@ func (i *identity) rememberPeers(self string, members []gossip.Member) {
 	if err := i.dir.WriteIdentity(i.id); err != nil {
 		i.log.Warn("remember peers", "err", err)
 	}
+}
+
+// saveActiveVersion keeps v, the cluster version that just became active,
+// in node.json (atomically, with the rest of the file as it is), so the
+// next start begins at it (datadir.Identity.ActiveVersion) instead of at
+// the lowest version. The active version never goes down: a v at or below
+// the one kept changes nothing.
+func (i *identity) saveActiveVersion(v int) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if v <= i.id.ActiveVersion {
+		return nil
+	}
+	next := i.id
+	next.ActiveVersion = v
+	if err := i.dir.WriteIdentity(next); err != nil {
+		return fmt.Errorf("keep active cluster version %d: %w", v, err)
+	}
+	i.id = next
+	return nil
 }

@@ -32,7 +32,10 @@ type joiner struct {
 	clock     clock.Clock
 	log       *slog.Logger
 	// wake makes the control loop pass now (the node settled).
-	wake    wakeup
+	wake wakeup
+	// settled: the node has heard the cluster (or stopped waiting to).
+	// The control loop reads it at every pass, for the snapshot's
+	// Settled, which the gateway waits for.
 	settled atomic.Bool
 }
 
@@ -117,14 +120,18 @@ const settleTimeout = 10 * time.Second
 // state with a peer its view is partial (after a restart it may not even
 // know the other nodes), and a plan from a partial view would start
 // duplicates of shards that run elsewhere.
+//
+// The node settles whatever its runner: the gateway waits for it too, and
+// a runner that claims without running (--runtime none) has no Settle.
 func (j *joiner) settle(why string) {
-	if s, ok := j.runner.(settler); ok {
-		if j.settled.CompareAndSwap(false, true) {
-			j.log.Info("engines may now follow the plan", "why", why)
-			s.Settle()
-			j.wake.poke()
-		}
+	if !j.settled.CompareAndSwap(false, true) {
+		return
 	}
+	j.log.Info("engines may now follow the plan", "why", why)
+	if s, ok := j.runner.(settler); ok {
+		s.Settle()
+	}
+	j.wake.poke()
 }
 
 // keyMismatch says, once per join loop, that a peer answered but refused

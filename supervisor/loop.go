@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -39,6 +40,8 @@ type controlLoop struct {
 	// has just seen ready.
 	handover handover
 	wake     wakeup
+	// settled is the joiner's word that the node has heard the cluster.
+	settled *atomic.Bool
 }
 
 // wakeup makes the control loop reconcile now rather than at its next
@@ -99,6 +102,9 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 	start := time.Now() // real time: how long the pass took on this machine, for /metrics
 	now := c.clock.Now()
 	writes := c.reads.written() // before the read: what it is sure to see
+	// Before the read too: a snapshot that says settled saw what the join
+	// brought in.
+	settled := c.settled.Load()
 	members := c.cluster.Members()
 	isolated := c.isolation.check(now, c.cluster.LastHeard(), members)
 	deps := c.cluster.Deployments()
@@ -123,7 +129,8 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 		members = c.cluster.Members()
 	}
 	c.reads.store(status.Build(status.Input{Self: c.name, Now: now, TTL: c.ttl, Plan: plan, View: view,
-		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated}), writes)
+		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,
+		ActiveVersion: c.cluster.ActiveVersion(), VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
 }
 
 // handoverPeriod is how long a replacement settles in a cluster of n

@@ -38,6 +38,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -53,6 +54,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
@@ -124,6 +126,13 @@ type Config struct {
 	Clock clock.Clock
 	// TestHooks enables /v1/test/partition. TEST ONLY.
 	TestHooks bool
+	// NewClusterVersion is the cluster protocol version a node runs at
+	// when it starts a new cluster: no peer to join, none remembered and
+	// no version kept in node.json. 0: this build's newest (protocol.Max),
+	// as a new CockroachDB cluster starts at its binary's version: no
+	// member of an older release exists to agree with. Tests set 1 to
+	// stand for a cluster that began on the previous release.
+	NewClusterVersion int
 	// Extra registers additional HTTP handlers (MCP, metrics) on the mux.
 	Extra func(n *Node, mux *http.ServeMux)
 	// WeightsDir is the weights cache the weights probe scans (see
@@ -241,6 +250,20 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		Key: cfg.GossipKey, Label: cfg.ClusterLabel, Profile: cfg.Profile, Logger: log,
 		Clock: cfg.Clock, DeploymentsFile: dir.DeploymentsFile(), APIAddr: advertised(apiLn.Addr().String(), cfg, ""),
 		TokenFingerprint: secret.Fingerprint(cfg.Token),
+		// The cluster version starts where the last run left it: it never
+		// goes down, and a restarted node must not run an older rule than
+		// its peers for the T it would take to rise again.
+		ActiveVersion: id.ActiveVersion,
+	}
+	if id.ActiveVersion == 0 && len(cfg.Join)+len(id.Peers) == 0 {
+		gcfg.ActiveVersion = cmp.Or(cfg.NewClusterVersion, protocol.Max)
+		log.Info("starting a new cluster: no peer to join, none remembered", "active_version", gcfg.ActiveVersion)
+	}
+	ident := &identity{dir: dir, id: id, log: log}
+	gcfg.OnActiveVersion = func(v int) {
+		if err := ident.saveActiveVersion(v); err != nil {
+			log.Error("the active cluster version is not kept in node.json: after a restart this node starts at the one before and runs its rules until it rises again", "err", err)
+		}
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.drops.dropped
@@ -287,11 +310,14 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	peers := append(slices.Clone(cfg.Join), id.Peers...)
 	n.isolation = &isolation{self: cfg.Name, ttl: cfg.LeaseTTL, after: isolatedAfter(cfg.Profile), started: started, shards: n.runner, log: log,
 		toldPeers: len(dedupe(peers, cluster.Address())) > 0}
+	if n.isolation.toldPeers {
+		cluster.ExpectPeers()
+	}
+	n.join = &joiner{cluster: cluster, runner: n.runner, id: ident, keyFile: dir.GossipKeyFile(),
+		self: cfg.Name, reconnect: reconnectInterval(cfg.Profile), clock: cfg.Clock, log: log, wake: wake}
 	n.control = &controlLoop{name: cfg.Name, ttl: cfg.LeaseTTL, profile: cfg.Profile, clock: cfg.Clock, log: log,
 		cluster: cluster, runner: n.runner, leases: leases, isolation: n.isolation, reads: n.reads,
-		load: publish.NewLoad(cluster, rates), wake: wake}
-	n.join = &joiner{cluster: cluster, runner: n.runner, id: &identity{dir: dir, id: id, log: log}, keyFile: dir.GossipKeyFile(),
-		self: cfg.Name, reconnect: reconnectInterval(cfg.Profile), clock: cfg.Clock, log: log, wake: wake}
+		load: publish.NewLoad(cluster, rates), wake: wake, settled: &n.join.settled}
 	n.api = &apiServer{node: n, gossip: cluster, shards: n.runner, isolation: n.isolation, hops: &n.hops, drops: &n.drops,
 		conf: apiConfig{name: cfg.Name, token: cfg.Token, allowFrom: cfg.AllowFrom, testHooks: cfg.TestHooks, weightsDir: cfg.WeightsDir,
 			runtime: cfg.RuntimeName, profile: cfg.Profile.Name, version: cfg.Version, leaseTTL: cfg.LeaseTTL, started: started},

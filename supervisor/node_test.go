@@ -174,13 +174,14 @@ func TestPlaceReachesEveryNodeAndPlansAgree(t *testing.T) {
 	if code := call(t, "POST", api(nodes[2], "/v1/deployments"), testToken, spec, &again); code != 200 || again.Placed != 2 || again.Ready != 2 || again.Change != status.ChangeUnchanged {
 		t.Fatalf("placing chat again: HTTP %d, placed %d ready %d, change %q; want 2, 2 and %q", code, again.Placed, again.Ready, again.Change, status.ChangeUnchanged)
 	}
-	// A setting that restarts nothing (start_timeout) is a change of its
-	// own, not "unchanged": the new setting is stored, the spec version
-	// and every engine stay.
-	settings := []byte(`{"name":"chat","model":"m/tiny","engine":"fake","replicas":2,"start_timeout":"3h"}`)
+	// A setting that restarts nothing (update; start_timeout too, once
+	// the cluster runs protocol 2: TestPlaceRefusesAFieldTheActiveVersionDoesNotKnow)
+	// is a change of its own, not "unchanged": the new setting is stored,
+	// the spec version and every engine stay.
+	settings := []byte(`{"name":"chat","model":"m/tiny","engine":"fake","replicas":2,"update":"recreate"}`)
 	var tuned status.DeploymentInfo
 	if code := call(t, "POST", api(nodes[2], "/v1/deployments"), testToken, settings, &tuned); code != 200 || tuned.Change != status.ChangeSettings || tuned.SpecVersion != again.SpecVersion {
-		t.Fatalf("placing chat with start_timeout: HTTP %d, change %q, spec %s; want %q and spec %s", code, tuned.Change, tuned.SpecVersion, status.ChangeSettings, again.SpecVersion)
+		t.Fatalf("placing chat with update recreate: HTTP %d, change %q, spec %s; want %q and spec %s", code, tuned.Change, tuned.SpecVersion, status.ChangeSettings, again.SpecVersion)
 	}
 	// Each plan names the specs it was computed from, and says it is current.
 	var deps []status.DeploymentInfo

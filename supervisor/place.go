@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
@@ -26,6 +27,9 @@ var ErrNoDeployment = errors.New("no such deployment")
 // The answer says what runs already when the spec's version is running
 // (only replicas, or nothing, changed), and zeros for a new version.
 func (n *Node) Place(ctx context.Context, spec placement.Deployment) (status.DeploymentInfo, error) {
+	if err := knownToCluster(spec, n.cluster.ActiveVersion()); err != nil {
+		return status.DeploymentInfo{}, err
+	}
 	spec, err := n.resolveAuto(ctx, spec)
 	if err != nil {
 		return status.DeploymentInfo{}, err
@@ -51,6 +55,29 @@ func (n *Node) Place(ctx context.Context, spec placement.Deployment) (status.Dep
 		}
 	}
 	return info, nil
+}
+
+// knownToCluster refuses a spec that sets a field the cluster's active
+// protocol version does not know: a node of an older release in the
+// cluster would decode the spec without it, run the deployment without it
+// and relay its stripped copy. Such a field is accepted once the version
+// that knows it is active, which is once every node runs a release that
+// speaks it. The error wraps placement.ErrInvalidDeployment (the request
+// is refused with 400, as other bad specs).
+func knownToCluster(spec placement.Deployment, active int) error {
+	newer := spec.FieldsAbove(active)
+	if len(newer) == 0 {
+		return nil
+	}
+	var what, fields []string
+	need := 0
+	for _, f := range newer {
+		what = append(what, fmt.Sprintf("%s needs cluster protocol %d", f.Field, f.Protocol))
+		fields = append(fields, f.Field)
+		need = max(need, f.Protocol)
+	}
+	return fmt.Errorf("%w: %s (the cluster runs protocol %d until every node runs an llmgw that speaks protocol %d, as this one does); leave %s out until then",
+		placement.ErrInvalidDeployment, strings.Join(what, ", "), active, need, strings.Join(fields, " and "))
 }
 
 // sameSpec reports whether a and b are the same spec after defaults,

@@ -42,9 +42,13 @@ func nodesCommand() *cli.Command {
 					fmt.Fprintf(c.Root().Writer, "%s is ISOLATED: it has heard no peer for %s, so this list is its last view; its shards' leases lapse elsewhere within the lease TTL\n",
 						m.Name, shortDuration(time.Since(m.IsolatedSince)))
 				}
+				if m.State == gossip.StateRefused {
+					fmt.Fprintf(c.Root().Writer, "%s is REFUSED: its build speaks protocol versions %d-%d and the cluster runs at version %d, which never goes down; upgrade it\n",
+						m.Name, m.Protocol.Min, m.Protocol.Max, info.ActiveVersion)
+				}
 			}
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tGPUS\tGPU MEMORY\tCLOCK\tAGE\tWEIGHTS")
+			fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tVERSION\tGPUS\tGPU MEMORY\tCLOCK\tAGE\tWEIGHTS")
 			for _, m := range info.Members {
 				age := "-"
 				if !m.StartedAt.IsZero() {
@@ -57,11 +61,24 @@ func nodesCommand() *cli.Command {
 				if m.Isolated {
 					state += ", isolated"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age, cachedSummary(m.CachedModels))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Name, state, m.API, versionCell(m), gpuSummary(m.GPUs), gpuMemory(m.GPUs), clockOffset(m.ClockOffset), age, cachedSummary(m.CachedModels))
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// versionCell writes a node's build and the protocol versions it speaks,
+// "v0.3.0 p1-2": "-" for what its record or meta did not say.
+func versionCell(m status.MemberInfo) string {
+	v := m.AgentVersion
+	if v == "" {
+		v = "-"
+	}
+	if m.Protocol.Max > 0 {
+		v += fmt.Sprintf(" p%d-%d", m.Protocol.Min, m.Protocol.Max)
+	}
+	return v
 }
 
 // clockOffset writes a node's clock minus the cluster's as "+0.1s", with

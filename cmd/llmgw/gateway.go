@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -38,6 +37,7 @@ func gatewayFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "gateway-first-byte-timeout", Usage: "how long the gateway waits for the first byte of an engine's answer before it answers 504 and counts a failure against the replica; 0: the engine profile's (10m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")},
 		&cli.DurationFlag{Name: "gateway-stream-idle-timeout", Usage: "the longest the gateway waits between two reads of an engine's answer before it cuts it (a stream ends with an error event); 0: the engine profile's (2m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_STREAM_IDLE_TIMEOUT")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
+		&cli.DurationFlag{Name: "gateway-drain-timeout", Value: gateway.DefaultDrainTimeout, Usage: "how long a stopping node's gateway keeps serving: it answers what it admitted and what arrives on open connections (with Connection: close), and cuts what is left at this bound", Sources: cli.EnvVars("LLMGW_GATEWAY_DRAIN_TIMEOUT")},
 	}
 }
 
@@ -56,6 +56,8 @@ type gatewaySetup struct {
 	// engine kind's profile.
 	firstByte  time.Duration
 	streamIdle time.Duration
+	// drain bounds the gateway's stop (Server.Shutdown).
+	drain time.Duration
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -94,6 +96,9 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 	if s.streamIdle < 0 {
 		return s, fmt.Errorf("--gateway-stream-idle-timeout %v: want 0 (the engine profile's) or more", s.streamIdle)
 	}
+	if s.drain = c.Duration("gateway-drain-timeout"); s.drain < time.Second || s.drain > time.Hour {
+		return s, fmt.Errorf("--gateway-drain-timeout %v: want 1s to 1h (default %v)", s.drain, gateway.DefaultDrainTimeout)
+	}
 	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
 	switch {
 	case (cert == "") != (key == ""):
@@ -118,12 +123,13 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 // nodeGateway is a running gateway: its listener, its server, and the
 // goroutines that feed it snapshots and reload its keys.
 type nodeGateway struct {
-	gw   *gateway.Gateway
-	ln   net.Listener
-	srv  *http.Server
-	log  *slog.Logger
-	stop chan struct{}
-	wg   sync.WaitGroup
+	gw    *gateway.Gateway
+	ln    net.Listener
+	srv   *gateway.Server
+	drain time.Duration
+	log   *slog.Logger
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
 // listenGateway opens the gateway's listener before the node starts, so
@@ -164,7 +170,7 @@ func isLoopback(host string) bool {
 // serveGateway serves gw on ln and feeds it every snapshot node publishes;
 // SIGHUP reloads the keys file.
 func serveGateway(s gatewaySetup, gw *gateway.Gateway, ln net.Listener, node *supervisor.Node, log *slog.Logger) *nodeGateway {
-	g := &nodeGateway{gw: gw, ln: ln, srv: gateway.NewServer(gw), log: log, stop: make(chan struct{})}
+	g := &nodeGateway{gw: gw, ln: ln, srv: gateway.NewServer(gw, nil), drain: s.drain, log: log, stop: make(chan struct{})}
 	g.wg.Add(2)
 	go func() {
 		defer g.wg.Done()
@@ -211,19 +217,17 @@ func serveGateway(s gatewaySetup, gw *gateway.Gateway, ln net.Listener, node *su
 	return g
 }
 
-// gatewayDrain bounds how long a stopping node lets the gateway's
-// in-flight requests and streams finish.
-const gatewayDrain = 10 * time.Second
-
-// Close stops accepting requests, lets those in flight finish within
-// gatewayDrain, then closes the server.
+// Close stops the gateway within --gateway-drain-timeout (see
+// gateway.Server.Shutdown): /health says 503 at once, what was admitted
+// and what arrives on open connections is served with Connection: close,
+// the listener closes once no client is connected or half the bound has
+// passed, and no connection is closed under a request. The snapshots keep
+// coming meanwhile: the node leaves only after (nodeUp), so the table
+// stays the cluster's while the gateway drains.
 func (g *nodeGateway) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), gatewayDrain)
-	defer cancel()
-	if err := g.gw.Shutdown(ctx); err != nil {
-		g.log.Warn("gateway: requests still in flight at the drain bound", "err", err)
+	if err := g.srv.Shutdown(g.drain); err != nil {
+		g.log.Warn("gateway: drain bound reached", "err", err, "bound", g.drain)
 	}
-	_ = g.srv.Shutdown(ctx)
 	close(g.stop)
 	g.wg.Wait()
 }

@@ -140,14 +140,3 @@ func groupAction(_ context.Context, c *cli.Command) error {
 func noSuchCommand(c *cli.Command) error {
 	return usageError(fmt.Sprintf("no command %q in %s: see %s --help", c.Args().First(), c.FullName(), c.FullName()))
 }
-
-func versionCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "version",
-		Usage: "print llmgw's version",
-		Action: func(ctx context.Context, c *cli.Command) error {
-			fmt.Fprintf(c.Root().Writer, "llmgw %s\n", version)
-			return nil
-		},
-	}
-}

@@ -204,6 +204,12 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
 	}
+	// Before anything is written at all (the key, the token, the runner's
+	// cleanup of the shard state dir): a data dir a newer llmgw wrote is
+	// left as it is.
+	if err := datadir.New(cfg.DataDir).CheckProtocol(); err != nil {
+		return failure(err.Error())
+	}
 	// Before anything is written for the token: a joining node without a
 	// key fails here, having changed nothing.
 	if cfg.GossipKey, err = resolveGossipKey(cfg, c.Bool("insecure-gossip"), log); err != nil {
@@ -290,7 +296,9 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	case <-node.Done():
 	}
 	if served != nil {
-		// Clients first: no new requests, those in flight finish.
+		// Clients first, while the node is still a member and its loops
+		// run: the gateway drains with the cluster's table, not the empty
+		// one of a node that has left (see nodeGateway.Close).
 		served.Close()
 	}
 	if err := node.Leave(5 * time.Second); err != nil {

@@ -21,7 +21,7 @@ import (
 // toneOf is the tone every view must give each state word: the one
 // palette (status.StateTone), pinned.
 var toneOf = map[string]string{
-	"alive": "ok", "suspect": "warn", "unknown": "warn", "dead": "bad", "left": "idle", // members
+	"alive": "ok", "suspect": "warn", "unknown": "warn", "dead": "bad", "left": "idle", "refused": "bad", // members
 	"ready": "ok", "starting": "warn", "pending": "warn", "stopping": "warn", "crashed": "bad", "backoff": "bad", "unplaced": "bad", // shards
 	"valid": "ok", "lapsed": "bad", "none": "idle", // leases ("starting" as above)
 }
@@ -34,7 +34,7 @@ var pageClass = map[string]string{"ok": "ok", "warn": "warn", "bad": "bad", "idl
 // out in the same tone in all three.
 func TestOneStatePalette(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	members := []gossip.MemberState{gossip.StateAlive, gossip.StateSuspect, gossip.StateUnknown, gossip.StateDead, gossip.StateLeft}
+	members := []gossip.MemberState{gossip.StateAlive, gossip.StateSuspect, gossip.StateUnknown, gossip.StateDead, gossip.StateLeft, gossip.StateRefused}
 	// Each shard of "chat" on node n-alive, with its status and lease;
 	// one more planned but not held (pending, lease none) and one that
 	// found no room (unplaced).

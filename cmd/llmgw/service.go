@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v3"
 
@@ -40,6 +41,8 @@ type serviceSetup struct {
 	// binary is the llmgw the unit runs (default: this one).
 	binary string
 	run    host.Runner
+	// poll is how often upgrade looks at the restarted node (default 1 s).
+	poll time.Duration
 }
 
 func defaultServiceSetup() serviceSetup {
@@ -49,7 +52,8 @@ func defaultServiceSetup() serviceSetup {
 func (s serviceSetup) unitFile() string { return filepath.Join(s.unitDir, serviceName+".service") }
 func (s serviceSetup) envFile() string  { return filepath.Join(s.envDir, "node.env") }
 
-// nodeServiceCommands are `node install` and `node uninstall`.
+// nodeServiceCommands are `node install`, `node uninstall` and `node
+// upgrade` (upgrade.go).
 func nodeServiceCommands(s serviceSetup) []*cli.Command {
 	return []*cli.Command{{
 		Name:      "install",
@@ -61,7 +65,7 @@ func nodeServiceCommands(s serviceSetup) []*cli.Command {
 		Name:   "uninstall",
 		Usage:  "stop and disable the service and remove its unit and node.env; engines keep running, the data dir stays",
 		Action: func(ctx context.Context, c *cli.Command) error { return s.uninstall(ctx, c.Root().Writer) },
-	}}
+	}, s.upgradeCommand()}
 }
 
 // pathFlags name files or directories: the service runs from /, so a

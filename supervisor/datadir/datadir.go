@@ -1,7 +1,8 @@
 // Package datadir is the layout of an agent's data directory (--data-dir).
 // Every file and directory the agent keeps there is named here, once:
 //
-//	node.json         the node's identity: name, boot epoch, known peers
+//	node.json         the node's identity: name, boot epoch, known peers,
+//	                  the cluster version it last saw active
 //	deployments.json  the deployments the node has heard of, for a
 //	                  whole-cluster restart (written by gossip)
 //	token             the cluster token, when the agent generated it
@@ -17,6 +18,15 @@
 // down (or running) and nothing there moves. Cleaning up, such as setting
 // a corrupt shard state file aside, is the owning agent's (shardstate.Load).
 //
+// Every JSON file an agent of protocol 2 or later writes here (node.json,
+// renewal.json, deployments.json, shards/) says at its top level which
+// protocol's layout it is in ("protocol"); a file without the field was
+// written by an agent from before protocol versions, and reads as
+// protocol 1. A release that changes a file's layout writes its own
+// version in that file; one that does not keeps writing the old number,
+// so an older agent still reads it. CheckProtocol is the start-up check
+// that keeps an agent off a data dir a newer one wrote.
+//
 // It imports nothing above the supervisor's leaf packages: whoever writes
 // a file (gossip, the node) takes its path from here as a string.
 package datadir
@@ -31,6 +41,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/supervisor/shardstate"
 )
 
@@ -88,22 +99,67 @@ func (d Dir) ReadShardStates() (states []shardstate.State, bad []shardstate.BadF
 
 // Identity is what a node remembers across restarts, in node.json.
 type Identity struct {
-	Name string `json:"name"`
+	// Protocol is the protocol whose layout the file is in: IdentityProtocol
+	// when this build wrote it, 1 for a file from before the field.
+	Protocol int    `json:"protocol"`
+	Name     string `json:"name"`
 	// Epoch is bumped at every boot, so a run's records are newer than
 	// any the cluster still holds from the last one.
 	Epoch int64 `json:"epoch"`
 	// Peers are the gossip addresses of the live members last seen, so a
 	// restart finds the cluster without --join.
 	Peers []string `json:"peers,omitempty"`
+	// ActiveVersion is the cluster version this node last saw active
+	// (gossip's active version), 0 before it saw one. It never goes down,
+	// so a restarted node starts at it rather than at the lowest version
+	// and does not run an older rule than its peers meanwhile.
+	ActiveVersion int `json:"active_version,omitempty"`
 }
+
+// The protocol whose layout each file this package writes is in.
+// Protocol 2 added the "protocol" field itself, and node.json's
+// active_version (which an older agent ignores).
+const (
+	IdentityProtocol = protocol.V2
+	RenewalProtocol  = protocol.V2
+)
 
 // ErrCorrupt is wrapped by the error of a reader whose file exists but
 // does not parse.
 var ErrCorrupt = errors.New("corrupt")
 
+// NewerProtocolError is a file written by an llmgw whose protocol this
+// build does not speak: its layout may differ from what this build knows,
+// so an agent must neither use it nor write beside it.
+type NewerProtocolError struct {
+	Path     string
+	Protocol int
+}
+
+func (e *NewerProtocolError) Error() string {
+	return fmt.Sprintf("%s was written by an llmgw of protocol %d, and this llmgw speaks protocols %d to %d", e.Path, e.Protocol, protocol.Min, protocol.Max)
+}
+
+// fileProtocol checks the protocol a file says it is in: p when this
+// build speaks it, protocol.V1 when the file does not say (the previous
+// release wrote it), a *NewerProtocolError above protocol.Max, and a
+// corrupt error for a value no llmgw writes.
+func fileProtocol(path string, p int) (int, error) {
+	switch {
+	case p == 0:
+		return protocol.V1, nil
+	case p < 0:
+		return 0, fmt.Errorf("%s is %w (protocol %d)", path, ErrCorrupt, p)
+	case p > protocol.Max:
+		return 0, &NewerProtocolError{Path: path, Protocol: p}
+	}
+	return p, nil
+}
+
 // ReadIdentity reads node.json and changes nothing. found is false, with
 // no error, when there is no file (a node that never ran here). A file
-// that does not parse is an error wrapping ErrCorrupt.
+// that does not parse is an error wrapping ErrCorrupt; one a newer llmgw
+// wrote is a *NewerProtocolError.
 func (d Dir) ReadIdentity() (id Identity, found bool, err error) {
 	p := d.NodeFile()
 	b, err := os.ReadFile(p)
@@ -116,12 +172,17 @@ func (d Dir) ReadIdentity() (id Identity, found bool, err error) {
 	if err := json.Unmarshal(b, &id); err != nil {
 		return Identity{}, true, fmt.Errorf("%s is %w (%v)", p, ErrCorrupt, err)
 	}
+	if id.Protocol, err = fileProtocol(p, id.Protocol); err != nil {
+		return Identity{}, true, err
+	}
 	return id, true, nil
 }
 
-// WriteIdentity replaces node.json with id, atomically. It is the agent's:
+// WriteIdentity replaces node.json with id, atomically, in this build's
+// layout (IdentityProtocol, whatever id.Protocol says). It is the agent's:
 // a viewer only reads.
 func (d Dir) WriteIdentity(id Identity) error {
+	id.Protocol = IdentityProtocol
 	out, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return err
@@ -131,12 +192,14 @@ func (d Dir) WriteIdentity(id Identity) error {
 
 // renewal is renewal.json's content.
 type renewal struct {
+	Protocol  int       `json:"protocol"`
 	RenewedAt time.Time `json:"renewed_at"`
 }
 
 // ReadRenewal reads when the node last renewed its leases and changes
 // nothing. found is false, with no error, when there is no file; a file
-// that does not parse is an error wrapping ErrCorrupt.
+// that does not parse is an error wrapping ErrCorrupt, and one a newer
+// llmgw wrote a *NewerProtocolError.
 func (d Dir) ReadRenewal() (at time.Time, found bool, err error) {
 	p := d.RenewalFile()
 	b, err := os.ReadFile(p)
@@ -150,12 +213,15 @@ func (d Dir) ReadRenewal() (at time.Time, found bool, err error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return time.Time{}, true, fmt.Errorf("%s is %w (%v)", p, ErrCorrupt, err)
 	}
+	if _, err := fileProtocol(p, r.Protocol); err != nil {
+		return time.Time{}, true, err
+	}
 	return r.RenewedAt, true, nil
 }
 
 // WriteRenewal records that the node renewed its leases at t, atomically.
 func (d Dir) WriteRenewal(t time.Time) error {
-	b, err := json.Marshal(renewal{RenewedAt: t})
+	b, err := json.Marshal(renewal{Protocol: RenewalProtocol, RenewedAt: t})
 	if err != nil {
 		return err
 	}

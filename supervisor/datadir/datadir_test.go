@@ -92,12 +92,14 @@ func TestIdentity(t *testing.T) {
 	if err := d.WriteIdentity(want); err != nil {
 		t.Fatal(err)
 	}
+	want.Protocol = IdentityProtocol // stamped by the writer
 	got, found, err := d.ReadIdentity()
 	if err != nil || !found || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadIdentity = %+v, %v, %v; want %+v", got, found, err, want)
 	}
-	// The JSON names older and newer agents read.
-	if b, _ := os.ReadFile(d.NodeFile()); string(b) != "{\n  \"name\": \"n1\",\n  \"epoch\": 42,\n  \"peers\": [\n    \"10.0.0.2:7946\"\n  ]\n}" {
+	// The JSON names older and newer agents read, and the protocol whose
+	// layout the file is in.
+	if b, _ := os.ReadFile(d.NodeFile()); string(b) != "{\n  \"protocol\": 2,\n  \"name\": \"n1\",\n  \"epoch\": 42,\n  \"peers\": [\n    \"10.0.0.2:7946\"\n  ]\n}" {
 		t.Errorf("node.json = %s", b)
 	}
 }

@@ -198,6 +198,8 @@ const (
 	reasonFirstByte   = "first_byte_timeout"
 	reasonStreamIdle  = "stream_idle_timeout"
 	reasonLeftRouting = "left_routing"
+	// reasonStopping: the gateway's drain bound passed (cutInFlight).
+	reasonStopping = "stopping"
 )
 
 // statusReason labels an engine's 5xx answer: status_500, status_502...
@@ -215,9 +217,15 @@ func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	}
 	if c := a.cut(); c != nil {
 		out.broke = c.reason
-		if c.reason == reasonLeftRouting {
+		switch c.reason {
+		case reasonLeftRouting:
 			t.lastErr, t.reason, t.final = c, c.reason, errLeftRouting(c.msg)
 			return retry
+		case reasonStopping:
+			// The drain's bound: no other replica is tried, this
+			// door is closing.
+			x.fail(errStoppingCut(c.msg))
+			return answered
 		}
 		// Only the first-byte bound runs before the first byte.
 		x.fail(errFirstByteTimeout(c.msg + "; not retried on another replica, where it would likely take as long"))
@@ -254,8 +262,11 @@ func (e *cutError) Error() string { return e.msg }
 
 // code is the error code the client sees.
 func (e *cutError) code() string {
-	if e.reason == reasonLeftRouting {
+	switch e.reason {
+	case reasonLeftRouting:
 		return codeLeftRouting
+	case reasonStopping:
+		return codeStopping
 	}
 	return e.reason
 }

@@ -192,7 +192,7 @@ func newBenchPair(b *testing.B, h http.HandlerFunc) *benchPair {
 	gw := New(Config{})
 	gw.Update(w.snapshotAt(time.Now()))
 	gs := httptest.NewUnstartedServer(gw)
-	gs.Config = NewServer(gw)
+	gs.Config = newHTTPServer(gw, nil)
 	gs.Start()
 	p := &benchPair{direct: newBenchPath(upURL), gateway: newBenchPath(gs.URL)}
 	p.close = func() {

@@ -37,13 +37,20 @@
 //     stopping or draining copy's requests finish whole.
 //   - client API keys (KeySet, LoadKeys, Gateway.SetKeys) and the engines'
 //     own keys (Config.EngineKey), errors in OpenAI's shape, admission
-//     (Config.MaxInflight) and draining (Gateway.Shutdown).
+//     (Config.MaxInflight).
+//   - holding, until the node has settled (status.Snapshot.Settled), a
+//     request its partial view cannot route, rather than answer 404 for a
+//     model it has not heard of yet (settle.go); /health says 503 then.
+//   - stopping without closing a connection under a request (Server:
+//     Drain, then the listener, then idle connections after a grace, all
+//     within the drain's bound; server.go).
 //   - its metrics (the Gateway is a prometheus.Collector), the access log
 //     (written off the request path) and recent per-deployment figures for
 //     `llmgw top` (Gateway.Stats).
 //
-// The node owns the rest: flags, the listener and TLS (NewServer gives
-// the timeouts), lifecycle, and reloading keys on SIGHUP.
+// The node owns the rest: flags, the listener and TLS (NewServer serves
+// on it with the timeouts and stops it), lifecycle, and reloading keys on
+// SIGHUP.
 //
 // The request body is read whole (capped) and parsed only as far as
 // routing needs: model, stream and the endpoint's required field. The only
@@ -72,6 +79,8 @@
 //     flight, cut when it leaves routing).
 //   - scan.go: the JSON scanners every request body goes through;
 //     request.go reads a body with them, prefix.go keys a prompt.
+//   - settle.go: holding requests until the node settles; server.go: the
+//     http.Server, its connections, and the stop (Server.Shutdown).
 //   - policy.go, prefix.go: the policies; table.go: the routing table;
 //     scrape.go: load scrapes; limits.go, keys.go: per-key limits and the
 //     keys file; errors.go, metrics.go, accesslog.go, stats.go: the

@@ -68,9 +68,26 @@ func errUnauthorized(msg string) *apiError {
 	return &apiError{status: http.StatusUnauthorized, typ: typeAuth, code: "invalid_api_key", message: msg}
 }
 
+// codeStopping is the error code of an answer from a stopping node.
+const codeStopping = "node_stopping"
+
+// errStopping is /health's answer once the node stops, and a held
+// request's (see exchange.route): the node will not settle now.
 func errStopping() *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "node_stopping", retryAfter: time.Second,
-		message: "node stopping: send the request to another node"}
+	return errStoppingCut("node stopping: send the request to another node")
+}
+
+// errStoppingCut answers a request cut at the drain's bound.
+func errStoppingCut(msg string) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: codeStopping, retryAfter: time.Second, message: msg}
+}
+
+// errSettling is the answer while the node has not heard the cluster: /health's,
+// and a held request's once the hold's bound passed. The request may well
+// be served by another node, or by this one in a moment.
+func errSettling() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "node_settling", retryAfter: time.Second,
+		message: "node settling: it has not heard the cluster yet, so it cannot tell whether the model exists; send the request to another node or retry"}
 }
 
 func errOverloaded(limit int) *apiError {

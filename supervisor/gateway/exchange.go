@@ -92,8 +92,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		return
 	}
 	x.entry.stream = p.stream
-	rt := g.routing.Load()
-	e, byID, err := rt.table.resolve(p.model)
+	rt, e, byID, err := x.route(p.model)
 	if err != nil {
 		x.fail(err)
 		return
@@ -163,6 +162,7 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 
 // fail answers with the gateway's own error.
 func (x *exchange) fail(e *apiError) {
+	x.g.closing(x.w)
 	e.write(x.w)
 	x.status, x.entry.err = e.status, e.code
 }

@@ -74,6 +74,9 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	// StatsWindow is the window Stats reports over (1 min when zero).
 	StatsWindow time.Duration
+	// SettleHold bounds how long a request waits for its node to settle
+	// (DefaultSettleHold when zero): see Gateway.Update.
+	SettleHold time.Duration
 }
 
 // Defaults of Config.
@@ -84,6 +87,10 @@ const (
 	// its engines by default; only engines whose requests are short are
 	// read that often (see Config.ScrapeInterval).
 	DefaultScrapeInterval = 50 * time.Millisecond
+	// DefaultSettleHold is the node's own bound on settling (a node that
+	// reaches no peer acts on its own view after 10 s), so a request
+	// held from the node's start is served once it settles.
+	DefaultSettleHold = 10 * time.Second
 )
 
 // maxAttempts is one try and at most two retries.
@@ -110,11 +117,14 @@ type Gateway struct {
 	bodies       *bodyPool
 
 	// active counts proxied requests (admission and drain); idle is
-	// signalled when it drops to zero while stopping.
-	active   atomic.Int64
-	stopping atomic.Bool
-	idle     chan struct{}
-	stopOnce sync.Once
+	// signalled when it drops to zero while stopping. stopping is set,
+	// and draining closed, once the gateway drains (Drain).
+	active    atomic.Int64
+	stopping  atomic.Bool
+	draining  chan struct{}
+	drainOnce sync.Once
+	idle      chan struct{}
+	stopOnce  sync.Once
 
 	// states carries each engine's live state across table rebuilds, by
 	// route key.
@@ -139,6 +149,9 @@ type routing struct {
 	// own is this gateway's requests/s to each deployment (see Rates) as
 	// of the table's making.
 	own map[string]float64
+	// replaced is closed when the next table is installed: requests held
+	// until the node settles wait on it.
+	replaced chan struct{}
 }
 
 type liveRoute struct {
@@ -146,8 +159,9 @@ type liveRoute struct {
 	rep *replica
 }
 
-// New returns a gateway with an empty table: until the first Update, every
-// model is unknown.
+// New returns a gateway with an empty table, which is not settled: until
+// an Update brings a settled one, requests for a model it lacks are held
+// (see Update).
 func New(cfg Config) *Gateway {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()
@@ -183,14 +197,18 @@ func New(cfg Config) *Gateway {
 	if cfg.StatsWindow <= 0 {
 		cfg.StatsWindow = time.Minute
 	}
+	if cfg.SettleHold <= 0 {
+		cfg.SettleHold = DefaultSettleHold
+	}
 	g := &Gateway{cfg: cfg, clock: cfg.Clock, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
-		stats: newStats(cfg.StatsWindow), callers: newCallers(), bodies: newBodyPool(), idle: make(chan struct{}, 1), states: map[string]*tracked{}}
+		stats: newStats(cfg.StatsWindow), callers: newCallers(), bodies: newBodyPool(), draining: make(chan struct{}),
+		idle: make(chan struct{}, 1), states: map[string]*tracked{}}
 	if cfg.AccessLog != nil {
 		g.log = newAccessLog(cfg.AccessLog, cfg.AccessLogQueue, g.m.logDropped.Inc)
 	}
 	g.scrape = newScrapers(g)
 	g.keys.Store(cfg.Keys)
-	g.routing.Store(&routing{table: BuildTable(nil, cfg.Clock.Now()), routes: map[string][]*liveRoute{}})
+	g.routing.Store(&routing{table: BuildTable(nil, cfg.Clock.Now()), routes: map[string][]*liveRoute{}, replaced: make(chan struct{})})
 	return g
 }
 
@@ -208,10 +226,17 @@ func New(cfg Config) *Gateway {
 // that is how a rolling update loses no request. A gang is judged by its
 // rank-0 engine, the one its requests go to; when another rank fails,
 // rank 0's holder restarts the gang, and rank 0 reads unready too.
+//
+// Until a snapshot says the node has settled (status.Snapshot.Settled:
+// it has heard the cluster), the table is a partial view: a node that
+// has just started may not know a deployment, or any ready replica of
+// it, that the cluster has. A request the table cannot route then is
+// held, at most Config.SettleHold, until a table can (or a settled one
+// says it cannot), and /health answers 503 meanwhile (exchange.route).
 func (g *Gateway) Update(snap *status.Snapshot) {
 	now := g.clock.Now()
 	t := BuildTable(snap, now)
-	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.published(now)}
+	rt := &routing{table: t, routes: make(map[string][]*liveRoute, len(t.entries)), own: g.stats.published(now), replaced: make(chan struct{})}
 	g.statesMu.Lock()
 	next := make(map[string]*tracked, len(g.states))
 	for name, e := range t.entries {
@@ -247,8 +272,8 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 	g.states = next
 	g.statesMu.Unlock()
 	// The new table first, so that the retries of the requests cut read
-	// it.
-	g.routing.Store(rt)
+	// it. Each table is replaced once, so its channel is closed once.
+	close(g.routing.Swap(rt).replaced)
 	for _, st := range cut {
 		st.rep.cutAll(&cutError{reason: reasonLeftRouting,
 			msg: fmt.Sprintf("replica %s on %s left routing: its engine is no longer ready", st.replicaID, st.node)})
@@ -294,22 +319,45 @@ func (g *Gateway) Rates() map[string]float64 { return g.stats.published(g.clock.
 // StatsWindow is the window Stats reports over (Config.StatsWindow).
 func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }
 
-// Shutdown makes the gateway refuse new requests with 503 "node stopping"
-// and waits until those in flight end or ctx does, then stops its
-// background work (load scrapes, the access-log writer, idle connections
-// of its own transport). Closing the
-// listener is the node's part. It returns ctx's error if requests were
-// still in flight when ctx ended; they go on until the server closes them.
+// Drain begins the gateway's stop: /health answers 503 from now on, so a
+// load balancer takes the node out, and every answer carries
+// "Connection: close", so that each client connection ends after its
+// answer instead of being closed under a request. Requests keep being
+// served, those that arrive meanwhile included: a request that reached
+// this door is answered here, not refused (Server.Shutdown says when the
+// door closes). Requests still held until the node settles are answered
+// 503 with Retry-After at once: a node that stops will not settle.
+func (g *Gateway) Drain() {
+	g.drainOnce.Do(func() {
+		g.stopping.Store(true)
+		close(g.draining)
+	})
+}
+
+// Shutdown drains the gateway (Drain) and waits until the requests in
+// flight end or ctx does, then stops its background work (load scrapes,
+// the access-log writer, idle connections of its own transport). Closing
+// the listener and the client connections is the server's part
+// (Server.Shutdown). When ctx ends first, the requests still in flight are
+// cut (cutInFlight: each gets an answer) and ctx's error is returned.
 func (g *Gateway) Shutdown(ctx context.Context) error {
-	g.stopping.Store(true)
+	g.Drain()
 	var err error
 	for g.active.Load() > 0 && err == nil {
 		select {
 		case <-g.idle:
 		case <-ctx.Done():
 			err = fmt.Errorf("gateway: %d requests still in flight: %w", g.active.Load(), ctx.Err())
+			g.cutInFlight()
 		}
 	}
+	g.stopBackground()
+	return err
+}
+
+// stopBackground stops the load scrapes, the access-log writer and the
+// idle connections of the gateway's own transport, once.
+func (g *Gateway) stopBackground() {
 	g.stopOnce.Do(func() {
 		g.scrape.close()
 		if g.log != nil {
@@ -319,15 +367,29 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 			t.CloseIdleConnections()
 		}
 	})
-	return err
 }
 
-// admit counts a proxied request; release uncounts it.
+// cutInFlight ends every attempt in flight at the drain's bound, so that
+// each request gets an answer before its connection closes: one that has
+// sent the client nothing is answered 503 with Retry-After, a stream ends
+// with an error event (see exchange.lost and relayEvents).
+func (g *Gateway) cutInFlight() {
+	cause := &cutError{reason: reasonStopping, msg: "node stopping: the gateway's drain bound passed before the answer ended; send the request to another node"}
+	g.statesMu.Lock()
+	states := make([]*tracked, 0, len(g.states))
+	for _, st := range g.states {
+		states = append(states, st)
+	}
+	g.statesMu.Unlock()
+	for _, st := range states {
+		st.rep.cutAll(cause)
+	}
+}
+
+// admit counts a proxied request; release uncounts it. A draining gateway
+// admits as before: see Drain.
 func (g *Gateway) admit() *apiError {
 	n := g.active.Add(1)
-	if g.stopping.Load() {
-		return errStopping()
-	}
 	if g.cfg.MaxInflight > 0 && n > int64(g.cfg.MaxInflight) {
 		return errOverloaded(g.cfg.MaxInflight)
 	}
@@ -343,10 +405,21 @@ func (g *Gateway) release() {
 	}
 }
 
+// closing marks an answer about to be written as the connection's last
+// while the gateway drains: the client then opens its next connection
+// (to another node, once this one's listener closed) instead of sending
+// on one the server is about to close.
+func (g *Gateway) closing(w http.ResponseWriter) {
+	if g.stopping.Load() {
+		w.Header().Set("Connection", "close")
+	}
+}
+
 // ServeHTTP serves the OpenAI surface: POST /v1/chat/completions,
 // /v1/completions and /v1/embeddings (proxied), GET /v1/models and
 // GET /health.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.closing(w)
 	switch r.URL.Path {
 	case "/v1/chat/completions":
 		g.proxyPost(w, r, chatEndpoint)
@@ -365,6 +438,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // refuse answers a request the gateway turns down itself, and logs it.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *apiError, model string) {
+	g.closing(w)
 	e.write(w)
 	at := g.clock.Now()
 	if model == "" {
@@ -381,8 +455,15 @@ func (g *Gateway) health(w http.ResponseWriter, r *http.Request) {
 		errMethod(r.Method, "GET").write(w)
 		return
 	}
+	// 503 while the node has not heard the cluster, and from the moment
+	// it stops: a load balancer in front takes the node out, and sends
+	// its requests elsewhere.
 	if g.stopping.Load() {
 		errStopping().write(w)
+		return
+	}
+	if !g.routing.Load().table.settled {
+		errSettling().write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -302,40 +304,57 @@ func TestMaxInflight(t *testing.T) {
 	}
 }
 
-// Shutdown refuses new requests with 503 "node stopping" and waits for
-// those in flight.
+// Shutdown drains: /health says 503 at once, new requests are still
+// served (not refused), with Connection: close, and it waits for those in
+// flight. A context that ends first cuts what is still in flight with an
+// answer, and is reported.
 func TestShutdownDrains(t *testing.T) {
 	hold := make(chan struct{})
-	u := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { <-hold; chatOK(w, r) })
+	var release sync.Once
+	u := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(bodyText(r), "slow") {
+			<-hold
+		}
+		chatOK(w, r)
+	})
 	h := newHarness(t, Config{}, oneDeployment(u.URL).snapshot())
+	// Before the harness's cleanup, which waits for the request held.
+	t.Cleanup(func() { release.Do(func() { close(hold) }) })
 	inflight := make(chan answer, 1)
-	go func() { inflight <- h.post("/v1/chat/completions", chatBody("chat", false)) }()
+	go func() { inflight <- h.post("/v1/chat/completions", slowChat()) }()
 	testwait.Until(t, 5*time.Second, "request in flight", func() (bool, string) { return u.hits.Load() == 1, "" })
 	stopped := make(chan error, 1)
 	go func() { stopped <- h.gw.Shutdown(context.Background()) }()
-	testwait.Until(t, 5*time.Second, "stopping", func() (bool, string) {
-		a := h.post("/v1/chat/completions", chatBody("chat", false))
-		return a.status == 503 && strings.Contains(a.body, "node stopping"), a.body
+	testwait.Until(t, 5*time.Second, "draining", func() (bool, string) {
+		a := h.do(context.Background(), http.MethodGet, "/health", "")
+		return a.status == 503 && a.apiError(t).Error.Code == "node_stopping" && a.header.Get("Retry-After") == "1", a.body
 	})
-	if a := h.do(context.Background(), http.MethodGet, "/health", ""); a.status != 503 {
-		t.Fatalf("health while stopping: %d", a.status)
+	if a := h.post("/v1/chat/completions", chatBody("chat", false)); a.status != 200 || !a.close {
+		t.Fatalf("a request to a draining gateway: %d (close %v) %s, want it served with Connection: close", a.status, a.close, a.body)
 	}
 	select {
 	case err := <-stopped:
 		t.Fatalf("Shutdown returned (%v) with a request in flight", err)
 	default:
 	}
-	close(hold)
-	if a := <-inflight; a.status != 200 {
-		t.Fatalf("in-flight request: %+v", a)
+	release.Do(func() { close(hold) })
+	if a := <-inflight; a.status != 200 || !a.close {
+		t.Fatalf("in-flight request: %d (close %v), want 200 with Connection: close (its answer began after the drain)", a.status, a.close)
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
 
-	// A context that ends first is reported.
+	// A context that ends first is reported, and the request still in
+	// flight is answered 503 with Retry-After, not left without an answer.
 	hold2 := make(chan struct{})
-	u2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { <-hold2; chatOK(w, r) })
+	defer close(hold2)
+	u2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hold2:
+		case <-r.Context().Done():
+		}
+	})
 	h2 := newHarness(t, Config{}, oneDeployment(u2.URL).snapshot())
 	done := make(chan answer, 1)
 	go func() { done <- h2.post("/v1/chat/completions", chatBody("chat", false)) }()
@@ -345,8 +364,21 @@ func TestShutdownDrains(t *testing.T) {
 	if err := h2.gw.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown = %v, want the deadline", err)
 	}
-	close(hold2)
-	<-done
+	if a := <-done; a.status != 503 || a.header.Get("Retry-After") != "1" || a.apiError(t).Error.Code != "node_stopping" {
+		t.Fatalf("request cut at the drain's end: %+v", a)
+	}
+}
+
+// slowChat is a chat the upstreams of the drain tests hold until told.
+func slowChat() string {
+	return `{"model":"chat","messages":[{"role":"user","content":"slow"}]}`
+}
+
+// bodyText is the request body's text, restored for the next reader.
+func bodyText(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return string(b)
 }
 
 // One access-log line per request, with model, replica, node, status and

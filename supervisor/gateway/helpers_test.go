@@ -42,6 +42,8 @@ type world struct {
 	plan    placement.Plan
 	seen    time.Time
 	ttl     time.Duration
+	// settling: the node's snapshots say it has not settled yet.
+	settling bool
 }
 
 func newWorld() *world {
@@ -129,9 +131,10 @@ func (w *world) snapshot() *status.Snapshot { return w.snapshotAt(t0) }
 // seen then.
 func (w *world) snapshotAt(now time.Time) *status.Snapshot { return w.snapshotOf("n1", now) }
 
-// snapshotOf is snapshotAt as the node self sees it.
+// snapshotOf is snapshotAt as the node self sees it, once settled (w.settling
+// says it has not heard the cluster yet).
 func (w *world) snapshotOf(self string, now time.Time) *status.Snapshot {
-	in := status.Input{Self: self, Now: now, TTL: w.ttl, Plan: w.plan}
+	in := status.Input{Self: self, Now: now, TTL: w.ttl, Plan: w.plan, Settled: !w.settling}
 	names := make([]string, 0, len(w.members))
 	for n := range w.members {
 		names = append(names, n)
@@ -263,6 +266,9 @@ type answer struct {
 	status int
 	header http.Header
 	body   string
+	// close: the answer said "Connection: close" (net/http's client takes
+	// the header out and says so in Response.Close).
+	close bool
 }
 
 // errorBody is OpenAI's error shape.
@@ -305,7 +311,7 @@ func (h *harness) do(ctx context.Context, method, path, body string, hdr ...stri
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(b), close: resp.Close}
 }
 
 func chatBody(model string, stream bool) string {

@@ -62,6 +62,7 @@ func (x *exchange) commit(a *attempt, resp *http.Response) {
 	}
 	h.Set("Llmgw-Replica", lr.ReplicaID)
 	h.Set("Llmgw-Node", lr.Node)
+	x.g.closing(x.w)
 	x.w.WriteHeader(resp.StatusCode)
 	x.status = resp.StatusCode
 }

@@ -64,6 +64,10 @@ type Entry struct {
 // routable replicas. It is immutable once built.
 type Table struct {
 	builtAt time.Time
+	// settled: the snapshot was built once the node had heard the
+	// cluster (status.Snapshot.Settled). Until then a deployment missing
+	// from the table may not have reached this node yet.
+	settled bool
 	// otherRates sums, per deployment, the published rates of the other
 	// live nodes that run a gateway, and silent counts those of them that
 	// publish none.
@@ -98,6 +102,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	if snap == nil {
 		return t
 	}
+	t.settled = snap.Settled()
 	state := map[string]gossip.MemberState{}
 	for _, m := range snap.Members() {
 		state[m.Name] = m.State
@@ -290,6 +295,10 @@ func (t *Table) Others(dep string, own float64) float64 {
 
 // BuiltAt is the moment the table judged leases at.
 func (t *Table) BuiltAt() time.Time { return t.builtAt }
+
+// Settled reports whether the table's snapshot was built once the node
+// had heard the cluster; a table of no snapshot is not.
+func (t *Table) Settled() bool { return t.settled }
 
 // Names lists every deployment, sorted.
 func (t *Table) Names() []string { return slices.Clone(t.names) }

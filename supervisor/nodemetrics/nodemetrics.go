@@ -74,7 +74,7 @@ func NewRegistry(n Source, opts Options) *prometheus.Registry {
 
 var (
 	descMembers = prometheus.NewDesc("llmgw_members",
-		"Nodes this node knows, by memberlist state (alive, suspect, dead, left, unknown).", []string{"state"}, nil)
+		"Nodes this node knows, by memberlist state (alive, suspect, dead, left, unknown), and refused: their build cannot speak this node's cluster version.", []string{"state"}, nil)
 	descDeployments = prometheus.NewDesc("llmgw_deployments",
 		"Deployments the cluster is asked to run (tombstones excluded).", nil, nil)
 	descReplicas = prometheus.NewDesc("llmgw_deployment_replicas",
@@ -125,6 +125,12 @@ var (
 		"Failed engine /metrics scrapes on this node.", nil, nil)
 	descIsolated = prometheus.NewDesc("llmgw_isolated",
 		"1 while this node hears no peer although it expects some: its shards' leases lapse in the other nodes' views within the lease TTL.", nil, nil)
+	descClusterVersion = prometheus.NewDesc("llmgw_cluster_version",
+		"The cluster protocol version this node runs at (its active version): the highest every member speaks. It never goes down.", nil, nil)
+	descProtocolVersion = prometheus.NewDesc("llmgw_protocol_version",
+		"The protocol versions this node's build speaks: its lowest (bound=min) and highest (bound=max).", []string{"bound"}, nil)
+	descVersionsMixed = prometheus.NewDesc("llmgw_versions_mixed",
+		"1 while live members announce different protocol versions: an upgrade under way, or one left half done.", nil, nil)
 )
 
 // nodeCollector reads everything from the node at scrape time.
@@ -140,6 +146,9 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- descIsolated
+	ch <- descClusterVersion
+	ch <- descProtocolVersion
+	ch <- descVersionsMixed
 	if c.scrapeErrors != nil {
 		ch <- descScrapeErrors
 	}
@@ -157,7 +166,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	snap, now := c.n.Status(), c.n.Now()
 	// Every state appears, at 0 when empty, so a vanished series is never
 	// mistaken for a count that went to zero.
-	members := map[gossip.MemberState]int{gossip.StateAlive: 0, gossip.StateSuspect: 0, gossip.StateDead: 0, gossip.StateLeft: 0, gossip.StateUnknown: 0}
+	members := map[gossip.MemberState]int{gossip.StateAlive: 0, gossip.StateSuspect: 0, gossip.StateDead: 0, gossip.StateLeft: 0, gossip.StateUnknown: 0,
+		gossip.StateRefused: 0}
 	all := snap.Members()
 	for _, m := range all {
 		members[m.State]++
@@ -196,6 +206,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	if st.ClockPeers > 0 {
 		gauge(ch, descClockOffset, st.ClockOffset.Seconds())
 	}
+	gauge(ch, descClusterVersion, float64(st.ActiveVersion))
+	gauge(ch, descProtocolVersion, float64(st.Protocol.Min), "min")
+	gauge(ch, descProtocolVersion, float64(st.Protocol.Max), "max")
+	gauge(ch, descVersionsMixed, b2f(!st.VersionsMixedSince.IsZero()))
 
 	if self, ok := snap.Member(snap.Self()); ok {
 		gauge(ch, descIsolated, b2f(self.Isolated))

@@ -26,6 +26,9 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 	for _, m := range members {
 		row := nodeRow{Name: m.Name, State: string(m.State), StateClass: toneClass(status.MemberTone(m.State)), Self: m.Name == snap.Self(),
 			Agent: m.AgentVersion, Runtime: m.Runtime, Shards: len(m.Shards), Simulated: m.Probes.GPUsSimulated}
+		if m.Protocol.Max > 0 {
+			row.Protocol = fmt.Sprintf("protocol %d-%d", m.Protocol.Min, m.Protocol.Max)
+		}
 		if m.State != gossip.StateAlive && m.State != gossip.StateSuspect {
 			down[m.Name] = true
 		}
@@ -84,6 +87,11 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 		if row.Self {
 			d.Version = m.AgentVersion
 		}
+	}
+
+	if since := snap.VersionsMixedSince(); !since.IsZero() && now.Sub(since) > VersionsMixedWarnAfter {
+		d.VersionsWarning = fmt.Sprintf("Nodes have announced different protocol versions for %s: the cluster runs version %d, the highest they all speak, until every node runs the newer release. Finish the upgrade (each node's protocol is under its name).",
+			duration(now.Sub(since)), snap.ActiveVersion())
 	}
 
 	gws := status.Gateways(members)

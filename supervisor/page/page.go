@@ -24,6 +24,12 @@ import (
 // RefreshSeconds is how often the page reloads itself.
 const RefreshSeconds = 10
 
+// VersionsMixedWarnAfter is how long nodes may announce different protocol
+// versions before the page warns: a rolling upgrade passes through that
+// state for minutes; one left half done stays in it, with the cluster on
+// the older version's rules.
+const VersionsMixedWarnAfter = 10 * time.Minute
+
 //go:embed page.html.tmpl
 var pageHTML string
 
@@ -93,6 +99,9 @@ type data struct {
 	Nodes       []nodeRow
 	Deployments []depRow
 	Shards      []shardRow
+	// VersionsWarning says that versions have been mixed for longer than
+	// VersionsMixedWarnAfter (empty: they have not).
+	VersionsWarning string
 }
 
 type summary struct {
@@ -136,6 +145,9 @@ type nodeRow struct {
 	Simulated            bool
 	// Weights are the models in the node's weights dir, with their size.
 	Weights []string
+	// Protocol is the range of protocol versions the node's build speaks
+	// ("protocol 1-2"; empty when this node has not met it).
+	Protocol string
 }
 
 type gpuRow struct {

@@ -14,6 +14,14 @@
 // evidence is kept; temporary files left by a crash mid-write are removed.
 // Read parses the same way and changes nothing, for a viewer: only the
 // agent that owns the dir may clean it.
+//
+// Each file says which protocol's layout it is in ("protocol"; see
+// internal/protocol): Protocol when this build wrote it. A file without
+// the field was written by an agent from before protocol versions and
+// reads as protocol 1, its fields as they were: an upgraded agent adopts
+// the engines its predecessor started. A file of a protocol this build
+// does not speak is reported and left in place; the agent's start-up
+// check (datadir.CheckProtocol) refuses such a dir before Load runs.
 package shardstate
 
 import (
@@ -31,12 +39,20 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/atomicfile"
+	"github.com/llmgw/llmgw/internal/protocol"
 )
 
-// FormatVersion is the version of the file layout this package writes.
-// Readers accept files of this version or older; a newer file is reported
-// and left in place (an agent was downgraded: its newer self will want it).
+// FormatVersion is the layout version agents from before protocol
+// versions check: they accept 1 and leave anything higher in place. It
+// stays 1 while the layout stays readable by them (protocol 2 only added
+// "protocol"), so going back to such an agent still adopts the engines; a
+// release whose layout they could not read raises it with Protocol.
 const FormatVersion = 1
+
+// Protocol is the protocol whose layout this package writes. A release
+// that changes the layout writes its own version here; one that does not
+// keeps this number, so older agents still read its files.
+const Protocol = protocol.V2
 
 const (
 	prefix = "shard-"
@@ -74,6 +90,9 @@ type Spec struct {
 
 // State is one shard state file.
 type State struct {
+	// Protocol is the protocol whose layout the file is in: Protocol when
+	// this build wrote it, 1 for a file from before the field.
+	Protocol      int    `json:"protocol"`
 	FormatVersion int    `json:"format_version"`
 	ShardID       string `json:"shard_id"`
 	ReplicaID     string `json:"replica_id"`
@@ -148,8 +167,8 @@ func Path(dir, id string) (string, error) {
 	return filepath.Join(dir, prefix+id+suffix), nil
 }
 
-// Save writes s atomically as the state file of s.ShardID, stamping the
-// current FormatVersion. dir must exist. After an error the file holds
+// Save writes s atomically as the state file of s.ShardID, stamping this
+// build's Protocol and FormatVersion. dir must exist. After an error the file holds
 // either its previous content (or nothing, if there was none) or, when only
 // the final directory sync failed, the new content, not yet durable.
 //
@@ -161,7 +180,7 @@ func Save(dir string, s State) error {
 	if err != nil {
 		return err
 	}
-	s.FormatVersion = FormatVersion
+	s.Protocol, s.FormatVersion = Protocol, FormatVersion
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return fmt.Errorf("shard state %s: %w", s.ShardID, err)
@@ -274,11 +293,11 @@ func scanDir(dir string, readFile func(string) ([]byte, error)) scan {
 	return sc
 }
 
-type newerFormatError struct{ version int }
+// newerFormatError is a file a newer agent wrote in a layout this build
+// does not know: it is left in place for that agent.
+type newerFormatError struct{ what string }
 
-func (e *newerFormatError) Error() string {
-	return fmt.Sprintf("format_version %d is newer than this agent's %d; left in place", e.version, FormatVersion)
-}
+func (e *newerFormatError) Error() string { return e.what + "; left in place" }
 
 // corruptError marks a state file whose content is unusable.
 type corruptError struct{ err error }
@@ -309,12 +328,20 @@ func decodeState(b []byte, id string) (State, error) {
 		return State{}, errors.New("data after the JSON object")
 	}
 	switch {
+	case s.Protocol > protocol.Max:
+		return State{}, &newerFormatError{fmt.Sprintf("written by an llmgw of protocol %d; this llmgw speaks protocols %d to %d (install one that speaks protocol %d or later)",
+			s.Protocol, protocol.Min, protocol.Max, s.Protocol)}
 	case s.FormatVersion > FormatVersion:
-		return State{}, &newerFormatError{version: s.FormatVersion}
+		return State{}, &newerFormatError{fmt.Sprintf("format_version %d is newer than this agent's %d", s.FormatVersion, FormatVersion)}
+	case s.Protocol < 0:
+		return State{}, fmt.Errorf("protocol %d", s.Protocol)
 	case s.FormatVersion < 1:
 		return State{}, fmt.Errorf("format_version %d", s.FormatVersion)
 	case FileID(s) != id:
 		return State{}, fmt.Errorf("engine %q (shard %q) in the file named for %q", FileID(s), s.ShardID, id)
+	}
+	if s.Protocol == 0 {
+		s.Protocol = protocol.V1 // the previous release's file
 	}
 	return s, nil
 }

@@ -51,7 +51,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 		t.Fatalf("ids %v, want sorted", ids)
 	}
 	want := sample("llama-0")
-	want.FormatVersion = FormatVersion
+	want.Protocol, want.FormatVersion = Protocol, FormatVersion
 	if !reflect.DeepEqual(states[1], want) {
 		t.Fatalf("round trip\n got %+v\nwant %+v", states[1], want)
 	}
@@ -83,7 +83,7 @@ func TestFileFields(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"format_version", "shard_id", "replica_id", "pid", "started_at", "spec", "restarts", "last_exit_code", "claim_stamp"} {
+	for _, k := range []string{"protocol", "format_version", "shard_id", "replica_id", "pid", "started_at", "spec", "restarts", "last_exit_code", "claim_stamp"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("field %q missing", k)
 		}
@@ -94,8 +94,79 @@ func TestFileFields(t *testing.T) {
 			t.Errorf("spec field %q missing", k)
 		}
 	}
-	if m["format_version"].(float64) != FormatVersion {
-		t.Errorf("format_version %v", m["format_version"])
+	// format_version stays 1, which agents from before protocol versions
+	// accept: going back to one still adopts these engines.
+	if m["format_version"].(float64) != 1 || m["protocol"].(float64) != 2 {
+		t.Errorf("format_version %v protocol %v, want 1 and 2", m["format_version"], m["protocol"])
+	}
+}
+
+// The file 9f0749d's own Save wrote (testdata/9f0749d), before files said
+// their protocol: Load reads it as protocol 1 with every field intact, and
+// saving it again writes this build's protocol and changes nothing else.
+func TestPreviousReleasesFileLoads(t *testing.T) {
+	const name = "shard-chat-0-abc123def456.json"
+	old, err := os.ReadFile(filepath.Join("testdata", "9f0749d", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, name), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	states, bad := Load(dir)
+	if len(bad) != 0 || len(states) != 1 {
+		t.Fatalf("Load: states %+v bad %v", states, bad)
+	}
+	code := 137
+	want := State{Protocol: 1, FormatVersion: 1, ShardID: "chat-0", ReplicaID: "chat-0", PID: 4242,
+		StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
+		Spec: Spec{Engine: "vllm", ServedModelName: "chat", Model: "meta-llama/Llama-3.1-8B-Instruct",
+			Deployment: "chat", GPUIndices: []int{0, 1}, MemoryPerGPU: 20 << 30, GPUUUIDs: []string{"GPU-a", "GPU-b"},
+			HTTPPort: 18001, ReplicaID: "chat-0", SpecVersion: "abc123def456", Image: "vllm/vllm-openai:v0.8.5",
+			Command: []string{"vllm", "serve", "m"}, Runtime: "containerd", EngineID: "chat-0-abc123def456", ContainerID: "chat-0-abc123def456"},
+		Restarts: 2, LastExitCode: &code, LastExitAt: time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC), ClaimStamp: 1767322800000,
+		Gang: &Gang{Rank: 1, Size: 2, Generation: 7, MasterAddr: "10.0.0.2", MasterPort: 29500, Members: []string{"gpu-0", "gpu-1"}},
+	}
+	if !reflect.DeepEqual(states[0], want) {
+		t.Fatalf("the previous release's file read as\n %+v\nwant\n %+v", states[0], want)
+	}
+	if err := Save(dir, states[0]); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := os.ReadFile(filepath.Join(dir, name))
+	var a, b map[string]any
+	if err := json.Unmarshal(old, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(now, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b["protocol"] != float64(2) {
+		t.Errorf("saved again: protocol %v, want 2", b["protocol"])
+	}
+	delete(b, "protocol")
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("saved again, the fields changed:\n%s\nwas\n%s", now, old)
+	}
+}
+
+// A file an llmgw of a newer protocol wrote is reported, saying its
+// protocol and what to install, and left in place: it is not corrupt.
+func TestNewerProtocolFileLeftInPlace(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "shard-chat-0-v9.json")
+	content := `{"protocol":3,"format_version":1,"shard_id":"chat-0","spec":{"engine_id":"chat-0-v9"}}`
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	states, bad := Load(dir)
+	if len(states) != 0 || len(bad) != 1 || bad[0].MovedTo != "" || !strings.Contains(bad[0].Error(), "protocol 3") ||
+		!strings.Contains(bad[0].Error(), "protocol 3 or later") {
+		t.Fatalf("Load: states %v bad %+v; want the file reported as protocol 3 and left in place", states, bad)
+	}
+	if b, _ := os.ReadFile(p); string(b) != content {
+		t.Fatalf("the file changed to %q", b)
 	}
 }
 

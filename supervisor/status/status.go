@@ -42,6 +42,16 @@ type Input struct {
 	// Isolated is since when this node has heard no peer while it expects
 	// some (zero: it is not isolated); its own member row says so.
 	Isolated time.Time
+	// Settled says the node had heard the cluster when the pass began (it
+	// joined a peer, had none to join, or stopped waiting for one): what
+	// the pass saw is then the cluster's, not the partial view of a node
+	// that has just started. The node reads it before the gossip state.
+	Settled bool
+	// ActiveVersion is the cluster protocol version this node ran at, and
+	// VersionsMixedSince since when live members announce different
+	// versions (zero: they do not) (gossip.Cluster).
+	ActiveVersion      int
+	VersionsMixedSince time.Time
 }
 
 // Snapshot is the cluster as one reconcile pass saw it. It is immutable:
@@ -55,6 +65,11 @@ type Snapshot struct {
 	members       []MemberInfo
 	deployments   []deployment
 	shards        []shard
+	settled       bool
+	// activeVersion and mixedSince are Input's ActiveVersion and
+	// VersionsMixedSince.
+	activeVersion int
+	mixedSince    time.Time
 }
 
 // deployment is one DeploymentInfo with what its Ready count rests on.
@@ -80,7 +95,7 @@ type held struct{ node, shard, spec string }
 // Build makes the snapshot of one reconcile pass.
 func Build(in Input) *Snapshot {
 	s := &Snapshot{self: in.Self, builtAt: in.Now, reconcileTook: in.ReconcileTook, plan: in.Plan,
-		planned: SpecVersions(in.View.Deployments)}
+		planned: SpecVersions(in.View.Deployments), settled: in.Settled, activeVersion: in.ActiveVersion, mixedSince: in.VersionsMixedSince}
 	leases := map[held]placement.LeaseState{}
 	for _, nd := range in.View.Nodes {
 		for _, h := range nd.Shards {
@@ -111,7 +126,8 @@ func Build(in Input) *Snapshot {
 }
 
 func memberInfo(m gossip.Member) MemberInfo {
-	mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt, ClockOffset: m.ClockOffset, TokenMismatch: m.TokenMismatch}
+	mi := MemberInfo{Name: m.Name, State: m.State, Gossip: m.Address, LastChange: m.Since, SeenAt: m.SeenAt, ClockOffset: m.ClockOffset, TokenMismatch: m.TokenMismatch,
+		Protocol: m.Protocol}
 	if r := m.Record; r != nil {
 		mi.API, mi.Gateway, mi.GatewayTLS, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Gateway, r.GatewayTLS, r.Labels, r.GPUs, r.Shards
 		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes, mi.Telemetry = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes, r.Telemetry
@@ -288,6 +304,20 @@ func (s *Snapshot) Self() string { return s.self }
 
 // BuiltAt is when the view behind the snapshot was taken.
 func (s *Snapshot) BuiltAt() time.Time { return s.builtAt }
+
+// Settled reports whether the node had heard the cluster when the pass
+// began (Input.Settled). Until a snapshot says so, a deployment missing
+// from it may simply not have reached this node yet: the gateway holds a
+// request for it rather than answer that it does not exist.
+func (s *Snapshot) Settled() bool { return s.settled }
+
+// ActiveVersion is the cluster protocol version the node ran at (0 in a
+// snapshot built before the first pass).
+func (s *Snapshot) ActiveVersion() int { return s.activeVersion }
+
+// VersionsMixedSince is since when live members announce different
+// protocol versions (zero: they do not).
+func (s *Snapshot) VersionsMixedSince() time.Time { return s.mixedSince }
 
 // ReconcileTook is how long the reconcile pass that built it took.
 func (s *Snapshot) ReconcileTook() time.Duration { return s.reconcileTook }

@@ -62,7 +62,7 @@ func StateTone(word string) Tone {
 	case string(gossip.StateSuspect), string(gossip.StateUnknown),
 		string(gossip.ShardStarting), string(gossip.ShardPending), string(gossip.ShardStopping):
 		return ToneWarn
-	case string(gossip.StateDead), string(gossip.ShardCrashed), string(gossip.ShardBackoff),
+	case string(gossip.StateDead), string(gossip.StateRefused), string(gossip.ShardCrashed), string(gossip.ShardBackoff),
 		string(gossip.ShardUnplaced), string(placement.LeaseLapsed):
 		return ToneBad
 	case string(gossip.StateLeft), string(LeaseNone):

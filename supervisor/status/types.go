@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 )
 
@@ -43,12 +44,23 @@ type MemberInfo struct {
 	IsolatedSince time.Time `json:"isolated_since,omitzero"`
 	// CachedModels are the models in the node's weights dir.
 	CachedModels []gossip.CachedModel `json:"cached_models,omitempty"`
+	// Protocol is the range of protocol versions the node's build speaks,
+	// as its memberlist meta announces it ([1, 1] for an agent from before
+	// cluster versions; absent when the answering node has not met it). A
+	// node whose range cannot speak the active version has State
+	// "refused".
+	Protocol protocol.Range `json:"protocol,omitzero"`
 }
 
 // ClusterInfo is the body of /v1/cluster.
 type ClusterInfo struct {
 	Self    string       `json:"self"`
 	Members []MemberInfo `json:"members"`
+	// ActiveVersion is the cluster protocol version the answering node
+	// runs at; VersionsMixedSince since when live members announce
+	// different versions (absent: they do not).
+	ActiveVersion      int       `json:"active_version,omitempty"`
+	VersionsMixedSince time.Time `json:"versions_mixed_since,omitzero"`
 }
 
 // DeploymentInfo is one deployment in /v1/deployments.

@@ -1,0 +1,50 @@
+// Package protocol names the cluster protocol versions this build speaks.
+//
+// Every node computes the plan, judges leases and merges records by
+// itself, so two builds whose rules differ must not both act on their own
+// rules in one cluster. Each build speaks a range of protocol versions
+// [Min, Max] and announces it in its memberlist meta. A node's active
+// version (gossip.Cluster.ActiveVersion) is the highest version that
+// every member speaks; it rises once no member that speaks less has been
+// seen for a while, and it never goes down. Every rule that changes what
+// another node computes (placement, leases, record formats, the spec
+// fields a node accepts) is chosen by the active version, and the
+// previous version's rule stays in the code until the next version
+// retires it. See docs/architecture.md, "Cluster version".
+package protocol
+
+// The versions, one line each: what a version changed.
+const (
+	// V1 is every agent before cluster versions existed: it announces
+	// no range in its meta, and reads as [1, 1].
+	V1 = 1
+	// V2: deployments may carry start_timeout; equal-stamp deployment
+	// records are ordered longer encoded spec first (an older agent's
+	// copy, stripped of a field it does not know, never wins); records
+	// are relayed byte for byte; files in the data dir say which
+	// protocol wrote them.
+	V2 = 2
+)
+
+// Min and Max bound the versions this build speaks. Min rises only when a
+// release drops an old version's rules; a node whose Max is below a
+// cluster's active version is refused by it.
+const (
+	Min = V1
+	Max = V2
+)
+
+// Range is the span of versions one build speaks.
+type Range struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+}
+
+// Build is this build's range.
+func Build() Range { return Range{Min: Min, Max: Max} }
+
+// Speaks reports whether a build of range r can run at version v.
+func (r Range) Speaks(v int) bool { return r.Min <= v && v <= r.Max }
+
+// Valid reports whether r is a range a peer may announce: 1 <= Min <= Max.
+func (r Range) Valid() bool { return 1 <= r.Min && r.Min <= r.Max }
