@@ -1,0 +1,45 @@
+package profile
+
+import "time"
+
+// fakeProfile is the profile of the built-in fake engine.
+func fakeProfile() Profile {
+	return Profile{
+		Name: "fake",
+		// The fake engine is the llmgw binary itself; it has no image
+		// of its own (a deployment may name one that contains llmgw).
+		Command: []string{
+			"{{.Self}}", "engine", "fake",
+			"--model", "{{.ServedName}}",
+			"--host", "{{.Host}}",
+			"--port", "{{.Port}}",
+			// The fake engine's gang mode takes vLLM's flags.
+			gang("nnodes", "NNodes"),
+			gang("node-rank", "NodeRank"),
+			gang("master-addr", "MasterAddr"),
+			gang("master-port", "MasterPort"),
+			headless,
+		},
+		// As vLLM: `llmgw engine fake` reads VLLM_API_KEY too.
+		KeyEnv:      "VLLM_API_KEY",
+		HealthPath:  "/health",
+		ModelsPath:  "/v1/models",
+		MetricsPath: "/metrics",
+		Metrics: Metrics{
+			Running:              "vllm:num_requests_running",
+			Waiting:              "vllm:num_requests_waiting",
+			KVCacheUsage:         "vllm:kv_cache_usage_perc",
+			KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
+			PromptTokens:         "vllm:prompt_tokens_total",
+			GenerationTokens:     "vllm:generation_tokens_total",
+			PrefixCacheHits:      "vllm:prefix_cache_hits_total",
+			PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
+			ModelLabel:           "model_name",
+		},
+		// The fake engine answers /health at once (unless its vLLM
+		// personality slows it: then it is run as --engine vllm), so a
+		// short probe; the rule is vLLM's otherwise, with a shorter
+		// window since its counters move with every request.
+		Readiness: tolerance(2*time.Second, 10*time.Second),
+	}
+}

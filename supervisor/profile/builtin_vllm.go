@@ -1,0 +1,78 @@
+package profile
+
+import "time"
+
+// Optional flags: see the const block of builtin.go for why each is one
+// element.
+const (
+	vllmUtil = "{{if .GPUMemoryUtilization}}--gpu-memory-utilization={{.GPUMemoryUtilization}}{{end}}"
+	// The context and concurrency a gpu_memory: auto figure holds.
+	vllmLen  = "{{if .MaxModelLen}}--max-model-len={{.MaxModelLen}}{{end}}"
+	vllmSeqs = "{{if .MaxNumSeqs}}--max-num-seqs={{.MaxNumSeqs}}{{end}}"
+	// vllmReadyTimeout raises vLLM's own wait for its engine core
+	// (VLLM_ENGINE_READY_TIMEOUT_S, 600 s in vllm/envs.py, the handshake
+	// bound of vllm/v1/engine/core_client.py, too short for large weight
+	// loads: vllm PR #35616) to the deployment's start timeout. vLLM's
+	// bound is the whole start-up, counted from its launch; llmgw's is a
+	// silence, extended while the log or the weights grow, so a download
+	// that outlasts start_timeout while it progresses is ended by vLLM,
+	// not by llmgw.
+	vllmReadyTimeout = "{{if .StartTimeoutSeconds}}VLLM_ENGINE_READY_TIMEOUT_S={{.StartTimeoutSeconds}}{{end}}"
+)
+
+// vllmProfile is the profile of vLLM.
+func vllmProfile() Profile {
+	return Profile{
+		Name:  "vllm",
+		Image: "vllm/vllm-openai:latest",
+		// The model is positional: `vllm serve --model` is deprecated
+		// and slated for removal.
+		Command: []string{
+			"vllm", "serve", "{{.Model}}",
+			"--served-model-name", "{{.ServedName}}",
+			"--tensor-parallel-size", "{{.TP}}",
+			"--host", "{{.Host}}",
+			"--port", "{{.Port}}",
+			vllmUtil,
+			vllmLen,
+			vllmSeqs,
+			// A gang: vLLM's own multi-node launch (no Ray). Every
+			// rank runs `vllm serve` with the same model and sizes;
+			// ranks above 0 are headless workers that dial rank 0.
+			gang("pipeline-parallel-size", "PP"),
+			gang("nnodes", "NNodes"),
+			gang("node-rank", "NodeRank"),
+			gang("master-addr", "MasterAddr"),
+			gang("master-port", "MasterPort"),
+			headless,
+		},
+		Env:         append([]string{hfHome, vllmReadyTimeout}, gangEnv...),
+		KeyEnv:      "VLLM_API_KEY",
+		HealthPath:  "/health",
+		ModelsPath:  "/v1/models",
+		MetricsPath: "/metrics",
+		Metrics: Metrics{
+			Running:              "vllm:num_requests_running",
+			Waiting:              "vllm:num_requests_waiting",
+			KVCacheUsage:         "vllm:kv_cache_usage_perc",
+			KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
+			PromptTokens:         "vllm:prompt_tokens_total",
+			GenerationTokens:     "vllm:generation_tokens_total",
+			PrefixCacheHits:      "vllm:prefix_cache_hits_total",
+			PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
+			ModelLabel:           "model_name",
+		},
+		// vLLM's /health runs on the API server's asyncio loop, the
+		// same loop that streams every answer, and only asks whether the
+		// engine core died (vllm/entrypoints/serve/instrumentator/
+		// health.py, later trees vllm/frontend/entrypoints/serve/
+		// instrumentator/health.py: 503 on EngineDeadError alone, which
+		// AsyncLLM.check_health in vllm/v1/engine/async_llm.py raises
+		// only once the engine errored): under heavy load it takes
+		// seconds, 30-40 s in vllm PR #38157, and proves nothing but
+		// that the loop turned. A probe of 10 s, three in a row, and
+		// counters frozen for 30 s are what a hung engine shows and a
+		// busy one does not.
+		Readiness: tolerance(10*time.Second, 30*time.Second),
+	}
+}
