@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"slices"
 	"time"
 
 	"github.com/llmgw/llmgw/placement"
@@ -37,7 +38,19 @@ type ShardLoad struct {
 	PrefixQueriesPS float64   `json:"prefix_cache_queries_per_s,omitempty"`
 	ScrapedAt       time.Time `json:"scraped_at,omitzero"`
 	Error           string    `json:"error,omitempty"`
+	// Unknown names the readings the engine does not export (probes/load's
+	// Unknown* names: "kv_cache_usage", ...): their figures above are 0
+	// only because nothing was read, and readers show them unknown.
+	Unknown []string `json:"unknown,omitempty"`
 }
+
+// ReadingKVCache names the KV cache usage in ShardLoad.Unknown (probes/
+// load's UnknownKVCache).
+const ReadingKVCache = "kv_cache_usage"
+
+// Knows reports whether the reading what (a probes/load Unknown* name,
+// such as "kv_cache_usage") was read.
+func (l ShardLoad) Knows(what string) bool { return !slices.Contains(l.Unknown, what) }
 
 // ShardStatus is what a shard's engine is doing on its holder.
 type ShardStatus string

@@ -243,6 +243,21 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		// taken silently as the default; it is more likely a mistake.
 		return invalid(&FieldError{Field: "start_timeout", Value: "0s", Want: "a duration above 0 and at most 168h (7 days), such as 2h (or leave it out: 2h)"})
 	}
+	// The same for the engine's context and concurrency: left out, the
+	// engine (or gpu_memory: auto) decides; an explicit 0 asks for no
+	// context or no sequence, which no engine can serve.
+	for _, f := range []struct {
+		name string
+		v    int
+		want string
+	}{
+		{"max_model_len", d.MaxModelLen, "a context length from 1 to 16777216 tokens (or leave it out: the model's own)"},
+		{"max_num_seqs", d.MaxNumSeqs, "from 1 to 65536 concurrent sequences (or leave it out: with gpu_memory auto as many as the GPU holds, up to 16; else the engine's own limit)"},
+	} {
+		if given(f.name) && f.v == 0 {
+			return invalid(&FieldError{Field: f.name, Value: "0", Want: f.want})
+		}
+	}
 	if err := d.Validate(); err != nil {
 		return invalid(err)
 	}

@@ -262,6 +262,11 @@ func TestDecodeAuto(t *testing.T) {
 		`{"name": "m", "model": "org/m", "gpu_memory": "automatic"}`: "gpu_memory",
 		`{"name": "m", "model": "org/m", "max_model_len": -1}`:       "max_model_len",
 		`{"name": "m", "model": "org/m", "max_num_seqs": 100000}`:    "max_num_seqs",
+		// An explicit 0 or a negative count is an error, not "unset".
+		`{"name": "m", "model": "org/m", "max_num_seqs": 0}`:                        "max_num_seqs",
+		`{"name": "m", "model": "org/m", "gpu_memory": "auto", "max_num_seqs": 0}`:  "max_num_seqs",
+		`{"name": "m", "model": "org/m", "gpu_memory": "auto", "max_num_seqs": -2}`: "max_num_seqs",
+		`{"name": "m", "model": "org/m", "max_model_len": 0}`:                       "max_model_len",
 	} {
 		if _, err := DecodeDeployment([]byte(body)); err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v, want one naming %s", body, err, field)

@@ -45,9 +45,14 @@ type Deployment struct {
 	// Fit, so the spec is the same on every node and placement stays pure.
 	GPUMemoryAuto      bool `json:"-"`
 	TensorParallelAuto bool `json:"-"`
-	// MaxModelLen and MaxNumSeqs size a gpu_memory: auto deployment's KV
-	// cache (0: the model's own context; one sequence) and are passed to
-	// the engine (vLLM --max-model-len and --max-num-seqs).
+	// MaxModelLen and MaxNumSeqs are the context of each sequence and how
+	// many run at once, passed to the engine (vLLM --max-model-len and
+	// --max-num-seqs). A gpu_memory: auto deployment's KV cache is sized
+	// for them (0: the model's own context; as many sequences as the GPU
+	// type holds, at most fit.DefaultMaxSeqs, stored here with
+	// Fit.SeqsChosen); with an explicit gpu_memory the accepting node
+	// checks that the share holds them when it can read the model's
+	// headers.
 	MaxModelLen int `json:"max_model_len,omitempty"`
 	MaxNumSeqs  int `json:"max_num_seqs,omitempty"`
 	// Fit is what the accepting node computed for gpu_memory: auto.
@@ -178,10 +183,10 @@ func (d Deployment) Validate() error {
 		return bad("gpu_memory", d.GPUMemory.String(), "at least 1MiB, e.g. 70GiB (or unset for whole GPUs)")
 	}
 	if d.MaxModelLen < 0 || d.MaxModelLen > 1<<24 {
-		return bad("max_model_len", strconv.Itoa(d.MaxModelLen), "a context length from 1 to 16777216 tokens (or unset: the model's own)")
+		return bad("max_model_len", strconv.Itoa(d.MaxModelLen), "a context length from 1 to 16777216 tokens (or leave it out: the model's own)")
 	}
 	if d.MaxNumSeqs < 0 || d.MaxNumSeqs > 1<<16 {
-		return bad("max_num_seqs", strconv.Itoa(d.MaxNumSeqs), "from 1 to 65536 concurrent sequences (or unset: 1)")
+		return bad("max_num_seqs", strconv.Itoa(d.MaxNumSeqs), "from 1 to 65536 concurrent sequences (or leave it out: with gpu_memory auto as many as the GPU holds, up to 16; else the engine's own limit)")
 	}
 	if d.StartTimeout < 0 || time.Duration(d.StartTimeout) > MaxStartTimeout {
 		return bad("start_timeout", d.StartTimeout.String(), "a duration above 0 and at most 168h (7 days), such as 2h (or unset: 2h)")
@@ -287,6 +292,12 @@ type Fit struct {
 	// Source says where the headers came from: "local", "node NAME" or
 	// the hub.
 	Source string `json:"source,omitempty"`
+	// SeqsChosen: the spec named no max_num_seqs, so the accepting node
+	// chose MaxNumSeqs (fit.ChooseSeqs) to size the KV cache. The figure
+	// is then how much memory to ask for, not a limit the user set:
+	// engines that size their KV cache from their memory (vLLM, SGLang)
+	// get no concurrency flag, llama.cpp gets -np with it.
+	SeqsChosen bool `json:"seqs_chosen,omitempty"`
 }
 
 func (f Fit) validate() error {
@@ -328,6 +339,7 @@ type fieldVersion struct {
 func fieldVersions() []fieldVersion {
 	return []fieldVersion{
 		{FieldVersion{Field: "start_timeout", Protocol: 2}, func(d Deployment) bool { return d.StartTimeout != 0 }},
+		{FieldVersion{Field: "fit.seqs_chosen", Protocol: 3}, func(d Deployment) bool { return d.Fit != nil && d.Fit.SeqsChosen }},
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/probes/weights"
@@ -48,7 +49,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 		if d.TensorParallelAuto {
 			return d, fmt.Errorf("%w: tensor_parallel: auto needs gpu_memory: auto (the smallest split is chosen from the model's size)", placement.ErrInvalidDeployment)
 		}
-		return d, nil
+		return d, n.checkShare(ctx, d)
 	}
 	refuse := func(format string, args ...any) (placement.Deployment, error) {
 		return d, fmt.Errorf("%w: gpu_memory auto for %s: "+format, append([]any{placement.ErrInvalidDeployment, d.Model}, args...)...)
@@ -59,7 +60,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	m, source, err := n.modelHeaders(ctx, d)
+	m, source, err := n.modelHeaders(ctx, d, true)
 	if err != nil {
 		return refuse("%v", err)
 	}
@@ -82,6 +83,24 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	if err != nil {
 		return refuse("%s: %v", source, err)
 	}
+	// Without max_num_seqs the KV cache is sized for as many full-context
+	// sequences as the GPU type this split is sized for holds, up to
+	// fit.DefaultMaxSeqs: a cap of 1 made vLLM and SGLang serve one
+	// request at a time. When not even one fits, e (one sequence) stays,
+	// for the refusal below to show.
+	seqsChosen := false
+	if d.MaxNumSeqs == 0 {
+		if k, ok := fit.SizedFor(kinds, e.Request.TensorParallel); ok {
+			if seqs := prof.ChooseSeqs(e.Request, k); seqs > 0 {
+				more := e.Request
+				more.MaxNumSeqs = seqs
+				if e, err = prof.Estimate(more); err != nil {
+					return refuse("%s: %v", source, err)
+				}
+				seqsChosen = true
+			}
+		}
+	}
 	b := e.PerGPU
 	need := fmt.Sprintf("needs %d × %s at TP %d with %d × %d tokens of context (%s weights + %s KV cache + %s overhead)",
 		e.Request.TensorParallel, fit.GiB(b.Total), e.Request.TensorParallel, e.Request.MaxNumSeqs, e.Request.MaxModelLen,
@@ -95,6 +114,15 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 		if d.TensorParallelAuto {
 			hint = fmt.Sprintf("no split up to the %d GPU(s) one node has is enough", big.PerNode)
 		}
+		// A count the user gave is what to lower when fewer sequences
+		// fit: named, with the most that fit on the largest GPU type
+		// that has GPUs enough for the split.
+		if k, ok := fit.SizedFor(kinds, e.Request.TensorParallel); ok && d.MaxNumSeqs > 0 && !d.TensorParallelAuto {
+			if most := prof.MaxSeqs(e.Request, k.MemoryBytes); most > 0 {
+				hint = fmt.Sprintf("max_num_seqs %d: at most %d sequences of %d tokens fit on one %s (%s) at TP %d; lower max_num_seqs or max_model_len",
+					d.MaxNumSeqs, most, e.Request.MaxModelLen, k.Name, fit.GiB(k.MemoryBytes), e.Request.TensorParallel)
+			}
+		}
 		return refuse("%s; no GPU type in the cluster could ever hold that: the largest is %s (%s, %d on %s); %s",
 			need, fit.GiB(big.MemoryBytes), big.Name, big.PerNode, big.Node, hint)
 	}
@@ -103,11 +131,84 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	d.MaxModelLen, d.MaxNumSeqs = e.Request.MaxModelLen, e.Request.MaxNumSeqs
 	// Whole MiB, rounded up: the spec reads as a size, not a byte count.
 	d.GPUMemory = placement.Bytes((b.Total + 1<<20 - 1) &^ (1<<20 - 1))
+	// The mark is protocol 3's (internal/protocol.V3): below it the
+	// chosen count is stored as a plain cap that every agent passes on.
+	if seqsChosen && n.cluster.ActiveVersion() < protocol.V3 {
+		seqsChosen = false
+	}
 	d.Fit = &placement.Fit{Params: prof.Weights.Params, WeightsBytes: prof.Weights.Bytes, KVBytesPerToken: prof.KVBytesPerToken + prof.SlidingKVBytesPerToken,
-		Weights: b.Weights, KVCache: b.KVCache, Overhead: b.Framework + b.Activations + b.CUDAGraphs, Source: source}
+		Weights: b.Weights, KVCache: b.KVCache, Overhead: b.Framework + b.Activations + b.CUDAGraphs, Source: source, SeqsChosen: seqsChosen}
 	n.log.Info("gpu_memory auto", "deployment", d.Name, "model", d.Model, "from", source, "per_gpu", d.GPUMemory.String(),
-		"tensor_parallel", d.TensorParallel, "max_model_len", d.MaxModelLen, "max_num_seqs", d.MaxNumSeqs)
+		"tensor_parallel", d.TensorParallel, "max_model_len", d.MaxModelLen, "max_num_seqs", d.MaxNumSeqs, "max_num_seqs_chosen", seqsChosen)
 	return d, nil
+}
+
+// checkShare refuses an explicit gpu_memory that cannot hold the
+// max_model_len × max_num_seqs the spec asks of the engine (vLLM would
+// refuse to start, or start with less KV cache than one full sequence),
+// with the field to change and the largest that fits. It is checked only
+// when the model's headers are at hand, in this node's weights dir or on a
+// node that reports the model cached: a place with an explicit share must
+// not wait on the hub. A model the fit arithmetic cannot size is not
+// checked either; the engine then says what is wrong.
+func (n *Node) checkShare(ctx context.Context, d placement.Deployment) error {
+	if d.GPUMemory == 0 || (d.MaxModelLen == 0 && d.MaxNumSeqs == 0) {
+		return nil
+	}
+	timeout := n.cfg.FitTimeout
+	if timeout <= 0 {
+		timeout = defaultFitTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	m, source, err := n.modelHeaders(ctx, d, false)
+	if err != nil {
+		n.log.Debug("gpu_memory not checked against max_model_len and max_num_seqs", "deployment", d.Name, "err", err)
+		return nil
+	}
+	prof, err := fit.Analyze(m, kvCacheDType(d.Args))
+	if err != nil {
+		n.log.Debug("gpu_memory not checked against max_model_len and max_num_seqs", "deployment", d.Name, "from", source, "err", err)
+		return nil
+	}
+	return shareHolds(prof, d, source)
+}
+
+// shareHolds is checkShare's arithmetic: d's share must hold the weights,
+// the KV cache of max_num_seqs (1 when unset) sequences of max_model_len
+// tokens (the model's own when unset) and the overhead, per GPU.
+func shareHolds(prof fit.Profile, d placement.Deployment, source string) error {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format+" (model %s, read from %s)", append(append([]any{placement.ErrInvalidDeployment}, args...), d.Model, source)...)
+	}
+	share := uint64(d.GPUMemory)
+	req := fit.Request{TensorParallel: d.TensorParallel, PipelineParallel: d.PipelineParallel,
+		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine}
+	e, err := prof.Estimate(req)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	if e.PerGPU.Total <= share {
+		return nil
+	}
+	r, b := e.Request, e.PerGPU
+	need := fmt.Sprintf("%d × %d tokens need %s per GPU at TP %d (%s weights + %s KV cache + %s overhead)",
+		r.MaxNumSeqs, r.MaxModelLen, fit.GiB(b.Total), r.TensorParallel, fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs))
+	// Whole MiB, rounded up, as gpu_memory: auto stores its figure.
+	raise := fmt.Sprintf("or raise gpu_memory to at least %s", placement.Bytes((b.Total+1<<20-1)&^(1<<20-1)))
+	if d.MaxNumSeqs > 0 {
+		if most := prof.MaxSeqs(r, share); most > 0 {
+			return refuse("max_num_seqs %d: gpu_memory %s holds at most %d sequences of %d tokens; %s; lower max_num_seqs to %d %s",
+				d.MaxNumSeqs, d.GPUMemory, most, r.MaxModelLen, need, most, raise)
+		}
+	}
+	if most := prof.MaxModelLen(r, share); most > 0 {
+		// Without max_model_len it is the model's own context that does
+		// not fit: the fix is still a shorter max_model_len.
+		return refuse("max_model_len %d: gpu_memory %s holds at most %d tokens of context for %d sequence(s); %s; give max_model_len %d or less %s",
+			r.MaxModelLen, d.GPUMemory, most, r.MaxNumSeqs, need, most, raise)
+	}
+	return refuse("gpu_memory %s: not even one token of context fits beside the weights and overhead; %s; raise gpu_memory", d.GPUMemory, need)
 }
 
 // typeClause names the gpu_type a refusal was limited to, if any.
@@ -133,8 +234,9 @@ func kvCacheDType(args []string) string {
 }
 
 // modelHeaders finds the model's headers: this node's weights dir, a node
-// that reports it cached, or the hub. The error says what each said.
-func (n *Node) modelHeaders(ctx context.Context, d placement.Deployment) (fit.Model, string, error) {
+// that reports it cached, or (with hub) the hub. The error says what each
+// said.
+func (n *Node) modelHeaders(ctx context.Context, d placement.Deployment, hub bool) (fit.Model, string, error) {
 	var tried []string
 	if path, ok := weights.Find(n.cfg.WeightsDir, d.Model); ok {
 		n.RescanWeights()
@@ -168,6 +270,8 @@ func (n *Node) modelHeaders(ctx context.Context, d placement.Deployment) (fit.Mo
 		tried = append(tried, "no other node reports it cached")
 	}
 	switch {
+	case !hub:
+		tried = append(tried, "the hub is not asked for this")
 	case n.cfg.HubURL == "":
 		tried = append(tried, "no --hub-url")
 	case !weights.ValidRepo(d.Model):

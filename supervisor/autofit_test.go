@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/placement/fit/fittest"
 	"github.com/llmgw/llmgw/probes/weights/weightstest"
@@ -89,10 +91,12 @@ func TestGPUMemoryAutoFromAPeer(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("place: %d %s", code, raw)
 	}
-	want := expected(t, fittest.Llama31_8B(), fit.Request{MaxModelLen: 8192, Engine: "fake"})
+	// No max_num_seqs: sized for 16 sequences of 8192 tokens (16 GiB of KV
+	// cache beside 15 GiB of weights fit an 80 GiB GPU), marked chosen.
+	want := expected(t, fittest.Llama31_8B(), fit.Request{MaxModelLen: 8192, MaxNumSeqs: 16, Engine: "fake"})
 	d := info.Deployment
 	if d.Fit == nil || d.Fit.Source != "node b" || uint64(d.GPUMemory) < want.PerGPU.Total || uint64(d.GPUMemory) > want.PerGPU.Total+1<<20 ||
-		d.MaxModelLen != 8192 || d.MaxNumSeqs != 1 || d.Fit.KVBytesPerToken != 128<<10 {
+		d.MaxModelLen != 8192 || d.MaxNumSeqs != 16 || !d.Fit.SeqsChosen || d.Fit.KVBytesPerToken != 128<<10 {
 		t.Fatalf("spec %+v (fit %+v), want gpu_memory %d from node b", d, d.Fit, want.PerGPU.Total)
 	}
 	testwait.Until(t, 15*time.Second, "llama placed on b, where its weights are", func() (bool, string) {
@@ -120,6 +124,21 @@ func TestGPUMemoryAutoFromAPeer(t *testing.T) {
 	}
 	if slices.ContainsFunc(a.Status().Deployments(time.Now()), func(x status.DeploymentInfo) bool { return x.Name == "mix" }) {
 		t.Fatal("a refused place left a deployment")
+	}
+	// A max_num_seqs no GPU holds: the field named, with the most that fit.
+	code, _, raw = placeRaw(t, a, `{"name": "many", "model": "meta-llama/Llama-3.1-8B", "engine": "fake", "gpu_memory": "auto", "max_model_len": 32768, "max_num_seqs": 64}`)
+	if code != http.StatusBadRequest || !strings.Contains(raw, "max_num_seqs 64: at most 15 sequences of 32768 tokens fit on one NVIDIA H100 80GB") {
+		t.Fatalf("64 × 32768 tokens: %d %s, want a refusal naming max_num_seqs", code, raw)
+	}
+	// An explicit share is checked against the counts when the headers
+	// are at hand (b has them).
+	code, _, raw = placeRaw(t, a, `{"name": "many", "model": "meta-llama/Llama-3.1-8B", "engine": "fake", "gpu_memory": "24GiB", "max_model_len": 8192, "max_num_seqs": 64}`)
+	if code != http.StatusBadRequest || !strings.Contains(raw, "max_num_seqs 64: gpu_memory 24GiB holds at most ") {
+		t.Fatalf("64 × 8192 tokens in 24GiB: %d %s, want a refusal naming max_num_seqs", code, raw)
+	}
+	code, info, raw = placeRaw(t, a, `{"name": "few", "model": "meta-llama/Llama-3.1-8B", "engine": "fake", "gpu_memory": "24GiB", "max_model_len": 8192, "max_num_seqs": 2}`)
+	if code != http.StatusOK || info.Deployment.MaxNumSeqs != 2 || info.Deployment.MaxModelLen != 8192 || info.Deployment.Fit != nil {
+		t.Fatalf("2 × 8192 tokens in 24GiB: %d %s, want it kept as given", code, raw)
 	}
 	// tensor_parallel auto picks the smallest split that holds it.
 	code, info, raw = placeRaw(t, a, `{"name": "mix", "model": "mixtral", "engine": "fake", "gpu_memory": "auto", "tensor_parallel": "auto", "max_model_len": 32768}`)
@@ -215,6 +234,36 @@ func TestWeightsHeadersNeedsTheTokenOrAHop(t *testing.T) {
 	for _, model := range []string{"../" + filepath.Base(wdir), "/etc", "absent"} {
 		if code := call(t, "GET", api(a, "/v1/weights/headers?model="+model), testToken, nil, nil); code != http.StatusNotFound {
 			t.Errorf("model %q: %d, want 404", model, code)
+		}
+	}
+}
+
+// shareHolds names the field to lower and the largest that fits: the
+// count when fewer sequences fit, the context when not one does.
+func TestShareHolds(t *testing.T) {
+	f := fittest.Llama31_8B()
+	c, err := fit.ParseConfig([]byte(f.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := fit.Analyze(fit.Model{Config: c, Tensors: f.Tensors}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := placement.Deployment{Name: "x", Model: "m", Engine: "vllm", TensorParallel: 1, PipelineParallel: 1, GPUMemory: 24 << 30}
+	for _, c := range []struct {
+		seqs, ctx int
+		want      string
+	}{
+		{2, 8192, ""},
+		{64, 8192, "max_num_seqs 64: gpu_memory 24GiB holds at most 4 sequences of 8192 tokens"},
+		{0, 65536, "max_model_len 65536: gpu_memory 24GiB holds at most "},
+		{2, 0, "max_model_len 131072: gpu_memory 24GiB holds at most "},
+	} {
+		d.MaxNumSeqs, d.MaxModelLen = c.seqs, c.ctx
+		err := shareHolds(p, d, "local")
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, placement.ErrInvalidDeployment)) {
+			t.Errorf("%d × %d tokens in 24GiB: %v, want %q", c.seqs, c.ctx, err, c.want)
 		}
 	}
 }

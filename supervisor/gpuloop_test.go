@@ -152,3 +152,36 @@ func TestTelemetryIsRoundedAndThrottled(t *testing.T) {
 		t.Fatalf("after a change: changed %v, %+v", changed, got)
 	}
 }
+
+// gpuRunnerStub is the runner as the GPU loop sees it: shards with their
+// claims, and engine PIDs.
+type gpuRunnerStub struct {
+	shards []gossip.ShardRecord
+	pids   []int
+}
+
+func (r gpuRunnerStub) Shards() []gossip.ShardRecord { return r.shards }
+func (r gpuRunnerStub) OwnPIDs() []int               { return r.pids }
+
+// The record's foreign memory holds the driver's reservation, simulated
+// GPUs included (their engines' claims are used memory, never foreign):
+// placement then keeps vLLM's start rule on every node's figures.
+func TestGPUReadingCountsReservedAsForeign(t *testing.T) {
+	probe, err := gpu.NewSimulated("2xH100-80GB", "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gpuLoop{probe: probe, simulated: true, log: slog.New(slog.NewTextHandler(io.Discard, nil)), clock: clock.NewFake(time.Now()),
+		runner: gpuRunnerStub{shards: []gossip.ShardRecord{{GPUs: []int{0}, MemoryPerGPU: 40 << 30}}}}
+	snap, err := probe.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, _ := g.reading(context.Background(), snap, nil, gossip.ProbeSummary{})
+	reserved := gpu.SimulatedReserved(80 << 30)
+	for i, want := range []uint64{40 << 30, 0} {
+		if gpus[i].MemoryForeign != reserved || gpus[i].MemoryUsed != want {
+			t.Errorf("GPU %d: foreign %d used %d, want the reserved %d foreign and %d used", i, gpus[i].MemoryForeign, gpus[i].MemoryUsed, reserved, want)
+		}
+	}
+}

@@ -150,8 +150,8 @@ func placeCommand() *cli.Command {
 		&cli.StringFlag{Name: "tp", Value: "1", Usage: "tensor parallel: GPUs of one node per shard, or auto (with --gpu-memory auto: the smallest that fits)"},
 		&cli.IntFlag{Name: "pp", Value: 1, Usage: "pipeline parallel: nodes per replica"},
 		&cli.StringFlag{Name: "gpu-memory", Usage: "memory per GPU, e.g. 70GiB, or auto: computed from the model's files (default: whole GPUs)"},
-		&cli.IntFlag{Name: "max-model-len", Usage: "with --gpu-memory auto: the context each sequence gets (default: the model's own)"},
-		&cli.IntFlag{Name: "max-num-seqs", Usage: "with --gpu-memory auto: concurrent full-context sequences the KV cache holds (default 1)"},
+		&cli.IntFlag{Name: "max-model-len", Usage: "the context each sequence gets, passed to the engine and checked against --gpu-memory (default: the model's own)"},
+		&cli.IntFlag{Name: "max-num-seqs", Usage: "concurrent sequences, passed to the engine and checked against --gpu-memory (default: with --gpu-memory auto as many full-context ones as the GPU holds, up to 16; else the engine's own limit)"},
 		&cli.StringFlag{Name: "gpu-type", Usage: "substring of the GPU name, e.g. H100"},
 		&cli.StringSliceFlag{Name: "label", Usage: "node label k=v the shards need (repeatable)"},
 		&cli.StringFlag{Name: "image", Usage: "container image (default: the engine profile's)"},
@@ -228,9 +228,15 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	if d.PipelineParallel < 1 {
 		return nil, "", fmt.Errorf("--pp %d: want an integer from 1 to 64 (nodes per replica)", d.PipelineParallel)
 	}
+	// As with --tp: a 0 would be sent as nothing and read as unset.
+	for _, f := range []string{"max-model-len", "max-num-seqs"} {
+		if c.IsSet(f) && c.Int(f) < 1 {
+			return nil, "", fmt.Errorf("--%s %d: want 1 or more (or leave it out)", f, c.Int(f))
+		}
+	}
 	d.GPUMemoryAuto = c.String("gpu-memory") == "auto"
-	if (d.MaxModelLen != 0 || d.MaxNumSeqs != 0 || d.TensorParallelAuto) && !d.GPUMemoryAuto {
-		return nil, "", fmt.Errorf("--max-model-len, --max-num-seqs and --tp auto size a --gpu-memory auto deployment: add --gpu-memory auto")
+	if d.TensorParallelAuto && !d.GPUMemoryAuto {
+		return nil, "", fmt.Errorf("--tp auto chooses the split from the model's size: add --gpu-memory auto")
 	}
 	if m := c.String("gpu-memory"); m != "" && !d.GPUMemoryAuto {
 		b, err := placement.ParseBytes(m)

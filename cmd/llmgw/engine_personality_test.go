@@ -60,14 +60,14 @@ func TestEnginePersonalityAcceptsProfileCommandLines(t *testing.T) {
 		// rendered are flags the render must hold, so the test covers
 		// them.
 		rendered []string
-		// wantSeqs is the batch size: the deployment's, or llama.cpp's
-		// auto (the profile renders no -np).
+		// wantSeqs is the batch size: the deployment's (llama.cpp: -np,
+		// and -c is its context times the slots).
 		wantSeqs int
 		wantLen  int
 	}{
 		{fakeengine.PersonalityVLLM, []string{"serve", "--served-model-name", "--tensor-parallel-size", "--gpu-memory-utilization=0.50", "--max-model-len=8192", "--max-num-seqs=16"}, 16, 8192},
 		{fakeengine.PersonalitySGLang, []string{"-m", "--model-path", "--tp-size", "--enable-metrics", "--mem-fraction-static=0.50", "--context-length=8192", "--max-running-requests=16", "--api-key=k-123"}, 16, 8192},
-		{fakeengine.PersonalityLlamaCpp, []string{"--model", "--alias", "--n-gpu-layers", "--metrics"}, 4, 4096},
+		{fakeengine.PersonalityLlamaCpp, []string{"--model", "--alias", "--n-gpu-layers", "--metrics", "-np", "--no-kv-unified", "--fit"}, 16, 8192},
 	} {
 		t.Run(string(tc.engine), func(t *testing.T) {
 			args, getenv := personalityRender(t, string(tc.engine), 8123, false)

@@ -117,8 +117,14 @@ func TestFitAndPlaceAutoAgainstANode(t *testing.T) {
 	if info.GPUMemory == "" || info.MaxModelLen != 8192 || !strings.HasPrefix(info.Fit.Source, "local ") {
 		t.Errorf("placed %s", out)
 	}
-	if _, err := run(t, "place", "x", "--model", "m", "--max-num-seqs", "2", "--addr", n.api); err == nil || !strings.Contains(err.Error(), "add --gpu-memory auto") {
-		t.Errorf("--max-num-seqs without auto: %v", err)
+	// With an explicit share the counts are passed on, checked against the
+	// share by the node, which has the model's headers.
+	if _, err := run(t, "place", "x", "--model", "meta-llama/Llama-3.1-8B", "--engine", "fake", "--gpu-memory", "24GiB", "--max-model-len", "8192", "--max-num-seqs", "64",
+		"--addr", n.api, "--token-file", tok); err == nil || !strings.Contains(err.Error(), "max_num_seqs 64: gpu_memory 24GiB holds at most ") {
+		t.Errorf("--max-num-seqs 64 in 24GiB: %v", err)
+	}
+	if _, err := run(t, "place", "x", "--model", "m", "--max-num-seqs", "0", "--addr", n.api); err == nil || !strings.Contains(err.Error(), "--max-num-seqs 0: want 1 or more") {
+		t.Errorf("--max-num-seqs 0: %v", err)
 	}
 	out, err = run(t, "nodes", "--addr", n.api)
 	if err != nil || !strings.Contains(out, "WEIGHTS") || !strings.Contains(out, "meta-llama/Llama-3.1-8B (") {

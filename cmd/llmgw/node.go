@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,7 +67,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "runtime", Value: "auto", Usage: "how engines run: containerd, process (host processes and the built-in fake engine), none (claim shards, run nothing), or auto (containerd when its socket answers, else process)", Sources: cli.EnvVars("LLMGW_RUNTIME")},
 		&cli.StringFlag{Name: "containerd-socket", Value: "/run/containerd/containerd.sock", Usage: "containerd's socket", Sources: cli.EnvVars("LLMGW_CONTAINERD_SOCKET")},
 		&cli.StringFlag{Name: "containerd-namespace", Value: "llmgw", Usage: "containerd namespace for engines", Sources: cli.EnvVars("LLMGW_CONTAINERD_NAMESPACE")},
-		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache (hub cache layout, model dirs, .gguf files): scanned and published to the cluster, bind-mounted into engine containers", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
+		&cli.StringFlag{Name: "weights-dir", Usage: "model weights cache (hub cache layout, model dirs, .gguf files): scanned and published to the cluster, bind-mounted into engine containers, the engines' HF_HOME (default: <data-dir>/cache/hf, so a restarted engine finds what it downloaded)", Sources: cli.EnvVars("LLMGW_WEIGHTS_DIR")},
 		&cli.StringFlag{Name: "hub-url", Value: weights.DefaultHub, Usage: "where gpu_memory: auto reads the headers of a model no node has (HTTP range requests; empty: nowhere)", Sources: cli.EnvVars("LLMGW_HUB_URL")},
 		&cli.StringFlag{Name: "engine-ports", Value: "8100-8999", Usage: "port range for engines' HTTP servers", Sources: cli.EnvVars("LLMGW_ENGINE_PORTS")},
 		// The readiness rule's knobs; 0 keeps each engine profile's own
@@ -99,6 +100,11 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	var err error
 	if cfg.DataDir, err = filepath.Abs(cfg.DataDir); err != nil {
 		return cfg, fmt.Errorf("--data-dir: %w", err)
+	}
+	if cfg.WeightsDir == "" {
+		// Without it every engine start downloaded the model again into a
+		// container that is deleted on stop.
+		cfg.WeightsDir = filepath.Join(cfg.DataDir, "cache", "hf")
 	}
 	host, port, err := splitHostPort("--bind", c.String("bind"))
 	if err != nil {
@@ -259,7 +265,8 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 					func() float64 { return float64(runner.Unroutable()) }),
 				prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "llmgw_engine_hung_restarts_total",
 					Help: "Engines on this node restarted because they stayed unroutable without progress (hung)."},
-					func() float64 { return float64(runner.HungRestarts()) }))
+					func() float64 { return float64(runner.HungRestarts()) }),
+				missingMetricsCollector{runner.MissingMetrics})
 		}
 		if gw != nil {
 			collectors = append(collectors, gw)
@@ -461,7 +468,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 	probe := cfg.GPUs
 	token := cfg.Token
 	return engine.NewRunner(ctx, engine.Config{
-		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Clock: cfg.Clock, Host: host, Self: self, WeightsDir: c.String("weights-dir"),
+		Node: cfg.Name, Runtime: rt, DataDir: datadir.New(cfg.DataDir), Clock: cfg.Clock, Host: host, Self: self, WeightsDir: cfg.WeightsDir,
 		PortMin: lo, PortMax: hi, SimulatedGPUs: cfg.GPUsSimulated, Logger: log.With("node", cfg.Name),
 		StartTimeout: c.Duration("engine-start-timeout"),
 		Readiness: profile.Readiness{ProbeTimeout: c.Duration("engine-probe-timeout"), Failures: int(c.Int("engine-probe-failures")),
@@ -476,7 +483,57 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 			}
 			return s.GPUs
 		},
+		GPUFree:     gpuFree(probe),
+		RDMADevices: rdmaDevices(cfg.Interconnect),
 	})
+}
+
+// missingMetricsCollector exports llmgw_engine_missing_metrics_total{metric}:
+// engines that did not export a metric their profile reads, each counted
+// once per metric (their readings are unknown, not 0).
+type missingMetricsCollector struct{ counts func() map[string]uint64 }
+
+var descMissingMetrics = prometheus.NewDesc("llmgw_engine_missing_metrics_total",
+	"Engines on this node whose /metrics lacked a metric their profile reads (once per engine and metric); the reading is unknown.",
+	[]string{"metric"}, nil)
+
+func (m missingMetricsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descMissingMetrics }
+
+func (m missingMetricsCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, n := range m.counts() {
+		ch <- prometheus.MustNewConstMetric(descMissingMetrics, prometheus.CounterValue, float64(n), name)
+	}
+}
+
+// gpuFree is the runner's free-memory read: the probe's, when it has one
+// (NVML; simulated GPUs do not).
+func gpuFree(probe gpu.Discoverer) func(ctx context.Context, indices []int) ([]uint64, error) {
+	if fr, ok := probe.(gpu.FreeReader); ok {
+		return fr.FreeMemory
+	}
+	return nil
+}
+
+// rdmaDevices is the runner's list of this node's usable RDMA devices:
+// those with a port up, from the interconnect probe (a device whose
+// ports are all down would only make NCCL try it and fail).
+func rdmaDevices(read func(ctx context.Context) (host.Interconnect, error)) func(ctx context.Context) []string {
+	if read == nil {
+		return nil
+	}
+	return func(ctx context.Context) []string {
+		ic, err := read(ctx)
+		if err != nil {
+			return nil
+		}
+		var devs []string
+		for _, l := range ic.Links {
+			if l.Up && !slices.Contains(devs, l.Device) {
+				devs = append(devs, l.Device)
+			}
+		}
+		return devs
+	}
 }
 
 // driverFaultSource sets where the node reads driver faults and

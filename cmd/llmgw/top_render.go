@@ -90,7 +90,10 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 			hit = fmt.Sprintf("%.0f%%", 100*r)
 		}
 		if m.Engines > 0 {
-			kv = fmt.Sprintf("%.0f%%", 100*m.KVCacheUsage())
+			kv = "?" // no engine exports it
+			if m.KVKnown() {
+				kv = fmt.Sprintf("%.0f%%", 100*m.KVCacheUsage())
+			}
 		}
 		if m.Rates {
 			prompt, gen = fmt.Sprintf("%.0f", m.PromptTPS), fmt.Sprintf("%.0f", m.GenerationTPS)
@@ -121,6 +124,9 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 		run, wait, kv, gen, age := "-", "-", "-", "-", "-"
 		if !l.ScrapedAt.IsZero() && l.Error == "" {
 			run, wait, kv = fmt.Sprintf("%.0f", l.Running), fmt.Sprintf("%.0f", l.Waiting), fmt.Sprintf("%.0f%%", 100*l.KVCacheUsage)
+			if !l.Knows(gossip.ReadingKVCache) {
+				kv = "?" // the engine does not export it
+			}
 			if l.RatesValid {
 				gen = fmt.Sprintf("%.0f", l.GenerationTPS)
 			}

@@ -24,6 +24,13 @@ const (
 	// are relayed byte for byte; files in the data dir say which
 	// protocol wrote them.
 	V2 = 2
+	// V3: an auto-sized deployment marks the concurrency llmgw chose
+	// itself (fit.seqs_chosen), and vLLM and SGLang then get no
+	// concurrency flag. The mark is part of the spec, so of its spec
+	// version: a V2 agent, which drops it, would name the engine
+	// differently; below V3 the chosen figure is stored unmarked and
+	// passed to every engine as a cap.
+	V3 = 3
 )
 
 // Min and Max bound the versions this build speaks. Min rises only when a
@@ -31,7 +38,7 @@ const (
 // cluster's active version is refused by it.
 const (
 	Min = V1
-	Max = V2
+	Max = V3
 )
 
 // Range is the span of versions one build speaks.

@@ -66,3 +66,28 @@ func (p Profile) SmallestTP(r Request, gpuBytes uint64, maxTP int) (Estimate, er
 // GiB writes a size in GiB with one decimal, as the reasons and the CLI show
 // them.
 func GiB(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/gib) }
+
+// DefaultMaxSeqs caps the sequences a gpu_memory: auto figure is sized for
+// when the deployment names no max_num_seqs. vLLM and SGLang size their KV
+// cache from the memory they are given and schedule as many sequences as it
+// holds, so the figure only decides how much memory to ask for: enough for
+// this many full-context sequences, or fewer when the GPU holds fewer.
+const DefaultMaxSeqs = 16
+
+// EmptyGPUReserve is what an empty GPU keeps from placement: the driver's
+// reserved memory (616 MiB on an H200, see probes/gpu) counts as foreign,
+// and placement rounds foreign memory up to whole GiB. A figure sized to
+// the last byte of a GPU could never be placed on one.
+const EmptyGPUReserve = 1 << 30
+
+// ChooseSeqs is the number of sequences of r.MaxModelLen tokens (the
+// model's own context when unset) that a deployment without max_num_seqs
+// is sized for on GPU kind k at r's split: the most that fit in an empty
+// GPU of k (less EmptyGPUReserve), at most DefaultMaxSeqs; 0 when not one
+// does.
+func (p Profile) ChooseSeqs(r Request, k GPUKind) int {
+	if k.MemoryBytes <= EmptyGPUReserve {
+		return 0
+	}
+	return min(DefaultMaxSeqs, p.MaxSeqs(r, k.MemoryBytes-EmptyGPUReserve))
+}

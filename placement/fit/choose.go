@@ -179,3 +179,16 @@ func (p Profile) OnKind(e Estimate, k GPUKind, tpAuto bool) GPUFit {
 	g.MaxNumSeqs = p.MaxSeqs(r, k.MemoryBytes)
 	return g
 }
+
+// SizedFor is the GPU kind a figure at tensor-parallel size tp is sized
+// for: the largest kind (kinds come largest first, see Kinds) one node of
+// which has tp GPUs. It is the kind resolveAuto's "could ever hold" test
+// passes on, so a deployment without max_num_seqs gets the sequences that
+// kind holds (ChooseSeqs); with gpu_type the operator picks a smaller one.
+func SizedFor(kinds []GPUKind, tp int) (GPUKind, bool) {
+	i := slices.IndexFunc(kinds, func(k GPUKind) bool { return k.maxTP() >= tp })
+	if i < 0 {
+		return GPUKind{}, false
+	}
+	return kinds[i], true
+}

@@ -105,3 +105,18 @@ func TestChooseTPBestTry(t *testing.T) {
 		t.Error("a context longer than the model's: no error")
 	}
 }
+
+// The kind a split is sized for is the largest one node of which has that
+// many GPUs.
+func TestSizedFor(t *testing.T) {
+	kinds := []fit.GPUKind{{Name: "big", MemoryBytes: 141 << 30, PerNode: 2}, {Name: "mid", MemoryBytes: 80 << 30, PerNode: 8}}
+	for _, c := range []struct {
+		tp   int
+		want string
+	}{{1, "big"}, {2, "big"}, {4, "mid"}, {8, "mid"}, {16, ""}} {
+		k, ok := fit.SizedFor(kinds, c.tp)
+		if k.Name != c.want || ok != (c.want != "") {
+			t.Errorf("SizedFor(tp %d) = %q, %v; want %q", c.tp, k.Name, ok, c.want)
+		}
+	}
+}

@@ -107,3 +107,48 @@ func TestSmallestTP(t *testing.T) {
 		t.Error("Mixtral on 8 GiB GPUs up to TP 8: no error")
 	}
 }
+
+// ChooseSeqs, the sequences a deployment without max_num_seqs is sized
+// for: between 0 and DefaultMaxSeqs; what it chose fits an empty GPU less
+// the reserve and one more does not (below the cap); more GPUs or a larger
+// GPU never hold fewer.
+func TestChooseSeqs(t *testing.T) {
+	ps := profiles(t)
+	rapid.Check(t, func(t *rapid.T) {
+		p := ps[rapid.IntRange(0, len(ps)-1).Draw(t, "model")]
+		gpu := uint64(rapid.IntRange(8, 200).Draw(t, "gib")) << 30
+		tp := rapid.SampledFrom([]int{1, 2, 4}).Draw(t, "tp")
+		if p.CheckSplit(tp, 1) != nil || p.CheckSplit(2*tp, 1) != nil {
+			t.Skip("split")
+		}
+		r := fit.Request{TensorParallel: tp, MaxModelLen: rapid.IntRange(1, p.Config.MaxContext).Draw(t, "ctx")}
+		k := fit.GPUKind{Name: "g", MemoryBytes: gpu}
+		n := p.ChooseSeqs(r, k)
+		if n < 0 || n > fit.DefaultMaxSeqs {
+			t.Fatalf("ChooseSeqs = %d, want 0 to %d", n, fit.DefaultMaxSeqs)
+		}
+		total := func(q fit.Request, seqs int) uint64 {
+			q.MaxNumSeqs = seqs
+			e, err := p.Estimate(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e.PerGPU.Total
+		}
+		room := gpu - fit.EmptyGPUReserve
+		if n > 0 && total(r, n) > room {
+			t.Fatalf("%d sequences need %d, more than the %d an empty GPU offers", n, total(r, n), room)
+		}
+		if n < fit.DefaultMaxSeqs && total(r, n+1) <= room {
+			t.Fatalf("ChooseSeqs = %d, but %d fit", n, n+1)
+		}
+		wider := r
+		wider.TensorParallel *= 2
+		if m := p.ChooseSeqs(wider, k); m < n {
+			t.Fatalf("TP %d holds %d sequences, TP %d only %d", tp, n, 2*tp, m)
+		}
+		if m := p.ChooseSeqs(r, fit.GPUKind{Name: "g", MemoryBytes: gpu + 8<<30}); m < n {
+			t.Fatalf("%d GiB holds %d sequences, 8 GiB more only %d", gpu>>30, n, m)
+		}
+	})
+}

@@ -22,6 +22,11 @@ type Snapshot struct {
 	// GPUs are sorted by index. MemoryForeign is left zero: only the caller
 	// knows which processes are its own (see ForeignMemory).
 	GPUs []placement.GPU `json:"gpus"`
+	// Reserved is each GPU's driver-reserved memory by GPU index (NVML v2
+	// reports it apart from used; 616 MiB on the H200 fixture), absent
+	// where unknown (v1 drivers count it in used). Simulated GPUs get
+	// SimulatedReserved.
+	Reserved map[int]uint64 `json:"reserved_bytes,omitempty"`
 	// Processes are the compute processes NVML reports, per GPU.
 	Processes []GPUProcess `json:"processes,omitempty"`
 	// Driver is the NVIDIA driver version, e.g. "580.159.04".
@@ -98,7 +103,8 @@ type Probe interface {
 }
 
 // ForeignMemory returns a copy of s.GPUs with MemoryForeign filled: for each
-// GPU, the used memory minus what processes in ownPIDs hold there.
+// GPU, the used memory minus what processes in ownPIDs hold there, plus
+// the driver-reserved memory (s.Reserved).
 //
 // Why "used minus ours" and not "the sum of the others' processes":
 //   - NVML's per-process figure leaves out memory the driver holds that no
@@ -117,10 +123,13 @@ type Probe interface {
 // own CUDA context. OwnPIDs expands engine PIDs to their descendants.
 //
 // MemoryUsed is NVML's v2 figure, which excludes driver-reserved memory
-// (616 MiB on the H200 fixture), so the reserved part is in neither Used nor
-// Foreign while MemoryTotal still counts it: total minus used overstates
-// what an engine can get by that much. Engines never ask for all of a GPU
-// (vLLM's gpu_memory_utilization stays below 1), which covers it.
+// (616 MiB on the H200 fixture) while MemoryTotal still counts it, so
+// reserved memory is added to foreign: no engine can have it. vLLM refuses
+// to start unless free memory (total − used − reserved) is at least its
+// gpu_memory_utilization × total, and the vllm profile passes share/total;
+// placement keeps total − foreign − promised ≥ share, which with reserved
+// counted here is that same rule. It changes only the figure this node
+// publishes, not what other nodes compute from it.
 func ForeignMemory(s Snapshot, ownPIDs map[int]bool) []placement.GPU {
 	ours := make(map[int]uint64) // by GPU index
 	for _, p := range s.Processes {
@@ -136,6 +145,7 @@ func ForeignMemory(s Snapshot, ownPIDs map[int]bool) []placement.GPU {
 		} else {
 			out[i].MemoryForeign = used - own
 		}
+		out[i].MemoryForeign += s.Reserved[out[i].Index]
 	}
 	return out
 }

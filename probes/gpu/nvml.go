@@ -126,6 +126,9 @@ func (n *NVML) Close() error {
 // which needs every device's PCI address.
 type device struct {
 	gpu placement.GPU
+	// reserved is the driver-reserved memory NVML v2 reports apart (0
+	// with v1, whose used figure includes it).
+	reserved uint64
 	// remote holds the PCI addresses at the far end of active links that
 	// are (or may be) GPUs.
 	remote []string
@@ -173,6 +176,12 @@ func (n *NVML) read(ctx context.Context) (Snapshot, error) {
 	resolvePeers(devs, n.hasRemoteType)
 	for _, d := range devs {
 		snap.GPUs = append(snap.GPUs, d.gpu)
+		if d.reserved > 0 {
+			if snap.Reserved == nil {
+				snap.Reserved = map[int]uint64{}
+			}
+			snap.Reserved[d.gpu.Index] = d.reserved
+		}
 	}
 	slices.SortFunc(snap.GPUs, func(a, b placement.GPU) int { return a.Index - b.Index })
 	return snap, nil
@@ -209,7 +218,7 @@ func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (devi
 		warn("GPU %d: name: %v", g.Index, ret)
 	}
 
-	total, used, err := n.memory(h)
+	total, used, reserved, err := n.memory(h)
 	if errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
 		return lost("memory", err)
 	}
@@ -217,7 +226,7 @@ func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (devi
 		warn("GPU %d left out: %v", g.Index, err)
 		return d, nil, false
 	}
-	g.MemoryTotal, g.MemoryUsed = total, used
+	g.MemoryTotal, g.MemoryUsed, d.reserved = total, used, reserved
 
 	// MIG mode is NOT_SUPPORTED on GPUs without MIG (L40S, consumer cards):
 	// that simply means no MIG.
@@ -259,26 +268,27 @@ func (n *NVML) readDevice(i int, h nvml.Device, warn func(string, ...any)) (devi
 	return d, procs, true
 }
 
-// memory returns total and used bytes. v2's Used leaves out what the driver
-// reserves (v1 counts it: on the H200 fixture v1 said 23.18 GB used where
-// the processes held 22.53 GB, and 645 MB with none running), so v2 is
-// preferred and v1 is the fallback for drivers without it.
-func (n *NVML) memory(h nvml.Device) (total, used uint64, err error) {
+// memory returns total, used and driver-reserved bytes. v2's Used leaves
+// out what the driver reserves and reports it apart (v1 counts it as used:
+// on the H200 fixture v1 said 23.18 GB used where the processes held
+// 22.53 GB, and 645 MB with none running), so v2 is preferred and v1, with
+// reserved 0, is the fallback for drivers without it.
+func (n *NVML) memory(h nvml.Device) (total, used, reserved uint64, err error) {
 	if n.hasV2 {
 		m, ret := h.GetMemoryInfo_v2()
 		switch ret {
 		case nvml.SUCCESS:
-			return m.Total, m.Used, nil
+			return m.Total, m.Used, m.Reserved, nil
 		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
 		default:
-			return 0, 0, fmt.Errorf("memory info v2: %w", ret)
+			return 0, 0, 0, fmt.Errorf("memory info v2: %w", ret)
 		}
 	}
 	m, ret := h.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return 0, 0, fmt.Errorf("memory info: %w", ret)
+		return 0, 0, 0, fmt.Errorf("memory info: %w", ret)
 	}
-	return m.Total, m.Used, nil
+	return m.Total, m.Used, 0, nil
 }
 
 // readLinks records where each active NVLink goes. A GPU without NVLink

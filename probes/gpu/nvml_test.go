@@ -192,15 +192,20 @@ func TestNVMLH200Fixture(t *testing.T) {
 		t.Errorf("v1 memory info called %d times with v2 present", n)
 	}
 
+	// v2 reports the driver's reservation apart: 616 MiB on this card.
+	if snap.Reserved[0] != 616*mib {
+		t.Errorf("reserved = %v, want 616 MiB on GPU 0", snap.Reserved)
+	}
 	// Our engine is pid 448: what is left is driver overhead not charged to
-	// any process, about 10 MiB, and it is not ours to use.
+	// any process, about 10 MiB, and the reserved 616 MiB; neither is ours
+	// to use (vLLM does not count reserved memory as free).
 	gs := ForeignMemory(snap, map[int]bool{448: true})
-	if gs[0].MemoryForeign != 21491*mib-22525509632 { // exactly 10 MiB
+	if gs[0].MemoryForeign != 21491*mib-22525509632+616*mib { // exactly 10 MiB + 616 MiB
 		t.Errorf("foreign with pid 448 ours = %d", gs[0].MemoryForeign)
 	}
 	gs = ForeignMemory(snap, nil)
-	if gs[0].MemoryForeign != g.MemoryUsed {
-		t.Errorf("foreign with nothing ours = %d, want all used %d", gs[0].MemoryForeign, g.MemoryUsed)
+	if gs[0].MemoryForeign != g.MemoryUsed+616*mib {
+		t.Errorf("foreign with nothing ours = %d, want all used %d + 616 MiB reserved", gs[0].MemoryForeign, g.MemoryUsed)
 	}
 	if snap.GPUs[0].MemoryForeign != 0 {
 		t.Error("ForeignMemory changed the snapshot it was given")
@@ -245,6 +250,10 @@ func TestNVMLWithoutV2Symbol(t *testing.T) {
 	}
 	if got := snap.GPUs[0].MemoryUsed; got != 23179689984 {
 		t.Errorf("used = %d, want v1's 23179689984", got)
+	}
+	// v1's used already holds the reservation: not counted twice.
+	if len(snap.Reserved) != 0 {
+		t.Errorf("reserved = %v with v1, want none", snap.Reserved)
 	}
 }
 

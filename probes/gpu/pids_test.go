@@ -64,3 +64,33 @@ func TestForeignMemory(t *testing.T) {
 		t.Error("ForeignMemory's result shares NVLinkPeers with the snapshot")
 	}
 }
+
+// vLLM starts only when free memory (total − used − reserved) is at least
+// its fraction × total, the fraction being share/total. With reserved
+// memory counted as foreign, placement's own rule (total − foreign −
+// promised ≥ share) keeps it: an empty H200 with 616 MiB reserved cannot
+// take a share of total − reserved + 1 byte, and still takes a share of
+// total − 1 GiB, or the whole GPU.
+func TestReservedMemoryRefusesAShareVLLMWouldRefuse(t *testing.T) {
+	const mib = 1 << 20
+	total := uint64(143771 * mib)
+	snap := Snapshot{
+		GPUs:     []placement.GPU{{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", MemoryTotal: total}},
+		Reserved: map[int]uint64{0: 616 * mib},
+	}
+	node := placement.Node{Name: "n", Alive: true, GPUs: ForeignMemory(snap, nil)}
+	for _, c := range []struct {
+		share  uint64
+		placed bool
+	}{
+		{total - 616*mib + 1, false},
+		{total - 1<<30, true},
+		{0, true}, // the whole GPU: 616 MiB of foreign memory is an empty GPU still
+	} {
+		d := placement.Deployment{Name: "d", Model: "m", Replicas: 1, GPUMemory: placement.Bytes(c.share)}.WithDefaults()
+		plan := placement.Compute(placement.View{Nodes: []placement.Node{node}, Deployments: []placement.Deployment{d}})
+		if placed := len(plan.Assignments) == 1; placed != c.placed {
+			t.Errorf("share %d MiB of %d MiB: placed %v, want %v (%+v)", c.share/mib, total/mib, placed, c.placed, plan.Unplaced)
+		}
+	}
+}

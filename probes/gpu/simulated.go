@@ -121,12 +121,39 @@ func NewSimulated(spec, seed string) (*Simulated, error) {
 	return &Simulated{gpus: gpus}, nil
 }
 
-// Discover returns the simulated GPUs, marked Simulated, with no processes.
+// Discover returns the simulated GPUs, marked Simulated, with no processes
+// and each GPU's SimulatedReserved.
 func (s *Simulated) Discover(ctx context.Context) (Snapshot, error) {
 	if err := ctx.Err(); err != nil {
 		return Snapshot{}, err
 	}
-	return Snapshot{GPUs: cloneGPUs(s.gpus), Driver: "simulated", Available: true, Simulated: true}, nil
+	reserved := make(map[int]uint64, len(s.gpus))
+	for _, g := range s.gpus {
+		reserved[g.Index] = SimulatedReserved(g.MemoryTotal)
+	}
+	return Snapshot{GPUs: cloneGPUs(s.gpus), Reserved: reserved, Driver: "simulated", Available: true, Simulated: true}, nil
+}
+
+// The one reading of driver-reserved memory at hand: an H200 with 143,771
+// MiB reported 616 MiB reserved (nvidia-smi -q on the fixture machine,
+// see ../shared/fixtures/h200). The driver's reservation grows with the
+// card's memory, so simulated GPUs get the same share of theirs: about
+// 351 MiB on an 80 GiB GPU, 211 MiB on a 48 GiB one. A fixed figure (0.5
+// GiB) would be below the one measured card and above small ones.
+const (
+	h200ReservedMiB = 616
+	h200TotalMiB    = 143771
+)
+
+// SimulatedReserved is the driver-reserved memory a simulated GPU of total
+// bytes reports: the H200's share, rounded up to whole MiB. Placement
+// rounds foreign memory up to whole GiB, so any GPU of up to 233 GiB loses
+// one GiB to it, as a real one does, and an empty one still counts as
+// empty for a whole-GPU shard (at most 1 GiB of foreign memory).
+func SimulatedReserved(total uint64) uint64 {
+	const mib = 1 << 20
+	totalMiB := (total + mib - 1) / mib
+	return (totalMiB*h200ReservedMiB + h200TotalMiB - 1) / h200TotalMiB * mib
 }
 
 // Close does nothing; it lets Simulated stand where a Probe is expected.

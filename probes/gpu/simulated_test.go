@@ -112,3 +112,33 @@ func TestWithClaims(t *testing.T) {
 		t.Error("WithClaims changed its input")
 	}
 }
+
+// Simulated GPUs report the H200's share of driver-reserved memory, which
+// ForeignMemory counts as foreign: under 1 GiB, so an empty simulated GPU
+// still takes a whole-GPU shard, and over 0, so a share of the whole GPU
+// is refused as vLLM would refuse it.
+func TestSimulatedReserved(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct{ total, want uint64 }{
+		{143771 * mib, 616 * mib}, // the measured H200
+		{80 << 30, 351 * mib},
+		{48 << 30, 211 * mib},
+	} {
+		if got := SimulatedReserved(c.total); got != c.want {
+			t.Errorf("SimulatedReserved(%d MiB) = %d MiB, want %d MiB", c.total/mib, got/mib, c.want/mib)
+		}
+	}
+	s, err := NewSimulated("2xH100-80GB", "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range ForeignMemory(snap, nil) {
+		if g.MemoryForeign != 351*mib || g.MemoryUsed != 0 {
+			t.Errorf("GPU %d: foreign %d, used %d; want the 351 MiB reserved as foreign", g.Index, g.MemoryForeign, g.MemoryUsed)
+		}
+	}
+}

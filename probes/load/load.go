@@ -76,9 +76,24 @@ type Sample struct {
 	StartTime float64
 	// Missing lists the names the page lacked (for KVCache, all of them).
 	Missing []string
+	// Unknown lists the readings the page did not give, by their Load
+	// names (UnknownRunning, ...): a metric missing from the page, or one
+	// the engine has no name for (llama.cpp no longer exports its KV
+	// usage, PR #13660). Such a reading is 0 in the Sample, which must not
+	// be taken for idle or empty.
+	Unknown []string
 	// At is when the page was read, by the Scraper's clock.
 	At time.Time
 }
+
+// The readings a Sample's Unknown names, as a Load's JSON names them.
+const (
+	UnknownRunning          = "running"
+	UnknownWaiting          = "waiting"
+	UnknownKVCache          = "kv_cache_usage"
+	UnknownPromptTokens     = "prompt_tokens"
+	UnknownGenerationTokens = "generation_tokens"
+)
 
 // ErrNoMetrics is returned when a page parses but has none of the names: the
 // URL points at something other than the engine, or the names are wrong.
@@ -117,8 +132,16 @@ func Parse(r io.Reader, format expfmt.Format, names Names) (Sample, error) {
 		}
 		return v, ok
 	}
-	s.Running, _ = get(names.Running, sum)
-	s.Waiting, _ = get(names.Waiting, sum)
+	known := func(what string, ok bool) {
+		if !ok {
+			s.Unknown = append(s.Unknown, what)
+		}
+	}
+	var ok bool
+	s.Running, ok = get(names.Running, sum)
+	known(UnknownRunning, ok)
+	s.Waiting, ok = get(names.Waiting, sum)
+	known(UnknownWaiting, ok)
 	kvFound := false
 	for _, n := range names.KVCache {
 		if v, ok := read(fams[n], math.Max); ok {
@@ -129,8 +152,11 @@ func Parse(r io.Reader, format expfmt.Format, names Names) (Sample, error) {
 	if !kvFound {
 		s.Missing = append(s.Missing, names.KVCache...)
 	}
-	s.PromptTokens, _ = get(names.PromptTokens, sum)
-	s.GenerationTokens, _ = get(names.GenerationTokens, sum)
+	known(UnknownKVCache, kvFound)
+	s.PromptTokens, ok = get(names.PromptTokens, sum)
+	known(UnknownPromptTokens, ok)
+	s.GenerationTokens, ok = get(names.GenerationTokens, sum)
+	known(UnknownGenerationTokens, ok)
 	// The prefix cache's counters are optional (not every engine has
 	// one), so their absence is not reported as missing.
 	if v, ok := read(fams[names.PrefixHits], sum); ok {

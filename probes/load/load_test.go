@@ -90,6 +90,40 @@ func TestParseMissingSomeMetrics(t *testing.T) {
 	}
 }
 
+// A reading the page lacks, or the engine has no name for (llama.cpp's KV
+// usage), is unknown in the Sample and in the Load: its 0 is no reading.
+func TestAbsentReadingsAreUnknownNotZero(t *testing.T) {
+	s, err := parse(t, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{UnknownWaiting, UnknownKVCache, UnknownPromptTokens, UnknownGenerationTokens}
+	if !slices.Equal(s.Unknown, want) {
+		t.Fatalf("unknown %v, want %v", s.Unknown, want)
+	}
+	l := NewTracker().Observe("e", s)
+	if !slices.Equal(l.Unknown, want) {
+		t.Fatalf("load's unknown %v, want %v", l.Unknown, want)
+	}
+	noKVName := VLLM()
+	noKVName.KVCache = nil
+	full, err := os.ReadFile("testdata/vllm-v1.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = Parse(bytes.NewReader(full), expfmt.FmtText, noKVName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.Unknown, []string{UnknownKVCache}) {
+		t.Fatalf("no KV name: unknown %v, want [%s]", s.Unknown, UnknownKVCache)
+	}
+	s, err = Parse(bytes.NewReader(full), expfmt.FmtText, VLLM())
+	if err != nil || len(s.Unknown) != 0 {
+		t.Fatalf("full page: unknown %v, err %v", s.Unknown, err)
+	}
+}
+
 func TestParseMalformed(t *testing.T) {
 	_, err := parse(t, page(t, "malformed.txt"))
 	if err == nil || !strings.Contains(err.Error(), "parse metrics") {

@@ -30,6 +30,10 @@ type Load struct {
 	PrefixQueriesPS float64   `json:"prefix_cache_queries_per_s,omitempty"`
 	ScrapedAt       time.Time `json:"scraped_at,omitzero"`
 	Error           string    `json:"error,omitempty"`
+	// Unknown names the readings the engine's page does not give (see
+	// Sample.Unknown): their figures above are 0 for want of a value, and
+	// are shown as unknown, never as 0.
+	Unknown []string `json:"unknown,omitempty"`
 }
 
 // Tracker keeps the previous sample of each engine and computes token rates
@@ -55,7 +59,7 @@ func NewTracker() *Tracker { return &Tracker{prev: make(map[string]Sample)} }
 //   - Otherwise: rates over the interval, and the sample is the new
 //     baseline.
 func (t *Tracker) Observe(engine string, s Sample) Load {
-	l := Load{Running: s.Running, Waiting: s.Waiting, KVCacheUsage: s.KVCacheUsage, ScrapedAt: s.At}
+	l := Load{Running: s.Running, Waiting: s.Waiting, KVCacheUsage: s.KVCacheUsage, ScrapedAt: s.At, Unknown: s.Unknown}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p, ok := t.prev[engine]

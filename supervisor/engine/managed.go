@@ -76,6 +76,10 @@ type managed struct {
 	load    gossip.ShardLoad
 	// scrapedAt is when load was last read.
 	scrapedAt time.Time
+	// missing are the profile's metrics its page lacked, each reported
+	// once (missing.go); missingAt is when the first was seen.
+	missing   []string
+	missingAt time.Time
 }
 
 // notify signals the runner's Changes without waiting: one pending
@@ -158,4 +162,15 @@ func (e *managed) startTimeoutLocked(def time.Duration) time.Duration {
 		return t
 	}
 	return def
+}
+
+// gpuIndices are the GPUs e's engine runs on (from the plan, or from its
+// state file for an adopted engine).
+func (e *managed) gpuIndices() []int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.desired.GPUs) > 0 {
+		return e.desired.GPUs
+	}
+	return e.state.Spec.GPUIndices
 }

@@ -45,6 +45,8 @@ type prober struct {
 	// hungRestarts count ready engines that left routing and hung engines
 	// restarted (see judge.go, checkServing).
 	scrapeErrors, unroutable, hungRestarts atomic.Uint64
+	// missing counts the metrics engines did not export (missing.go).
+	missing missingMetrics
 }
 
 func newProber(cfg Config, log *slog.Logger) *prober {
@@ -197,12 +199,17 @@ func (p *prober) scrapeLoad(ctx context.Context, e *managed, timeout time.Durati
 		l = p.tracker.Failed(e.id, p.clock.Now(), err)
 	} else {
 		l = p.tracker.Observe(e.id, sample)
+		if fresh := e.sawMissing(sample.Missing, p.clock.Now()); len(fresh) > 0 {
+			p.missing.add(fresh)
+			p.log.Warn("engine does not export metrics its profile reads; their readings are unknown", "engine", e.id,
+				"engine_kind", prof.Name, "metrics", fresh)
+		}
 	}
 	e.mu.Lock()
 	e.scrapedAt = p.clock.Now()
 	e.load = gossip.ShardLoad{Running: l.Running, Waiting: l.Waiting, KVCacheUsage: l.KVCacheUsage, PromptTPS: l.PromptTPS,
 		GenerationTPS: l.GenerationTPS, RatesValid: l.RatesValid, PrefixHitRate: l.PrefixHitRate, PrefixQueriesPS: l.PrefixQueriesPS,
-		ScrapedAt: l.ScrapedAt, Error: l.Error}
+		ScrapedAt: l.ScrapedAt, Error: l.Error, Unknown: l.Unknown}
 	notify(e.changes)
 	e.mu.Unlock()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -32,6 +33,18 @@ type Config struct {
 	// Self is the llmgw binary, for the fake engine profile.
 	Self       string
 	WeightsDir string
+	// CacheDir holds the engines' compile caches (vLLM's torch.compile and
+	// CUDA graph caches, ...), kept across restarts and bind-mounted into
+	// containers like WeightsDir. Default: <data dir>/cache/engines.
+	CacheDir string
+	// GPUFree reads the free memory of the GPUs named by index, just
+	// before an engine starts on them (profile.Inputs.GPUFree: SGLang's
+	// memory flag is a fraction of it). Nil, or SimulatedGPUs: unknown.
+	GPUFree func(ctx context.Context, indices []int) ([]uint64, error)
+	// RDMADevices lists the node's usable RDMA devices (mlx5_0, ...) for
+	// a gang member's start: its container gets the device nodes and its
+	// collectives the devices' names. Nil: none.
+	RDMADevices func(ctx context.Context) []string
 	// Ports is the range engine ports are taken from.
 	PortMin, PortMax int
 	// GPUs returns this node's GPUs (UUIDs for CDI, memory for the
@@ -134,8 +147,10 @@ type Runner struct {
 	// ports holds the engines' ports; probe asks the engines how they are
 	// (and counts what failed); policy turns what a poll found into an
 	// engine's status and backoff; gang is this node as its gangs see it.
-	ports  *ports
-	probe  *prober
+	ports *ports
+	probe *prober
+	// gate lets one engine at a time start on each GPU (gate.go).
+	gate   *startGate
 	policy restartPolicy
 	gang   gangNode
 
@@ -207,15 +222,23 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.PortMin == 0 {
 		cfg.PortMin, cfg.PortMax = 8100, 8999
 	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = filepath.Join(cfg.DataDir.Root(), "cache", "engines")
+	}
 	r := &Runner{
 		cfg: cfg, log: cfg.Logger.With("component", "runner"),
 		engines: map[string]*managed{}, changes: make(chan struct{}, 1), quit: make(chan struct{}),
-		ports: newPorts(cfg.Node, cfg.PortMin, cfg.PortMax), policy: newRestartPolicy(cfg),
+		ports: newPorts(cfg.Node, cfg.PortMin, cfg.PortMax), policy: newRestartPolicy(cfg), gate: newStartGate(),
 	}
 	r.probe = newProber(cfg, r.log)
 	r.gang = gangNode{name: cfg.Node, host: cfg.Host, clock: cfg.Clock, ports: r.ports}
 	r.base, r.cancelBase = context.WithCancel(context.Background())
-	for _, d := range []string{cfg.DataDir.ShardsDir(), cfg.DataDir.LogsDir()} {
+	// The weights dir too: it is a bind mount's source and the engines'
+	// HF_HOME, so it must exist before the first start.
+	for _, d := range []string{cfg.DataDir.ShardsDir(), cfg.DataDir.LogsDir(), cfg.CacheDir, cfg.WeightsDir} {
+		if d == "" {
+			continue
+		}
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("runner: %w", err)
 		}
@@ -342,6 +365,9 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment
 		}
+		if rec.Note == "" && e.ready {
+			rec.Note, rec.NoteAt = e.missingNoteLocked(), e.missingAt
+		}
 		rec.Gang = r.gang.recordLocked(e)
 		// Only rank 0 of a gang serves HTTP; the other ranks publish no URL.
 		if st.Spec.HTTPPort > 0 && (rec.Gang == nil || rec.Gang.Rank == 0) {
@@ -358,6 +384,10 @@ func (r *Runner) RuntimeName() string { return r.cfg.Runtime.Name() }
 
 // ScrapeErrors counts failed engine /metrics scrapes.
 func (r *Runner) ScrapeErrors() uint64 { return r.probe.scrapeErrors.Load() }
+
+// MissingMetrics counts, by metric name, the engines that did not export a
+// metric their profile reads (each engine counted once per metric).
+func (r *Runner) MissingMetrics() map[string]uint64 { return r.probe.missing.snapshot() }
 
 // Unroutable counts ready engines that left routing by the readiness rule
 // (judge.go): probes failing and counters frozen.

@@ -46,6 +46,8 @@ type watchState struct {
 	// times a starting one.
 	live  liveness
 	clock startClock
+	// gateWaited: the engine's note says it waits for the start gate.
+	gateWaited bool
 	// scraping: a /metrics read is in flight; its result arrives on
 	// scraped (buffered: the reader never waits for the watcher).
 	scraping bool
@@ -75,15 +77,33 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		w.everReady = true
 		w.live.becameReady(now)
 	}
+	if adopted && !e.isReady() {
+		// Found still starting: it holds its GPUs' start gate like one
+		// started here (a hold taken elsewhere meanwhile stands).
+		r.gate.acquire(e.id, e.gpuIndices(), now)
+	}
 	tick := r.cfg.Clock.NewTicker(r.cfg.Poll)
 	defer tick.Stop()
+	defer r.gate.release(e.id)
 	for {
 		if ctx.Err() != nil {
+			r.gate.release(e.id)
 			r.finish(e)
 			return
 		}
 		var gs *shardstate.Gang
 		mayStart := !w.started && !r.cfg.Clock.Now().Before(w.retryAt) && e.isPlanned()
+		if mayStart {
+			// One engine at a time starts on a GPU (gate.go); the wait is
+			// the engine's note, so `llmgw shards` says what holds it.
+			if wait := r.gate.acquire(e.id, e.gpuIndices(), r.cfg.Clock.Now()); wait != "" {
+				e.setNote(wait, r.cfg.Clock.Now())
+				mayStart, w.gateWaited = false, true
+			} else if w.gateWaited {
+				e.setNote("", time.Time{}) // no longer waiting: say nothing stale
+				w.gateWaited = false
+			}
+		}
 		if mayStart && e.isGang() {
 			var note string
 			if gs, note = r.gang.start(e, w.lastGen); gs == nil {
@@ -117,6 +137,11 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		if w.started && e.isGang() {
 			r.checkGang(e, w)
+		}
+		if !w.started || w.everReady {
+			// Ready, failed, or not started (yet): its GPUs are free for
+			// the next engine to start on.
+			r.gate.release(e.id)
 		}
 		select {
 		case <-ctx.Done():
@@ -354,9 +379,25 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 		return err
 	}
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
-		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout)}
+		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout),
+		CacheDir: r.cfg.CacheDir}
 	if gs != nil {
 		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
+		if r.cfg.RDMADevices != nil {
+			in.RDMADevices = r.cfg.RDMADevices(ctx)
+		}
+	}
+	if r.cfg.GPUFree != nil && !r.cfg.SimulatedGPUs {
+		// Read now, after the start gate let this engine go: what a
+		// neighbour still loading holds is then already counted.
+		free, err := r.cfg.GPUFree(ctx, d.GPUs)
+		if err != nil {
+			// Unknown, as on simulated GPUs: the profile falls back to
+			// what it does without the reading.
+			r.log.Warn("cannot read the GPUs' free memory before a start", "shard", d.ShardID, "gpus", d.GPUs, "err", err)
+		} else {
+			in.GPUFree = free
+		}
 	}
 	var uuids []string
 	if r.cfg.GPUs != nil {
@@ -372,6 +413,12 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 			}
 		}
 	}
+	if len(prof.Files) > 0 && r.cfg.CacheDir != "" {
+		in.FilesDir = profileFilesDir(r.cfg.CacheDir, e.id)
+		if err := writeProfileFiles(prof, d.Spec, in); err != nil {
+			return err
+		}
+	}
 	cmd, env, image, err := profile.Resolve(prof, d.Spec, in)
 	if err != nil {
 		return err
@@ -379,7 +426,8 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	spec := runtime.EngineSpec{
 		ID: e.id, Node: r.cfg.Node, ShardID: d.ShardID, ReplicaID: d.ReplicaID, Deployment: d.Deployment, SpecVersion: d.SpecVersion,
 		Image: image, Command: cmd, Env: env, GPUIndices: d.GPUs, GPUUUIDs: uuids, HTTPPort: st.Spec.HTTPPort,
-		LogPath: r.cfg.DataDir.EngineLogFile(e.id), WeightsDir: r.cfg.WeightsDir,
+		LogPath: r.cfg.DataDir.EngineLogFile(e.id), WeightsDir: r.cfg.WeightsDir, CacheDir: r.cfg.CacheDir,
+		Gang: gs != nil, RDMADevices: in.RDMADevices,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
 	st.Gang = gs

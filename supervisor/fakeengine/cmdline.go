@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -312,6 +313,19 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		if a, err = t.parse(p, rest, false); err != nil {
 			return Config{}, nil, err
 		}
+		if file := a.str("--config"); file != "" {
+			// SGLang merges a YAML config file's settings into its
+			// arguments, the command line winning
+			// (python/sglang/srt/server_args_config_parser.py): its
+			// settings go first, so a flag given again wins.
+			from, err := configArgs(file)
+			if err != nil {
+				return fail("--config", "sglang.launch_server: --config %s: %v", file, err)
+			}
+			if a, err = t.parse(p, append(from, rest...), false); err != nil {
+				return Config{}, nil, err
+			}
+		}
 		if len(a.positional) > 0 {
 			return fail("", "sglang.launch_server: unrecognized arguments: %s", strings.Join(a.positional, " "))
 		}
@@ -390,6 +404,13 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		cfg.MaxRunning = slots
 		if cfg.MaxModelLen, err = intFlag(p, a, "-c", 0); err != nil {
 			return Config{}, nil, err
+		}
+		// -c is the whole KV context: each of the -np slots gets
+		// n_ctx / n_parallel of it, unless the KV cache is one stream
+		// for all (--kv-unified), which llama-server also forces when
+		// -np is left to auto (tools/server/server-context.cpp).
+		if a.has("-np") && !a.has("-kvu") && cfg.MaxModelLen > 0 {
+			cfg.MaxModelLen /= slots
 		}
 	}
 	if h := a.str("--host"); h != "" {
@@ -529,4 +550,43 @@ func PersonalityArgs(args []string) (p Personality, rest []string, ok bool, err 
 		return "", nil, true, err
 	}
 	return p, rest, true, nil
+}
+
+// configArgs reads an SGLang config file (YAML of flag names without their
+// dashes) as the arguments it stands for. The fake reads the flat
+// `name: value` form llmgw writes (quoted or not; true for a flag without
+// a value), not YAML at large: a line it cannot read is an error, as
+// SGLang's loader would refuse a file it cannot parse.
+func configArgs(path string) ([]string, error) {
+	if !strings.HasSuffix(path, ".yaml") && !strings.HasSuffix(path, ".yml") {
+		return nil, fmt.Errorf("want a .yaml or .yml file")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" {
+			return nil, fmt.Errorf("line %d: want name: value", i+1)
+		}
+		switch {
+		case len(value) >= 2 && value[0] == '\'' && value[len(value)-1] == '\'':
+			value = strings.ReplaceAll(value[1:len(value)-1], "''", "'")
+		case len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"':
+			value = value[1 : len(value)-1]
+		}
+		if value == "true" {
+			out = append(out, "--"+name)
+			continue
+		}
+		out = append(out, "--"+name, value)
+	}
+	return out, nil
 }

@@ -3,6 +3,7 @@ package fakeengine
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -67,9 +68,13 @@ func TestParseCommandLine(t *testing.T) {
 			Config{Personality: PersonalitySGLang, Model: "org/m", Host: "127.0.0.1", Port: 30000, NoMetrics: true, NoPrefixCaching: true, ExitCode: 1}, nil},
 		{"sglang gang over IPv6", PersonalitySGLang, strings.Fields("-m sglang.launch_server --model-path m --enable-metrics --nnodes=2 --node-rank=1 --dist-init-addr=[fd00::1]:29500"), nil,
 			Config{Personality: PersonalitySGLang, Model: "m", Host: "127.0.0.1", Port: 30000, ExitCode: 1}, &Gang{NNodes: 2, NodeRank: 1, MasterAddr: "fd00::1", MasterPort: 29500}},
-		{"llamacpp", PersonalityLlamaCpp, strings.Fields("--model /w/m.gguf --alias chat --host 0.0.0.0 --port 9000 --n-gpu-layers 999 --metrics -np 8 -c 16384"),
+		// -c is the whole KV context, split over the -np slots.
+		{"llamacpp", PersonalityLlamaCpp, strings.Fields("--model /w/m.gguf --alias chat --host 0.0.0.0 --port 9000 --n-gpu-layers 999 --metrics -np 8 -c 16384 --no-kv-unified --fit off"),
 			map[string]string{"LLAMA_API_KEY": "envkey"},
-			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "0.0.0.0", Port: 9000, MaxRunning: 8, MaxModelLen: 16384, APIKey: "envkey", ExitCode: 1}, nil},
+			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "0.0.0.0", Port: 9000, MaxRunning: 8, MaxModelLen: 2048, APIKey: "envkey", ExitCode: 1}, nil},
+		{"llamacpp unified KV", PersonalityLlamaCpp, strings.Fields("--model /w/m.gguf --alias chat -np 8 -c 16384 --kv-unified --metrics"),
+			map[string]string{},
+			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "127.0.0.1", Port: 8080, MaxRunning: 8, MaxModelLen: 16384, ExitCode: 1}, nil},
 		{"llamacpp short names, auto slots, flag key", PersonalityLlamaCpp, strings.Fields("-m /w/m.gguf -a=chat -ngl=99 -np -1 --api-key k"),
 			map[string]string{"LLAMA_API_KEY": "envkey"},
 			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "127.0.0.1", Port: 8080, MaxRunning: 4, NoMetrics: true, APIKey: "k", ExitCode: 1}, nil},
@@ -162,5 +167,28 @@ func TestPersonalityArgs(t *testing.T) {
 		if p != tc.p || strings.Join(rest, " ") != tc.rest || ok != tc.ok || (err != nil) != tc.bad {
 			t.Errorf("PersonalityArgs(%q) = %q %q %v %v", tc.args, p, rest, ok, err)
 		}
+	}
+}
+
+// SGLang's --config file gives settings as its flags would, the command
+// line winning: the fake reads the key llmgw writes there.
+func TestSGLangConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "sglang.yaml")
+	if err := os.WriteFile(file, []byte("api-key: 'k''1'\ncontext-length: 4096\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-m", "sglang.launch_server", "--model-path", "m", "--config", file, "--context-length", "8192"}
+	cfg, _, err := ParseCommandLine(PersonalitySGLang, args, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.APIKey != "k'1" || cfg.MaxModelLen != 8192 {
+		t.Errorf("key %q, context %d: want the file's key k'1 and the command line's 8192", cfg.APIKey, cfg.MaxModelLen)
+	}
+	bad := filepath.Join(dir, "sglang.txt")
+	_ = os.WriteFile(bad, []byte("api-key: k\n"), 0o600)
+	if _, _, err := ParseCommandLine(PersonalitySGLang, []string{"--model-path", "m", "--config", bad}, func(string) string { return "" }); err == nil {
+		t.Error("a config file not named .yaml was taken")
 	}
 }

@@ -375,7 +375,9 @@ func (s *Server) load(_ context.Context, in loadIn) (any, error) {
 		t.Waiting += sh.Load.Waiting
 		t.PromptTPS += sh.Load.PromptTPS
 		t.GenerationTPS += sh.Load.GenerationTPS
-		t.MaxKVCache = max(t.MaxKVCache, sh.Load.KVCacheUsage)
+		if sh.Load.Knows(gossip.ReadingKVCache) {
+			t.MaxKVCache = max(t.MaxKVCache, sh.Load.KVCacheUsage)
+		}
 		out.ByDeployment[sh.Deployment] = t
 	}
 	return out, nil

@@ -252,7 +252,9 @@ func (c *nodeCollector) collectSelf(ch chan<- prometheus.Metric, self status.Mem
 		gauge(ch, descEngineScrapeFailing, b2f(l.Error != ""), s.ShardID, s.Deployment)
 		gauge(ch, descEngineRunning, l.Running, s.ShardID, s.Deployment)
 		gauge(ch, descEngineWaiting, l.Waiting, s.ShardID, s.Deployment)
-		gauge(ch, descEngineKV, l.KVCacheUsage, s.ShardID, s.Deployment)
+		if l.Knows(gossip.ReadingKVCache) { // unknown is no sample, not 0
+			gauge(ch, descEngineKV, l.KVCacheUsage, s.ShardID, s.Deployment)
+		}
 		if l.RatesValid {
 			gauge(ch, descEngineTPS, l.PromptTPS, s.ShardID, s.Deployment, "prompt")
 			gauge(ch, descEngineTPS, l.GenerationTPS, s.ShardID, s.Deployment, "generation")

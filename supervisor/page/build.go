@@ -237,7 +237,11 @@ func totalText(t status.LoadTotal) string {
 	if t.Engines == 0 {
 		return ""
 	}
-	s := fmt.Sprintf("%g run · %g wait · KV %.0f%%", t.Running, t.Waiting, t.KVCacheUsage()*100)
+	kv := "KV ?" // no engine of it exports its KV usage
+	if t.KVKnown() {
+		kv = fmt.Sprintf("KV %.0f%%", t.KVCacheUsage()*100)
+	}
+	s := fmt.Sprintf("%g run · %g wait · %s", t.Running, t.Waiting, kv)
 	if t.Rates {
 		s += fmt.Sprintf(" · %.0f in / %.0f out tok/s", t.PromptTPS, t.GenerationTPS)
 	}
@@ -317,7 +321,11 @@ func loadText(l gossip.ShardLoad, status gossip.ShardStatus) string {
 		}
 		return ""
 	}
-	s := fmt.Sprintf("%g run · %g wait · KV %.0f%%", l.Running, l.Waiting, l.KVCacheUsage*100)
+	kv := "KV ?" // the engine does not export its KV usage
+	if l.Knows(gossip.ReadingKVCache) {
+		kv = fmt.Sprintf("KV %.0f%%", l.KVCacheUsage*100)
+	}
+	s := fmt.Sprintf("%g run · %g wait · %s", l.Running, l.Waiting, kv)
 	if l.RatesValid {
 		s += fmt.Sprintf(" · %.0f in / %.0f out tok/s", l.PromptTPS, l.GenerationTPS)
 		if l.PrefixQueriesPS > 0 {

@@ -24,10 +24,27 @@ func gang(name, field string) string {
 // gangEnv binds a gang's collective traffic to the interface that carries
 // the node's advertised address. A deployment's own env wins over these
 // (see Resolve), for an operator who knows better (an InfiniBand HCA).
+//
+// NCCL_IB_HCA names the node's RDMA devices, so NCCL's collectives between
+// the gang's nodes take the fabric (NET/IB) rather than TCP sockets; NCCL
+// would look for devices by itself, but a container sees only what it is
+// given, and naming them keeps NCCL off a device the probe did not count.
 var gangEnv = []string{
 	"{{if and (gt .NNodes 1) .HostIP}}VLLM_HOST_IP={{.HostIP}}{{end}}",
 	"{{if and (gt .NNodes 1) .NetIface}}NCCL_SOCKET_IFNAME={{.NetIface}}{{end}}",
 	"{{if and (gt .NNodes 1) .NetIface}}GLOO_SOCKET_IFNAME={{.NetIface}}{{end}}",
+	"{{if and (gt .NNodes 1) .RDMADevices}}NCCL_IB_HCA={{.RDMADevices}}{{end}}",
+}
+
+// compileCaches keep PyTorch's inductor and Triton's kernel caches under
+// the node's cache dir (Inputs.CacheDir), which outlives the engine and
+// its container, so a restart does not compile every kernel again. Both
+// variables are read by torch and triton themselves
+// (torch/_inductor/runtime/cache_dir_utils.py, triton/runtime/cache.py),
+// whichever engine runs them.
+var compileCaches = []string{
+	"{{if .CacheDir}}TORCHINDUCTOR_CACHE_DIR={{.CacheDir}}/torchinductor{{end}}",
+	"{{if .CacheDir}}TRITON_CACHE_DIR={{.CacheDir}}/triton{{end}}",
 }
 
 // headless marks the members above rank 0, which serve no HTTP.

@@ -1,17 +1,32 @@
 package profile
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Optional flags: see the const block of builtin.go for why each is one
 // element.
 const (
-	sglangMem  = "{{if .GPUMemoryUtilization}}--mem-fraction-static={{.GPUMemoryUtilization}}{{end}}"
-	sglangLen  = "{{if .MaxModelLen}}--context-length={{.MaxModelLen}}{{end}}"
-	sglangSeqs = "{{if .MaxNumSeqs}}--max-running-requests={{.MaxNumSeqs}}{{end}}"
-	// sglangKey makes SGLang demand its key on its API. It is the one
-	// built-in engine that reads its key from no environment variable (see
-	// Profile.KeyEnv), so its key shows on its command line.
-	sglangKey = "{{if .APIKey}}--api-key={{.APIKey}}{{end}}"
+	// The fraction is of free memory and covers weights and KV only
+	// (Profile.MemoryFraction FractionOfFreeStatic, sglangFraction).
+	sglangMem = "{{if .GPUMemoryUtilization}}--mem-fraction-static={{.GPUMemoryUtilization}}{{end}}"
+	sglangLen = "{{if .MaxModelLen}}--context-length={{.MaxModelLen}}{{end}}"
+	// A concurrency cap only when the user gave one (see vllmSeqs).
+	sglangSeqs = "{{if .MaxNumSeqsGiven}}--max-running-requests={{.MaxNumSeqs}}{{end}}"
+	// SGLang reads its key from no environment variable (see
+	// Profile.KeyEnv), so it goes in the YAML file that --config names
+	// (sglangConfig), out of the command line every local user can read.
+	// SGLang's ConfigArgumentMerger (python/sglang/srt/
+	// server_args_config_parser.py) finds the file only as the element
+	// after an exact "--config" (not --config=FILE), demands a .yaml or
+	// .yml name, and turns each key into --KEY VALUE. A runner that
+	// writes no files (FilesDir empty) gets the key on the command line,
+	// as before, rather than an engine without one.
+	sglangConfigFlag = "{{if and .FilesDir .APIKey}}--config{{end}}"
+	sglangConfigPath = "{{if and .FilesDir .APIKey}}{{.FilesDir}}/" + sglangConfig + "{{end}}"
+	sglangKeyArgv    = "{{if and (not .FilesDir) .APIKey}}--api-key={{.APIKey}}{{end}}"
+	sglangConfig     = "sglang.yaml"
 	// sglangCheapHealth makes SGLang's /health the cheap check instead of a
 	// one-token generation (see the sglang profile's Readiness).
 	sglangCheapHealth = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"
@@ -21,13 +36,20 @@ const (
 func sglangProfile() Profile {
 	return Profile{
 		Name:  "sglang",
-		Image: "lmsysorg/sglang:latest",
+		Image: PinnedSGLangImage,
 		Command: []string{
 			"python3", "-m", "sglang.launch_server",
 			"--model-path", "{{.Model}}",
 			"--served-model-name", "{{.ServedName}}",
-			// SGLang counts every GPU of the gang in its TP size.
-			"--tp-size", "{{.TPTotal}}",
+			// A gang is a pipeline across its nodes and tensor
+			// parallel within each: with --nnodes N and --pp-size N
+			// SGLang gives each node one pipeline stage of --tp-size
+			// GPUs (nnodes_per_tp_group = nnodes // pp_size = 1 in
+			// _launch_subprocesses, python/sglang/srt/entrypoints/engine.py), so only the
+			// stages' activations cross the machine boundary, not
+			// every layer's all-reduce.
+			"--tp-size", "{{.TP}}",
+			gang("pp-size", "PP"),
 			"--host", "{{.Host}}",
 			"--port", "{{.Port}}",
 			// Without it SGLang serves no /metrics.
@@ -35,15 +57,23 @@ func sglangProfile() Profile {
 			sglangMem,
 			sglangLen,
 			sglangSeqs,
-			sglangKey,
+			sglangConfigFlag,
+			sglangConfigPath,
+			sglangKeyArgv,
 			gang("nnodes", "NNodes"),
 			gang("node-rank", "NodeRank"),
-			"{{if gt .NNodes 1}}--dist-init-addr={{.MasterAddr}}:{{.MasterPort}}{{end}}",
+			// HOST:PORT, an IPv6 host in brackets ("[fd00::1]:29500"),
+			// the form SGLang needs for IPv6.
+			gang("dist-init-addr", "MasterHostPort"),
 		},
-		Env:         append([]string{hfHome, sglangCheapHealth}, gangEnv...),
-		HealthPath:  "/health",
-		ModelsPath:  "/v1/models",
-		MetricsPath: "/metrics",
+		Files: map[string]string{
+			sglangConfig: "{{if .APIKey}}api-key: {{yamlString .APIKey}}\n{{end}}",
+		},
+		MemoryFraction: FractionOfFreeStatic,
+		Env:            slices.Concat([]string{hfHome, sglangCheapHealth}, compileCaches, gangEnv),
+		HealthPath:     "/health",
+		ModelsPath:     "/v1/models",
+		MetricsPath:    "/metrics",
 		Metrics: Metrics{
 			Running:          "sglang:num_running_reqs",
 			Waiting:          "sglang:num_queue_reqs",

@@ -1,14 +1,23 @@
 package profile
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Optional flags: see the const block of builtin.go for why each is one
 // element.
 const (
 	vllmUtil = "{{if .GPUMemoryUtilization}}--gpu-memory-utilization={{.GPUMemoryUtilization}}{{end}}"
 	// The context and concurrency a gpu_memory: auto figure holds.
-	vllmLen  = "{{if .MaxModelLen}}--max-model-len={{.MaxModelLen}}{{end}}"
-	vllmSeqs = "{{if .MaxNumSeqs}}--max-num-seqs={{.MaxNumSeqs}}{{end}}"
+	vllmLen = "{{if .MaxModelLen}}--max-model-len={{.MaxModelLen}}{{end}}"
+	// A concurrency cap only when the user gave one: vLLM admits
+	// sequences while its KV cache holds them, and a figure llmgw chose
+	// for sizing (placement.Fit.SeqsChosen) is no cap the user asked for.
+	vllmSeqs = "{{if .MaxNumSeqsGiven}}--max-num-seqs={{.MaxNumSeqs}}{{end}}"
+	// vllmCache keeps vLLM's own caches (torch.compile artefacts under
+	// torch_compile_cache, vllm/envs.py VLLM_CACHE_ROOT) across restarts.
+	vllmCache = "{{if .CacheDir}}VLLM_CACHE_ROOT={{.CacheDir}}/vllm{{end}}"
 	// vllmReadyTimeout raises vLLM's own wait for its engine core
 	// (VLLM_ENGINE_READY_TIMEOUT_S, 600 s in vllm/envs.py, the handshake
 	// bound of vllm/v1/engine/core_client.py, too short for large weight
@@ -24,7 +33,7 @@ const (
 func vllmProfile() Profile {
 	return Profile{
 		Name:  "vllm",
-		Image: "vllm/vllm-openai:latest",
+		Image: PinnedVLLMImage,
 		// The model is positional: `vllm serve --model` is deprecated
 		// and slated for removal.
 		Command: []string{
@@ -42,11 +51,13 @@ func vllmProfile() Profile {
 			gang("pipeline-parallel-size", "PP"),
 			gang("nnodes", "NNodes"),
 			gang("node-rank", "NodeRank"),
+			// The bare address, IPv6 too: vLLM brackets it itself
+			// (get_tcp_uri in vllm/utils/network_utils.py).
 			gang("master-addr", "MasterAddr"),
 			gang("master-port", "MasterPort"),
 			headless,
 		},
-		Env:         append([]string{hfHome, vllmReadyTimeout}, gangEnv...),
+		Env:         slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache}, compileCaches, gangEnv),
 		KeyEnv:      "VLLM_API_KEY",
 		HealthPath:  "/health",
 		ModelsPath:  "/v1/models",

@@ -10,7 +10,9 @@ import (
 
 // Every rank of a gang gets the engine's own multi-node flags from its
 // inputs: the size, its rank, rank 0's rendezvous, and --headless above
-// rank 0; collective traffic is bound to the advertised interface.
+// rank 0; collective traffic is bound to the advertised interface. SGLang
+// runs one pipeline stage per node (--pp-size 2, --tp-size 8 within it),
+// not tensor parallelism across the machine boundary.
 func TestResolveGangEveryRank(t *testing.T) {
 	d := placement.Deployment{Name: "big", Model: "org/big", TensorParallel: 8, PipelineParallel: 2}
 	for _, tc := range []struct {
@@ -25,10 +27,10 @@ func TestResolveGangEveryRank(t *testing.T) {
 			"--host", "0.0.0.0", "--port", "8100", "--pipeline-parallel-size=2", "--nnodes=2", "--node-rank=1",
 			"--master-addr=10.0.0.1", "--master-port=8123", "--headless"}},
 		{"sglang", 0, []string{"python3", "-m", "sglang.launch_server", "--model-path", "org/big", "--served-model-name", "big",
-			"--tp-size", "16", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=0",
+			"--tp-size", "8", "--pp-size=2", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=0",
 			"--dist-init-addr=10.0.0.1:8123"}},
 		{"sglang", 1, []string{"python3", "-m", "sglang.launch_server", "--model-path", "org/big", "--served-model-name", "big",
-			"--tp-size", "16", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=1",
+			"--tp-size", "8", "--pp-size=2", "--host", "0.0.0.0", "--port", "8100", "--enable-metrics", "--nnodes=2", "--node-rank=1",
 			"--dist-init-addr=10.0.0.1:8123"}},
 		{"fake", 1, []string{"/llmgw", "engine", "fake", "--model", "big", "--host", "0.0.0.0", "--port", "8100",
 			"--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=8123", "--headless"}},
@@ -108,6 +110,52 @@ func TestBuiltinGangTemplatesValidate(t *testing.T) {
 	for name, p := range Builtin() {
 		if err := p.Validate(); err != nil {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// An IPv6 rendezvous is bracketed where the engine takes HOST:PORT as one
+// value (SGLang's --dist-init-addr) and bare where it takes the address
+// alone (vLLM's --master-addr, which vLLM brackets itself).
+func TestResolveGangIPv6Rendezvous(t *testing.T) {
+	d := placement.Deployment{Name: "big", Model: "m", TensorParallel: 2, PipelineParallel: 2}
+	in := Inputs{Port: 1, Gang: &GangInputs{NNodes: 2, Rank: 1, MasterAddr: "fd00::1", MasterPort: 29500}}
+	for name, want := range map[string]string{"sglang": "--dist-init-addr=[fd00::1]:29500", "vllm": "--master-addr=fd00::1"} {
+		p, _ := Lookup(name)
+		cmd, _, _, err := Resolve(p, d, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(cmd, want) {
+			t.Errorf("%s: command %q lacks %s", name, cmd, want)
+		}
+	}
+}
+
+// A gang on a node with RDMA devices names them to NCCL, unless the
+// deployment sets NCCL_IB_HCA itself; a single engine gets no NCCL_IB_HCA.
+func TestResolveGangRDMADevices(t *testing.T) {
+	gang := &GangInputs{NNodes: 2, Rank: 0, MasterAddr: "10.0.0.1", MasterPort: 2}
+	for _, name := range []string{"vllm", "sglang"} {
+		p, _ := Lookup(name)
+		d := placement.Deployment{Name: "big", Model: "m", PipelineParallel: 2}
+		_, env, _, err := Resolve(p, d, Inputs{Port: 1, Gang: gang, RDMADevices: []string{"mlx5_0", "mlx5_1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(env, "NCCL_IB_HCA=mlx5_0,mlx5_1") {
+			t.Errorf("%s: env %q lacks NCCL_IB_HCA=mlx5_0,mlx5_1", name, env)
+		}
+		d.Env = map[string]string{"NCCL_IB_HCA": "=mlx5_3"}
+		_, env, _, _ = Resolve(p, d, Inputs{Port: 1, Gang: gang, RDMADevices: []string{"mlx5_0"}})
+		if !slices.Contains(env, "NCCL_IB_HCA==mlx5_3") || slices.Contains(env, "NCCL_IB_HCA=mlx5_0") {
+			t.Errorf("%s: env %q, want the deployment's NCCL_IB_HCA", name, env)
+		}
+		_, env, _, _ = Resolve(p, placement.Deployment{Name: "s", Model: "m"}, Inputs{Port: 1, RDMADevices: []string{"mlx5_0"}})
+		for _, kv := range env {
+			if strings.HasPrefix(kv, "NCCL_IB_HCA=") {
+				t.Errorf("%s: single engine got %s", name, kv)
+			}
 		}
 	}
 }

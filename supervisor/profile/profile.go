@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strconv"
@@ -77,6 +78,17 @@ type Profile struct {
 	// Readiness is how busy this engine may look before llmgw calls it
 	// dead, and how long the gateway waits on it (see Readiness).
 	Readiness Readiness `json:"readiness"`
+	// MemoryFraction says what Data.GPUMemoryUtilization is a fraction
+	// of: FractionOfTotal (empty: the default) or FractionOfFreeStatic.
+	MemoryFraction string `json:"memory_fraction,omitempty"`
+	// Files are files the engine reads, name → template (rendered with
+	// Data, as Command): the runner writes each 0600 into Inputs.FilesDir,
+	// its own directory for this engine, before the start, and a command
+	// names one as {{.FilesDir}}/NAME. A secret goes there rather than on
+	// the command line, which every local user can read (SGLang's key, in
+	// the YAML its --config takes). A file that renders empty is not
+	// written.
+	Files map[string]string `json:"files,omitempty"`
 }
 
 // Readiness is one engine kind's tolerance: real engines answer their
@@ -154,6 +166,23 @@ type Inputs struct {
 	// deployment's start_timeout, or its default); 0 leaves the engine's
 	// own start-up limits alone.
 	StartTimeout time.Duration
+	// GPUFree is the free memory of each of the shard's GPUs, in bytes,
+	// read from NVML just before the start, in the order of the shard's
+	// GPUs; nil when unknown (simulated GPUs). An engine whose memory flag
+	// is a fraction of free memory (SGLang) is sized from it.
+	GPUFree []uint64
+	// RDMADevices are the node's RDMA devices (mlx5_0, ...), from the
+	// interconnect probe; nil when it has none. A gang's collectives use
+	// them (NCCL_IB_HCA).
+	RDMADevices []string
+	// CacheDir is a directory under the data dir for the engines' compile
+	// caches, bind-mounted into containers like the weights dir ("" when
+	// none).
+	CacheDir string
+	// FilesDir is the directory the runner writes Profile.Files into
+	// (visible at the same path in a container); "" when the runner
+	// writes none, and a profile then falls back to what needs no file.
+	FilesDir string
 }
 
 // GangInputs is one member's place in its gang: the engines' own
@@ -191,6 +220,10 @@ type Data struct {
 	// more than that memory holds.
 	MaxModelLen int
 	MaxNumSeqs  int
+	// MaxNumSeqsGiven is whether the user gave max_num_seqs (llmgw did
+	// not choose it: placement.Fit.SeqsChosen). An engine that bounds its
+	// concurrency by its KV cache (vLLM, SGLang) is given a cap only then.
+	MaxNumSeqsGiven bool
 	// NNodes is the number of nodes the replica spans (1 for a replica of
 	// one shard; the gang fields below are then zero), NodeRank this
 	// member's rank, MasterAddr and MasterPort rank 0's rendezvous, and
@@ -203,6 +236,15 @@ type Data struct {
 	// TPTotal is TP × NNodes: the tensor-parallel size of an engine that
 	// counts every GPU of the gang in it (SGLang's --tp-size).
 	TPTotal int
+	// MasterHostPort is MasterAddr:MasterPort with an IPv6 address in
+	// brackets ("[fd00::1]:29500"), for an engine that takes them as one
+	// value (SGLang's --dist-init-addr).
+	MasterHostPort string
+	// RDMADevices is Inputs.RDMADevices joined by commas (NCCL_IB_HCA's
+	// form); CacheDir Inputs.CacheDir and FilesDir Inputs.FilesDir.
+	RDMADevices string
+	CacheDir    string
+	FilesDir    string
 	// HostIP and NetIface are Inputs.HostIP and Inputs.NetIface.
 	HostIP   string
 	NetIface string
@@ -215,39 +257,11 @@ type Data struct {
 // command, then the deployment's args), the environment (the profile's, then
 // the deployment's, sorted by name; later wins per name) and the image.
 func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []string, image string, err error) {
+	data, err := dataFor(p, d, in)
+	if err != nil {
+		return nil, nil, "", err
+	}
 	d = d.WithDefaults()
-	if len(p.Command) == 0 {
-		return nil, nil, "", fmt.Errorf("profile %q: empty command", p.Name)
-	}
-	if in.Port <= 0 || in.Port > 65535 {
-		return nil, nil, "", fmt.Errorf("profile %q: port %d out of range", p.Name, in.Port)
-	}
-	data := Data{
-		Model: d.Model, ServedName: d.Name, Port: in.Port, Host: in.Host,
-		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
-		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
-		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
-		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
-		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
-	}
-	if d.PipelineParallel > 1 {
-		g := in.Gang
-		if g == nil || g.NNodes != d.PipelineParallel || g.Rank < 0 || g.Rank >= g.NNodes || g.MasterAddr == "" || g.MasterPort <= 0 || g.MasterPort > 65535 {
-			return nil, nil, "", fmt.Errorf("profile %q: pipeline_parallel %d needs the gang's size, this member's rank and rank 0's rendezvous address (got %+v)", p.Name, d.PipelineParallel, g)
-		}
-		data.NNodes, data.NodeRank, data.MasterAddr, data.MasterPort = g.NNodes, g.Rank, g.MasterAddr, g.MasterPort
-		data.Headless = g.Rank > 0
-		data.TPTotal = d.TensorParallel * g.NNodes
-	}
-	if data.Host == "" {
-		data.Host = "0.0.0.0"
-	}
-	if d.GPUMemory > 0 && in.GPUMemoryTotal > 0 {
-		data.GPUMemoryUtilization, err = utilization(uint64(d.GPUMemory), in.GPUMemoryTotal)
-		if err != nil {
-			return nil, nil, "", fmt.Errorf("profile %q: %w", p.Name, err)
-		}
-	}
 
 	// argv[0] is rendered on its own: dropping it when empty would promote
 	// the first argument to the program.
@@ -294,6 +308,83 @@ func Resolve(p Profile, d placement.Deployment, in Inputs) (cmd []string, env []
 	return cmd, env, image, nil
 }
 
+// dataFor is what p's templates see for deployment d on this node.
+func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
+	var err error
+	d = d.WithDefaults()
+	if len(p.Command) == 0 {
+		return Data{}, fmt.Errorf("profile %q: empty command", p.Name)
+	}
+	if in.Port <= 0 || in.Port > 65535 {
+		return Data{}, fmt.Errorf("profile %q: port %d out of range", p.Name, in.Port)
+	}
+	data := Data{
+		Model: d.Model, ServedName: d.Name, Port: in.Port, Host: in.Host,
+		TP: d.TensorParallel, PP: d.PipelineParallel, ShardIndex: in.ShardIndex,
+		WeightsDir: in.WeightsDir, Self: in.Self, APIKey: in.APIKey,
+		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs,
+		MaxNumSeqsGiven: d.MaxNumSeqs > 0 && (d.Fit == nil || !d.Fit.SeqsChosen),
+		RDMADevices:     strings.Join(in.RDMADevices, ","), CacheDir: in.CacheDir, FilesDir: in.FilesDir,
+		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
+		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
+	}
+	if d.PipelineParallel > 1 {
+		g := in.Gang
+		if g == nil || g.NNodes != d.PipelineParallel || g.Rank < 0 || g.Rank >= g.NNodes || g.MasterAddr == "" || g.MasterPort <= 0 || g.MasterPort > 65535 {
+			return Data{}, fmt.Errorf("profile %q: pipeline_parallel %d needs the gang's size, this member's rank and rank 0's rendezvous address (got %+v)", p.Name, d.PipelineParallel, g)
+		}
+		data.NNodes, data.NodeRank, data.MasterAddr, data.MasterPort = g.NNodes, g.Rank, g.MasterAddr, g.MasterPort
+		data.Headless = g.Rank > 0
+		data.TPTotal = d.TensorParallel * g.NNodes
+		data.MasterHostPort = net.JoinHostPort(g.MasterAddr, strconv.Itoa(g.MasterPort))
+	}
+	if data.Host == "" {
+		data.Host = "0.0.0.0"
+	}
+	if d.GPUMemory > 0 && in.GPUMemoryTotal > 0 {
+		switch {
+		case p.MemoryFraction == FractionOfFreeStatic && in.GPUFree != nil:
+			// The engine's pipeline stages are its nodes: SGLang's
+			// pp_size is the gang's size.
+			data.GPUMemoryUtilization, err = sglangFraction(uint64(d.GPUMemory), in.GPUMemoryTotal, in.GPUFree, d.TensorParallel, data.NNodes)
+		default:
+			// Without a free-memory reading (simulated GPUs) a
+			// free-static engine gets the share of total memory, as
+			// before: its GPU is then as free as placement believes.
+			data.GPUMemoryUtilization, err = utilization(uint64(d.GPUMemory), in.GPUMemoryTotal)
+		}
+		if err != nil {
+			return Data{}, fmt.Errorf("profile %q: %w", p.Name, err)
+		}
+	}
+
+	return data, nil
+}
+
+// Files renders p.Files for deployment d on this node: name → content,
+// without the files that render empty. The runner writes them 0600 into
+// in.FilesDir before it starts the engine (Resolve's command names them).
+func Files(p Profile, d placement.Deployment, in Inputs) (map[string]string, error) {
+	if len(p.Files) == 0 {
+		return nil, nil
+	}
+	data, err := dataFor(p, d, in)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(p.Files))
+	for _, name := range slices.Sorted(maps.Keys(p.Files)) {
+		r, err := render(p.Name+" file "+name, []string{p.Files[name]}, 0, data)
+		if err != nil {
+			return nil, err
+		}
+		if len(r) > 0 {
+			out[name] = r[0]
+		}
+	}
+	return out, nil
+}
+
 // utilization is want/total with two decimals, rounded down: engines that
 // share a GPU then never claim more together than placement reserved for
 // them (rounding up, three 1/3 shares would ask for 1.02 of the GPU).
@@ -308,13 +399,26 @@ func utilization(want, total uint64) (string, error) {
 	return strconv.FormatFloat(float64(hundredths)/100, 'f', 2, 64), nil
 }
 
+// funcs are the functions templates may call beyond text/template's own.
+var funcs = template.FuncMap{"yamlString": yamlString}
+
+// yamlString quotes s as a YAML single-quoted scalar (a quote doubled), so
+// a value that looks like a number, a boolean or YAML syntax stays the
+// string it is when the engine parses the file.
+func yamlString(s string) (string, error) {
+	if strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return "", errors.New("a control character cannot go in a YAML single-quoted string")
+	}
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'", nil
+}
+
 // render executes each template; first is the index of tmpls[0] in the
 // profile, for error messages.
 func render(what string, tmpls []string, first int, data Data) ([]string, error) {
 	out := make([]string, 0, len(tmpls))
 	var buf bytes.Buffer
 	for i, s := range tmpls {
-		t, err := template.New(what).Option("missingkey=error").Parse(s)
+		t, err := template.New(what).Option("missingkey=error").Funcs(funcs).Parse(s)
 		if err != nil {
 			return nil, fmt.Errorf("%s[%d] %q: %w", what, first+i, s, err)
 		}
@@ -376,15 +480,32 @@ func (p Profile) Validate() error {
 	// Both a single engine and a gang member, so that a template that
 	// only a gang takes (an {{if gt .NNodes 1}} branch) is checked too.
 	single := Data{Model: "m", ServedName: "s", Port: 1, Host: "h", TP: 1, PP: 1, GPUMemoryUtilization: "0.50", WeightsDir: "/w", Self: "/llmgw", APIKey: "k",
-		MaxModelLen: 8192, MaxNumSeqs: 1, NNodes: 1, TPTotal: 1, HostIP: "10.0.0.1", NetIface: "eth0", StartTimeoutSeconds: 7200}
+		MaxModelLen: 8192, MaxNumSeqs: 1, MaxNumSeqsGiven: true, NNodes: 1, TPTotal: 1, HostIP: "10.0.0.1", NetIface: "eth0", StartTimeoutSeconds: 7200,
+		CacheDir: "/c", FilesDir: "/f"}
 	member := single
 	member.PP, member.NNodes, member.NodeRank, member.MasterAddr, member.MasterPort, member.Headless, member.TPTotal = 2, 2, 1, "10.0.0.2", 29500, true, 2
+	switch p.MemoryFraction {
+	case "", FractionOfTotal, FractionOfFreeStatic:
+	default:
+		return fmt.Errorf("profile %q: memory_fraction %q is not %q or %q", p.Name, p.MemoryFraction, FractionOfTotal, FractionOfFreeStatic)
+	}
+	for name := range p.Files {
+		if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\\\x00") {
+			return fmt.Errorf("profile %q: file name %q must be a plain file name (no directory)", p.Name, name)
+		}
+	}
+	member.MasterHostPort, member.RDMADevices = "10.0.0.2:29500", "mlx5_0"
 	for _, sample := range []Data{single, member} {
 		if _, err := render(p.Name+" command", p.Command, 0, sample); err != nil {
 			return err
 		}
 		if _, err := render(p.Name+" env", p.Env, 0, sample); err != nil {
 			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(p.Files)) {
+			if _, err := render(p.Name+" file "+name, []string{p.Files[name]}, 0, sample); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

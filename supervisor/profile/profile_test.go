@@ -29,7 +29,7 @@ func TestResolve(t *testing.T) {
 			wantCmd: []string{"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama",
 				"--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", "8001"},
 			wantEnv:   []string{},
-			wantImage: "vllm/vllm-openai:latest",
+			wantImage: PinnedVLLMImage,
 		},
 		{
 			name:    "vllm memory share, args, env and image from the deployment",
@@ -52,7 +52,7 @@ func TestResolve(t *testing.T) {
 			wantCmd: []string{"vllm", "serve", "m", "--served-model-name", "third",
 				"--tensor-parallel-size", "1", "--host", "0.0.0.0", "--port", "1", "--gpu-memory-utilization=0.33"},
 			wantEnv:   []string{"HF_HOME=/w"},
-			wantImage: "vllm/vllm-openai:latest",
+			wantImage: PinnedVLLMImage,
 		},
 		{
 			name:    "vllm memory share without a known GPU size keeps the engine default",
@@ -62,7 +62,7 @@ func TestResolve(t *testing.T) {
 			wantCmd: []string{"vllm", "serve", "m", "--served-model-name", "x",
 				"--tensor-parallel-size", "1", "--host", "0.0.0.0", "--port", "1"},
 			wantEnv:   []string{},
-			wantImage: "vllm/vllm-openai:latest",
+			wantImage: PinnedVLLMImage,
 		},
 		{
 			name:    "vllm gpu_memory auto: the context and sequences the figure holds",
@@ -74,7 +74,7 @@ func TestResolve(t *testing.T) {
 				"--tensor-parallel-size", "1", "--host", "0.0.0.0", "--port", "1", "--gpu-memory-utilization=0.50",
 				"--max-model-len=32768", "--max-num-seqs=2"},
 			wantEnv:   []string{},
-			wantImage: "vllm/vllm-openai:latest",
+			wantImage: PinnedVLLMImage,
 		},
 		{
 			name:    "sglang gpu_memory auto",
@@ -85,7 +85,7 @@ func TestResolve(t *testing.T) {
 				"--served-model-name", "auto", "--tp-size", "1", "--host", "0.0.0.0", "--port", "1",
 				"--enable-metrics", "--mem-fraction-static=0.25", "--context-length=8192", "--max-running-requests=4"},
 			wantEnv:   []string{"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"},
-			wantImage: "lmsysorg/sglang:latest",
+			wantImage: PinnedSGLangImage,
 		},
 		{
 			name:    "sglang",
@@ -96,7 +96,7 @@ func TestResolve(t *testing.T) {
 				"--served-model-name", "qwen", "--tp-size", "4", "--host", "0.0.0.0", "--port", "30000",
 				"--enable-metrics", "--mem-fraction-static=0.50"},
 			wantEnv:   []string{"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0"},
-			wantImage: "lmsysorg/sglang:latest",
+			wantImage: PinnedSGLangImage,
 		},
 		{
 			name:    "llama.cpp",
@@ -104,9 +104,12 @@ func TestResolve(t *testing.T) {
 			d:       placement.Deployment{Name: "gguf", Model: "/weights/q4.gguf", Args: []string{"--ctx-size", "4096"}},
 			in:      Inputs{Port: 8080, Host: "127.0.0.1"},
 			wantCmd: []string{"/app/llama-server", "--model", "/weights/q4.gguf", "--alias", "gguf",
-				"--host", "127.0.0.1", "--port", "8080", "--n-gpu-layers", "999", "--metrics", "--ctx-size", "4096"},
+				// The deployment's own --ctx-size comes last: llama.cpp takes
+				// the last value.
+				"--host", "127.0.0.1", "--port", "8080", "-np", "4", "-c", "16384", "--no-kv-unified", "--fit", "off",
+				"--n-gpu-layers", "999", "--metrics", "--ctx-size", "4096"},
 			wantEnv:   []string{},
-			wantImage: "ghcr.io/ggml-org/llama.cpp:server-cuda",
+			wantImage: PinnedLlamaCppImage,
 		},
 		{
 			name:    "llama.cpp installed on the host",
@@ -114,9 +117,10 @@ func TestResolve(t *testing.T) {
 			d:       placement.Deployment{Name: "gguf", Model: "/weights/q4.gguf"},
 			in:      Inputs{Port: 8080, Program: "/usr/local/bin/llama-server"},
 			wantCmd: []string{"/usr/local/bin/llama-server", "--model", "/weights/q4.gguf", "--alias", "gguf",
-				"--host", "0.0.0.0", "--port", "8080", "--n-gpu-layers", "999", "--metrics"},
+				"--host", "0.0.0.0", "--port", "8080", "-np", "4", "-c", "16384", "--no-kv-unified", "--fit", "off",
+				"--n-gpu-layers", "999", "--metrics"},
 			wantEnv:   []string{},
-			wantImage: "ghcr.io/ggml-org/llama.cpp:server-cuda",
+			wantImage: PinnedLlamaCppImage,
 		},
 		{
 			name:    "fake runs llmgw itself and serves the deployment name",

@@ -72,6 +72,16 @@ type EngineSpec struct {
 	LogPath string `json:"log_path"`
 	// WeightsDir, when set, is bind-mounted at the same path in containers.
 	WeightsDir string `json:"weights_dir,omitempty"`
+	// CacheDir, when set, is bind-mounted at the same path in containers:
+	// the engines' compile caches outlive the container.
+	CacheDir string `json:"cache_dir,omitempty"`
+	// Gang: the engine is one member of a replica that spans nodes; with
+	// RDMADevices (the node's, e.g. mlx5_0) its container gets the RDMA
+	// device nodes, CAP_IPC_LOCK and an unlimited memlock, which NCCL
+	// needs to register memory with the adapter (GPUDirect RDMA).
+	// Without them NCCL falls back to TCP sockets.
+	Gang        bool     `json:"gang,omitempty"`
+	RDMADevices []string `json:"rdma_devices,omitempty"`
 }
 
 // State of an engine as the runtime sees it.

@@ -3,12 +3,15 @@ package shardstate
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/protocol"
 )
 
 func sample(id string) State {
@@ -156,14 +159,15 @@ func TestPreviousReleasesFileLoads(t *testing.T) {
 func TestNewerProtocolFileLeftInPlace(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "shard-chat-0-v9.json")
-	content := `{"protocol":3,"format_version":1,"shard_id":"chat-0","spec":{"engine_id":"chat-0-v9"}}`
+	above := protocol.Max + 1
+	content := fmt.Sprintf(`{"protocol":%d,"format_version":1,"shard_id":"chat-0","spec":{"engine_id":"chat-0-v9"}}`, above)
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	states, bad := Load(dir)
-	if len(states) != 0 || len(bad) != 1 || bad[0].MovedTo != "" || !strings.Contains(bad[0].Error(), "protocol 3") ||
-		!strings.Contains(bad[0].Error(), "protocol 3 or later") {
-		t.Fatalf("Load: states %v bad %+v; want the file reported as protocol 3 and left in place", states, bad)
+	if len(states) != 0 || len(bad) != 1 || bad[0].MovedTo != "" || !strings.Contains(bad[0].Error(), fmt.Sprintf("protocol %d", above)) ||
+		!strings.Contains(bad[0].Error(), fmt.Sprintf("protocol %d or later", above)) {
+		t.Fatalf("Load: states %v bad %+v; want the file reported as protocol %d and left in place", states, bad, above)
 	}
 	if b, _ := os.ReadFile(p); string(b) != content {
 		t.Fatalf("the file changed to %q", b)

@@ -1,15 +1,18 @@
 package status
 
+import "github.com/llmgw/llmgw/gossip"
+
 // LoadTotal is one deployment's engine load summed over its shards that
 // have a reading (the read model gives load only under a valid lease, and
 // engines are scraped only while ready), as the page and `llmgw top` show
 // it.
 type LoadTotal struct {
 	Running, Waiting float64
-	// Engines is how many shards had a reading; kvSum over it is the mean
-	// KV cache usage.
-	Engines int
-	kvSum   float64
+	// Engines is how many shards had a reading; kvSum over kvEngines (those
+	// that export it) is the mean KV cache usage.
+	Engines   int
+	kvSum     float64
+	kvEngines int
 	// PromptTPS and GenerationTPS sum the shards with valid rates; Rates
 	// says there was at least one.
 	PromptTPS, GenerationTPS float64
@@ -20,14 +23,18 @@ type LoadTotal struct {
 	prefixHitsPS    float64
 }
 
-// KVCacheUsage is the shards' mean KV cache usage (0-1), 0 without
-// readings.
+// KVCacheUsage is the shards' mean KV cache usage (0-1) over the engines
+// that export it, 0 without readings (KVKnown says which).
 func (t LoadTotal) KVCacheUsage() float64 {
-	if t.Engines == 0 {
+	if t.kvEngines == 0 {
 		return 0
 	}
-	return t.kvSum / float64(t.Engines)
+	return t.kvSum / float64(t.kvEngines)
 }
+
+// KVKnown reports whether any engine of the deployment exports its KV
+// cache usage (llama.cpp's does not): without, the usage is unknown, not 0.
+func (t LoadTotal) KVKnown() bool { return t.kvEngines > 0 }
 
 // PrefixHitRate is the share of looked-up prompt tokens the prefix caches
 // held, each engine weighted by its lookups; false without lookups.
@@ -50,7 +57,10 @@ func LoadTotals(shards []ShardInfo) map[string]LoadTotal {
 		t := out[s.Deployment]
 		t.Running += l.Running
 		t.Waiting += l.Waiting
-		t.kvSum += l.KVCacheUsage
+		if l.Knows(gossip.ReadingKVCache) {
+			t.kvSum += l.KVCacheUsage
+			t.kvEngines++
+		}
 		t.Engines++
 		if l.RatesValid {
 			t.PromptTPS += l.PromptTPS

@@ -37,3 +37,22 @@ func TestLoadTotalsSumReadingsAndWeighHits(t *testing.T) {
 		t.Error("a hit rate without lookups")
 	}
 }
+
+// An engine that does not export its KV usage (llama.cpp) counts as
+// unknown: it stays out of the mean, and a deployment of such engines only
+// says its KV usage is unknown rather than 0.
+func TestUnknownKVUsageIsNotZero(t *testing.T) {
+	at := time.Unix(1000, 0)
+	unknown := []string{gossip.ReadingKVCache}
+	got := LoadTotals([]ShardInfo{
+		{Deployment: "mixed", Load: gossip.ShardLoad{Running: 1, KVCacheUsage: 0.8, ScrapedAt: at}},
+		{Deployment: "mixed", Load: gossip.ShardLoad{Running: 1, ScrapedAt: at, Unknown: unknown}},
+		{Deployment: "gguf", Load: gossip.ShardLoad{Running: 2, ScrapedAt: at, Unknown: unknown}},
+	})
+	if m := got["mixed"]; !m.KVKnown() || m.KVCacheUsage() != 0.8 || m.Engines != 2 {
+		t.Errorf("mixed: KV %v known %v over %d engines, want 0.8 from the one that exports it", m.KVCacheUsage(), m.KVKnown(), m.Engines)
+	}
+	if g := got["gguf"]; g.KVKnown() || g.Running != 2 {
+		t.Errorf("gguf: KV known %v, running %v: want unknown, 2", g.KVKnown(), g.Running)
+	}
+}

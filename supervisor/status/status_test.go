@@ -1,6 +1,7 @@
 package status
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func TestLeaseLapsesWhenReadLater(t *testing.T) {
 		t.Fatalf("within the TTL: ready = %d, want 1", d[0].Ready)
 	}
 	after := snap.Shards(t0.Add(2*time.Second + time.Millisecond))
-	if after[0].Lease != placement.LeaseLapsed || after[0].Load != (gossip.ShardLoad{}) || !after[0].LeaseExpires.IsZero() {
+	if after[0].Lease != placement.LeaseLapsed || !reflect.DeepEqual(after[0].Load, gossip.ShardLoad{}) || !after[0].LeaseExpires.IsZero() {
 		t.Fatalf("past the TTL: %+v, want lapsed, no load, no expiry", after[0])
 	}
 	if d := snap.Deployments(t0.Add(3 * time.Second)); d[0].Ready != 0 || d[0].Placed != 1 {

@@ -66,6 +66,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: log path %q is not absolute", spec.ID, spec.LogPath)
 	case spec.WeightsDir != "" && !filepath.IsAbs(spec.WeightsDir):
 		return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: weights dir %q is not absolute", spec.ID, spec.WeightsDir)
+	case spec.CacheDir != "" && !filepath.IsAbs(spec.CacheDir):
+		return runtime.Engine{}, fmt.Errorf("containerd runtime: engine %q: cache dir %q is not absolute", spec.ID, spec.CacheDir)
 	}
 	// GPUs first: a node without CDI specs fails here, before anything is
 	// created, with the command that fixes it.
@@ -97,7 +99,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 	}
 	// The shim opens the log file; its directory has to exist. So does a
 	// bind mount's source (an empty weights cache is filled by the engine).
-	for _, dir := range []string{filepath.Dir(spec.LogPath), spec.WeightsDir} {
+	for _, dir := range []string{filepath.Dir(spec.LogPath), spec.WeightsDir, spec.CacheDir} {
 		if dir == "" {
 			continue
 		}
@@ -117,12 +119,18 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.EngineSpec) (runtime.E
 		oci.WithDevShmSize(r.shmSize >> 10),
 		withRlimits(probeDaemonLimits(r.socket).rlimits()),
 	}
-	if spec.WeightsDir != "" {
+	// The weights and the compile caches outlive the container, at the
+	// same paths inside as outside (the profile names host paths).
+	for _, dir := range []string{spec.WeightsDir, spec.CacheDir} {
+		if dir == "" {
+			continue
+		}
 		specOpts = append(specOpts, oci.WithMounts([]specs.Mount{{
-			Type: "bind", Source: spec.WeightsDir, Destination: spec.WeightsDir,
+			Type: "bind", Source: dir, Destination: dir,
 			Options: []string{"rbind", "rw"},
 		}}))
 	}
+	specOpts = append(specOpts, fabricSpecOpts(spec, InfinibandDir, r.log)...)
 	if gpus != nil {
 		specOpts = append(specOpts, gpus)
 	}

@@ -3,6 +3,7 @@ package containerd
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -187,5 +188,58 @@ Max locked memory         8388608              8388608              bytes
 	}
 	if len(s.Process.Rlimits) != 2 || !slices.Contains(s.Process.Rlimits, wantRlimits[1]) {
 		t.Fatalf("rlimits %+v", s.Process.Rlimits)
+	}
+}
+
+// A gang member on a node with RDMA devices gets the device nodes and
+// CAP_IPC_LOCK (and, as every engine, an unlimited memlock); a
+// single-node engine, and a gang member on a node without RDMA devices,
+// get neither.
+func TestGangOnRDMANodeGetsTheFabric(t *testing.T) {
+	// /dev/null stands for /dev/infiniband: a device node every host has
+	// (WithDevices takes one device as it takes a directory of them).
+	const devDir = "/dev/null"
+	apply := func(spec runtime.EngineSpec) *oci.Spec {
+		t.Helper()
+		s := &oci.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}, Linux: &specs.Linux{Resources: &specs.LinuxResources{}}}
+		opts := append(fabricSpecOpts(spec, devDir, slog.New(slog.DiscardHandler)), withRlimits(daemonLimits{}.rlimits()))
+		for _, o := range opts {
+			if err := o(context.Background(), nil, nil, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s
+	}
+	hasFabric := func(s *oci.Spec) (dev, ipcLock bool) {
+		dev = slices.ContainsFunc(s.Linux.Devices, func(d specs.LinuxDevice) bool { return d.Path == devDir })
+		ipcLock = slices.Contains(s.Process.Capabilities.Effective, "CAP_IPC_LOCK") && slices.Contains(s.Process.Capabilities.Bounding, "CAP_IPC_LOCK")
+		return dev, ipcLock
+	}
+	base := runtime.EngineSpec{ID: "g-0-v1", Image: "x", Command: []string{"x"}, LogPath: "/tmp/g.log"}
+	member := base
+	member.Gang, member.RDMADevices = true, []string{"mlx5_0"}
+	s := apply(member)
+	if dev, lock := hasFabric(s); !dev || !lock {
+		t.Fatalf("gang member on an RDMA node: device %v, CAP_IPC_LOCK %v; devices %+v caps %+v", dev, lock, s.Linux.Devices, s.Process.Capabilities)
+	}
+	if !slices.ContainsFunc(s.Process.Rlimits, func(l specs.POSIXRlimit) bool { return l.Type == "RLIMIT_MEMLOCK" && l.Hard == ^uint64(0) }) {
+		t.Fatalf("memlock not unlimited: %+v", s.Process.Rlimits)
+	}
+	noRDMA := base
+	noRDMA.Gang = true
+	single := base
+	single.RDMADevices = []string{"mlx5_0"}
+	for name, spec := range map[string]runtime.EngineSpec{"gang without RDMA": noRDMA, "single node": single} {
+		if dev, lock := hasFabric(apply(spec)); dev || lock {
+			t.Errorf("%s: device %v, CAP_IPC_LOCK %v; want neither", name, dev, lock)
+		}
+	}
+	// Device nodes missing: the capability still, no device.
+	missing := member
+	s = &oci.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}, Linux: &specs.Linux{Resources: &specs.LinuxResources{}}}
+	for _, o := range fabricSpecOpts(missing, filepath.Join(t.TempDir(), "infiniband"), slog.New(slog.DiscardHandler)) {
+		if err := o(context.Background(), nil, nil, s); err != nil {
+			t.Fatalf("missing device dir: %v", err)
+		}
 	}
 }
