@@ -122,6 +122,11 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 		}
 	}
 	gangViews(mine, plan, members, now, c.ttl)
+	for i := range mine {
+		if mine[i].Gang != nil {
+			mine[i].Gang.ClusterVersion = c.cluster.ActiveVersion()
+		}
+	}
 	c.runner.Reconcile(ctx, mine)
 	if c.load.Publish(now, c.runner.Shards()) {
 		// Readers see what this node now holds and sends, not the record

@@ -29,7 +29,10 @@ const (
 	// concurrency flag. The mark is part of the spec, so of its spec
 	// version: a V2 agent, which drops it, would name the engine
 	// differently; below V3 the chosen figure is stored unmarked and
-	// passed to every engine as a cap.
+	// passed to every engine as a cap. Also: SGLang gangs launch as one
+	// pipeline stage per node (--tp-size TP --pp-size N) instead of one
+	// tensor-parallel group over every GPU of the gang; every rank must
+	// launch alike, so below V3 the old layout is kept.
 	V3 = 3
 )
 

@@ -28,6 +28,10 @@ type Gang struct {
 	// a rank the plan moved away from a lost node tears the gang down at
 	// once, where a move alone waits (see gangMoveGrace).
 	LostNodes []string
+	// ClusterVersion is the node's active cluster protocol version in
+	// this pass: every rank launches with the layout of that version
+	// (profile.Inputs.ClusterVersion).
+	ClusterVersion int
 }
 
 // GangPeer is one rank as its planned holder reports it.

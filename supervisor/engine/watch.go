@@ -381,6 +381,9 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
 		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout),
 		CacheDir: r.cfg.CacheDir}
+	if d.Gang != nil {
+		in.ClusterVersion = d.Gang.ClusterVersion
+	}
 	if gs != nil {
 		in.HostIP, in.NetIface = hostInterface(r.cfg.Host)
 		if r.cfg.RDMADevices != nil {

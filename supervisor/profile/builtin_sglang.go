@@ -47,9 +47,12 @@ func sglangProfile() Profile {
 			// GPUs (nnodes_per_tp_group = nnodes // pp_size = 1 in
 			// _launch_subprocesses, python/sglang/srt/entrypoints/engine.py), so only the
 			// stages' activations cross the machine boundary, not
-			// every layer's all-reduce.
-			"--tp-size", "{{.TP}}",
-			gang("pp-size", "PP"),
+			// every layer's all-reduce. Every rank must launch alike, so
+			// the layout follows the cluster version (3 brought it):
+			// below it a gang keeps the one earlier agents render, TP
+			// spanning every GPU of the gang.
+			"--tp-size", "{{if or (eq .NNodes 1) (ge .ClusterVersion 3)}}{{.TP}}{{else}}{{.TPTotal}}{{end}}",
+			"{{if and (gt .NNodes 1) (ge .ClusterVersion 3)}}--pp-size={{.PP}}{{end}}",
 			"--host", "{{.Host}}",
 			"--port", "{{.Port}}",
 			// Without it SGLang serves no /metrics.

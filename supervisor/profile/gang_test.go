@@ -159,3 +159,45 @@ func TestResolveGangRDMADevices(t *testing.T) {
 		}
 	}
 }
+
+// SGLang's gang layout follows the cluster version: every rank must
+// launch alike, and agents before protocol 3 render TP across the whole
+// gang with no --pp-size. A cluster still at 2 keeps that layout; at 3
+// (or unset: the newest) each node is one pipeline stage.
+func TestSGLangGangLayoutFollowsTheClusterVersion(t *testing.T) {
+	p, err := Lookup("sglang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := placement.Deployment{Name: "big", Model: "org/big", TensorParallel: 8, PipelineParallel: 2}
+	for _, tc := range []struct {
+		version int
+		want    []string
+		not     string
+	}{
+		{2, []string{"--tp-size", "16"}, "--pp-size=2"},
+		{3, []string{"--tp-size", "8", "--pp-size=2"}, ""},
+		{0, []string{"--tp-size", "8", "--pp-size=2"}, ""},
+	} {
+		in := Inputs{Port: 8100, ShardIndex: 1, ClusterVersion: tc.version,
+			Gang: &GangInputs{NNodes: 2, Rank: 1, MasterAddr: "10.0.0.1", MasterPort: 8123}}
+		cmd, _, _, err := Resolve(p, d, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.Index(cmd, tc.want[0])
+		if i < 0 || !slices.Equal(cmd[i:i+len(tc.want)], tc.want) {
+			t.Errorf("cluster version %d: %q lacks %q", tc.version, cmd, tc.want)
+		}
+		if tc.not != "" && slices.Contains(cmd, tc.not) {
+			t.Errorf("cluster version %d: %q has %s", tc.version, cmd, tc.not)
+		}
+	}
+	// A single-node replica is the same at every version.
+	one := placement.Deployment{Name: "one", Model: "org/one", TensorParallel: 2}
+	a, _, _, _ := Resolve(p, one, Inputs{Port: 8100, ClusterVersion: 2})
+	b, _, _, _ := Resolve(p, one, Inputs{Port: 8100, ClusterVersion: 3})
+	if !slices.Equal(a, b) {
+		t.Errorf("a single-node replica renders differently by version:\n%q\n%q", a, b)
+	}
+}

@@ -14,6 +14,7 @@ package profile
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -179,6 +180,11 @@ type Inputs struct {
 	// caches, bind-mounted into containers like the weights dir ("" when
 	// none).
 	CacheDir string
+	// ClusterVersion is the cluster protocol version (internal/protocol)
+	// of the node's reconcile pass that started a gang member: every rank
+	// of a gang must launch alike, so a layout that changed between
+	// versions follows it. 0 means the newest this build speaks.
+	ClusterVersion int
 	// FilesDir is the directory the runner writes Profile.Files into
 	// (visible at the same path in a container); "" when the runner
 	// writes none, and a profile then falls back to what needs no file.
@@ -196,6 +202,11 @@ type GangInputs struct {
 	MasterAddr string
 	MasterPort int
 }
+
+// newestClusterVersion is the newest cluster protocol version whose rules
+// the profiles know (internal/protocol.Max; profile imports no module
+// package beyond its allow-list, so it is a number here).
+const newestClusterVersion = 3
 
 // Data is what templates see.
 type Data struct {
@@ -251,6 +262,8 @@ type Data struct {
 	// StartTimeoutSeconds is Inputs.StartTimeout in whole seconds (0:
 	// unset), for an engine's own start-up wait.
 	StartTimeoutSeconds int
+	// ClusterVersion is Inputs.ClusterVersion, 0 read as the newest.
+	ClusterVersion int
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -327,6 +340,7 @@ func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
 		RDMADevices:     strings.Join(in.RDMADevices, ","), CacheDir: in.CacheDir, FilesDir: in.FilesDir,
 		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
 		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
+		ClusterVersion:      cmp.Or(in.ClusterVersion, newestClusterVersion),
 	}
 	if d.PipelineParallel > 1 {
 		g := in.Gang
