@@ -29,7 +29,7 @@ func fitCommand() *cli.Command {
 		&cli.StringFlag{Name: "tp", Value: "1", Usage: "tensor parallel size, or auto: the smallest that fits each GPU type"},
 		&cli.IntFlag{Name: "pp", Value: 1, Usage: "pipeline parallel size"},
 		&cli.IntFlag{Name: "max-model-len", Usage: "context per sequence (default: the model's own)"},
-		&cli.IntFlag{Name: "max-num-seqs", Value: 1, Usage: "concurrent full-context sequences"},
+		&cli.IntFlag{Name: "max-num-seqs", Usage: "concurrent full-context sequences (default: as place --gpu-memory auto chooses, at most 16 that the largest GPU type holds; 1 without a GPU type)"},
 		&cli.StringFlag{Name: "engine", Value: "vllm", Usage: "engine whose overhead to count: vllm, sglang, llamacpp"},
 		&cli.StringFlag{Name: "kv-cache-dtype", Usage: "KV cache dtype (default: the model's; fp8 halves it)"},
 		&cli.StringSliceFlag{Name: "gpu", Usage: "GPU type(s) to size for, e.g. H100-80GB (default: the cluster's, from --addr)"},
@@ -64,8 +64,14 @@ func fitCommand() *cli.Command {
 			if err != nil {
 				return failure(fmt.Sprintf("%s: %v", m.Name, err))
 			}
+			if c.IsSet("max-num-seqs") && c.Int("max-num-seqs") < 1 {
+				return usageError(fmt.Sprintf("--max-num-seqs %d: want 1 or more (or leave it out: as place chooses)", c.Int("max-num-seqs")))
+			}
 			req := fit.Request{TensorParallel: max(tp, 1), PipelineParallel: int(c.Int("pp")), MaxModelLen: int(c.Int("max-model-len")),
 				MaxNumSeqs: int(c.Int("max-num-seqs")), Engine: c.String("engine")}
+			if req.MaxNumSeqs == 0 {
+				req.MaxNumSeqs = chosenSeqs(prof, req, kinds)
+			}
 			rep, err := fitReport(prof, req, tpAuto, kinds)
 			if err != nil {
 				return failure(err.Error())
@@ -297,4 +303,17 @@ func humanBytes(b uint64) string {
 		}
 	}
 	return fmt.Sprintf("%d B", b)
+}
+
+// chosenSeqs is the concurrency a `place --gpu-memory auto` without
+// max_num_seqs would size for (supervisor/autofit.go): as many
+// full-context sequences as an empty GPU of the largest type with enough
+// GPUs on one node holds, at most fit.DefaultMaxSeqs; 1 without a GPU
+// type to size for, or when not even one fits (the report then says so).
+func chosenSeqs(p fit.Profile, req fit.Request, kinds []fit.GPUKind) int {
+	k, ok := fit.SizedFor(kinds, req.TensorParallel)
+	if !ok {
+		return 1
+	}
+	return max(p.ChooseSeqs(req, k), 1)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/placement/fit/fittest"
 	"github.com/llmgw/llmgw/probes/weights/weightstest"
 )
@@ -19,7 +20,7 @@ func TestFitJSON(t *testing.T) {
 	if err := weightstest.WriteDir(dir, fittest.Llama31_8B(), 2); err != nil {
 		t.Fatal(err)
 	}
-	out, err := run(t, "fit", dir, "--gpu", "H100-80GB", "--gpu", "L4-24GB", "--max-model-len", "8192", "--json")
+	out, err := run(t, "fit", dir, "--gpu", "H100-80GB", "--gpu", "L4-24GB", "--max-model-len", "8192", "--max-num-seqs", "1", "--json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestFitJSON(t *testing.T) {
 		t.Errorf("per GPU type: %+v", r.GPUs)
 	}
 	// Text: the terms, and a row per GPU type.
-	out, err = run(t, "fit", dir, "--gpu", "H100-80GB", "--max-model-len", "8192")
+	out, err = run(t, "fit", dir, "--gpu", "H100-80GB", "--max-model-len", "8192", "--max-num-seqs", "1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,5 +179,33 @@ func TestFitWithoutAClusterPrintsTheNeeds(t *testing.T) {
 	_, err = run(t, "fit", dir, "--addr", "http://127.0.0.1:1")
 	if exitStatus(err) != 1 || !strings.Contains(fmt.Sprint(err), "cannot reach a node at http://127.0.0.1:1") {
 		t.Errorf("fit --addr with no node there: status %d, %v; want 1 and what failed", exitStatus(err), err)
+	}
+}
+
+// Without --max-num-seqs, fit sizes for what a place with gpu_memory auto
+// would: up to 16 full-context sequences that the largest GPU type holds
+// (Llama-3.1-8B at 8,192 tokens: 1 GiB of KV each, so 16 GiB on an H100),
+// not one request at a time; with no GPU type to size for, one.
+func TestFitSizesForTheConcurrencyPlaceWouldChoose(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "llama")
+	if err := weightstest.WriteDir(dir, fittest.Llama31_8B(), 2); err != nil {
+		t.Fatal(err)
+	}
+	var r fitResult
+	out, err := run(t, "fit", dir, "--gpu", "H100-80GB", "--gpu", "L4-24GB", "--max-model-len", "8192", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if r.MaxNumSeqs != 16 || r.PerGPU.KVCache != 16<<30 {
+		t.Errorf("sized for %d sequences, %d bytes of KV: want 16 and 16 GiB", r.MaxNumSeqs, r.PerGPU.KVCache)
+	}
+	if n := chosenSeqs(fit.Profile{}, fit.Request{TensorParallel: 1}, nil); n != 1 {
+		t.Errorf("without a GPU type: %d sequences, want 1", n)
+	}
+	if _, err := run(t, "fit", dir, "--gpu", "H100-80GB", "--max-num-seqs", "0"); err == nil || !strings.Contains(err.Error(), "--max-num-seqs 0") {
+		t.Errorf("--max-num-seqs 0: %v", err)
 	}
 }
