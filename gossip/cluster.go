@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -375,10 +376,18 @@ func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {
 	if _, err := checkNode(r, c.cfg.Clock.Now()); err != nil && c.logNow("self/"+err.Error()) {
 		c.log.Error("peers will refuse this node's record", "err", err)
 	}
-	c.store.MergeNode(r)
-	c.send("node/"+r.Name, message{Nodes: []NodeRecord{r}})
+	// Encoded once: the store and the broadcast hold these bytes.
+	m := localMessage(r)
+	c.store.mergeNode(r, m.nodeRaw[0])
+	c.send("node/"+r.Name, m)
 	c.notify()
 	return r
+}
+
+// localMessage is a message carrying this node's record r alone, in the
+// bytes it is stored and sent in.
+func localMessage(r NodeRecord) message {
+	return message{Nodes: []NodeRecord{r}, nodeRaw: []json.RawMessage{rawOf(r)}}
 }
 
 // Renew bumps this node's version without changing its content. Every
@@ -565,9 +574,10 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	c.local.Content = c.content
 	r := c.local
 	c.mu.Unlock()
-	c.store.MergeNode(r)
+	m := localMessage(r)
+	c.store.mergeNode(r, m.nodeRaw[0])
 	c.sendMu.Unlock()
-	if b, err := encode(message{Nodes: []NodeRecord{r}}); err == nil {
+	if b, err := encode(m); err == nil {
 		// Tell everyone over TCP, and wait: a broadcast queued now might
 		// never leave before shutdown.
 		c.toEveryone(b).Wait()

@@ -150,10 +150,11 @@ func (s *Store) Lacks(b Beat) bool {
 // travels on encoded as this build encodes it: use mergeDeployment for a
 // record that arrived in bytes of its own.
 func (s *Store) MergeDeployment(d DeploymentRecord) bool {
-	return s.mergeDeployment(depEntry{rec: d, raw: rawOf(d)})
+	return s.mergeDeployment(depEntry{rec: d})
 }
 
-// mergeDeployment is MergeDeployment for a record and its bytes.
+// mergeDeployment is MergeDeployment for a record and its bytes (nil:
+// encode it).
 func (s *Store) mergeDeployment(d depEntry) bool {
 	if d.raw == nil {
 		d.raw = rawOf(d.rec)
@@ -200,6 +201,11 @@ func (s *Store) mergeDeployment(d depEntry) bool {
 func supersedes(d, old depEntry, version int) bool {
 	if d.rec.Stamp != old.rec.Stamp {
 		return old.rec.Stamp.Less(d.rec.Stamp)
+	}
+	if d.raw != nil && bytes.Equal(d.raw, old.raw) {
+		// The record held, again: what every push/pull brings. The
+		// rules below would say the same without decoding it twice.
+		return false
 	}
 	if d.rec.Deleted != old.rec.Deleted {
 		return d.rec.Deleted

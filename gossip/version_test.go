@@ -95,19 +95,27 @@ func waitProtocol(t *testing.T, n *testNode, name string, s MemberState, r proto
 	return found
 }
 
-// A mixed cluster runs the old rule; the new one becomes active T after the
-// last old node came back upgraded, and every node agrees.
-func TestMixedClusterRunsTheOldRuleUntilTheLastOldNodeUpgrades(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	var aRises rises
-	a := startVersioned(t, "a", 0, clk, newBuild, func(c *Config) { c.OnActiveVersion = aRises.add })
-	b := startVersioned(t, "b", 0, clk, newBuild, nil)
-	old := startVersioned(t, "old", 0, clk, oldBuild, nil)
+// startMixed starts a and b of this release (mutateA configures a) and
+// old of the old build, joined, with a and b seeing old's range.
+func startMixed(t *testing.T, clk *clock.Fake, mutateA func(*Config)) (a, b, old *testNode) {
+	t.Helper()
+	a = startVersioned(t, "a", 0, clk, newBuild, mutateA)
+	b = startVersioned(t, "b", 0, clk, newBuild, nil)
+	old = startVersioned(t, "old", 0, clk, oldBuild, nil)
 	mustJoin(t, b, a)
 	mustJoin(t, old, a)
 	waitMembers(t, 3, a, b, old)
 	waitProtocol(t, a, "old", StateAlive, oldBuild)
 	waitProtocol(t, b, "old", StateAlive, oldBuild)
+	return a, b, old
+}
+
+// A mixed cluster runs the old rule; the new one becomes active T after the
+// last old node came back upgraded, and every node agrees.
+func TestMixedClusterRunsTheOldRuleUntilTheLastOldNodeUpgrades(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	var aRises rises
+	a, b, old := startMixed(t, clk, func(c *Config) { c.OnActiveVersion = aRises.add })
 	waitProtocol(t, old, "a", StateAlive, newBuild)
 
 	clk.Advance(10 * settleT)
@@ -150,14 +158,7 @@ func TestMixedClusterRunsTheOldRuleUntilTheLastOldNodeUpgrades(t *testing.T) {
 // back down: the old node returning is refused.
 func TestDeadOldNodeCountsForDThenTheVersionRisesAndNeverFalls(t *testing.T) {
 	clk := clock.NewFake(time.Now())
-	a := startVersioned(t, "a", 0, clk, newBuild, nil)
-	b := startVersioned(t, "b", 0, clk, newBuild, nil)
-	old := startVersioned(t, "old", 0, clk, oldBuild, nil)
-	mustJoin(t, b, a)
-	mustJoin(t, old, a)
-	waitMembers(t, 3, a, b, old)
-	waitProtocol(t, a, "old", StateAlive, oldBuild)
-	waitProtocol(t, b, "old", StateAlive, oldBuild)
+	a, b, old := startMixed(t, clk, nil)
 	port := old.port
 
 	if err := old.Shutdown(); err != nil { // a crash: no leave
@@ -171,7 +172,7 @@ func TestDeadOldNodeCountsForDThenTheVersionRisesAndNeverFalls(t *testing.T) {
 	}
 	clk.Advance(deadD - time.Second)
 	judge(t, "old dead for a second less than D", protocol.V1, a, b)
-	clk.Advance(time.Second + settleT - time.Second)
+	clk.Advance(settleT)
 	judge(t, "old dead for D, and a second less than T after", protocol.V1, a, b)
 	clk.Advance(time.Second)
 	judge(t, "old dead for D+T", protocol.V2, a, b)
@@ -361,5 +362,24 @@ func TestAJoinerAdoptsTheClusterVersionAtOnce(t *testing.T) {
 	old.evaluateVersion()
 	if got := old.ActiveVersion(); got != protocol.V1 {
 		t.Errorf("a [1,1] node adopted version %d", got)
+	}
+}
+
+// BenchmarkEvaluateVersion500 measures the once-a-second pass of the rule
+// (versionEvery) on a node of 500 live members that all speak its range.
+func BenchmarkEvaluateVersion500(b *testing.B) {
+	clk := clock.NewFake(time.Now())
+	c := &Cluster{cfg: Config{Name: "self", Clock: clk, Protocol: protocol.Build(), VersionSettle: settleT, VersionDeadAfter: deadD},
+		members: map[string]*memberInfo{}}
+	c.ver.init(c.cfg, clk.Now())
+	for i := range 500 {
+		c.members[fmt.Sprintf("n%03d", i)] = &memberInfo{state: StateAlive, proto: protocol.Build(), active: protocol.V1}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		c.evaluateVersion()
+	}
+	if got := c.ActiveVersion(); got != protocol.V1 {
+		b.Fatalf("the pass raised the version to %d with no time gone by", got)
 	}
 }

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -131,22 +132,11 @@ func (r *runner) binaryKey(d *directive) (string, error) {
 		return "", err
 	}
 	if _, ok := r.binaries[name]; !ok {
-		known := make([]string, 0, len(r.binaries))
-		for k := range r.binaries {
-			known = append(known, k)
-		}
-		sort.Strings(known)
-		return "", usagef("binary=%s: no such binary (have %s; build-binary NAME commit=REV builds one)", name, strings.Join(known, ", "))
+		return "", usagef("binary=%s: no such binary (have %s; build-binary NAME commit=REV builds one)", name,
+			strings.Join(slices.Sorted(maps.Keys(r.binaries)), ", "))
 	}
 	return name, nil
 }
 
 // binaryPaths lists every binary of the run, for finding its engines.
-func (r *runner) binaryPaths() []string {
-	out := make([]string, 0, len(r.binaries))
-	for _, p := range r.binaries {
-		out = append(out, p)
-	}
-	sort.Strings(out)
-	return out
-}
+func (r *runner) binaryPaths() []string { return slices.Sorted(maps.Values(r.binaries)) }

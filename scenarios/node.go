@@ -147,6 +147,12 @@ func (r *runner) start(n *node) error {
 	if n.running() {
 		return fmt.Errorf("%s is running already", n.name)
 	}
+	// binary= names only built binaries (binaryKey), so this is a check
+	// of the runner itself.
+	bin := r.binaries[n.binaryName()]
+	if bin == "" {
+		return fmt.Errorf("start %s: no binary %q", n.name, n.binaryName())
+	}
 	args := []string{"node", "up",
 		"--name", n.name,
 		"--data-dir", n.dataDir,
@@ -196,13 +202,6 @@ func (r *runner) start(n *node) error {
 		return err
 	}
 	fmt.Fprintf(logf, "%s%s at %s\n", startMarker, n.name, time.Now().Format(time.RFC3339Nano))
-	n.mu.Lock()
-	bin := r.binaries[n.binary]
-	n.mu.Unlock()
-	if bin == "" {
-		logf.Close()
-		return fmt.Errorf("start %s: no binary %q (build-binary names one)", n.name, n.binaryName())
-	}
 	cmd := exec.Command(bin, args...)
 	if n.netns != "" {
 		// ip netns exec execs the binary: the pid is the agent's.

@@ -54,11 +54,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	refuse := func(format string, args ...any) (placement.Deployment, error) {
 		return d, fmt.Errorf("%w: gpu_memory auto for %s: "+format, append([]any{placement.ErrInvalidDeployment, d.Model}, args...)...)
 	}
-	timeout := n.cfg.FitTimeout
-	if timeout <= 0 {
-		timeout = defaultFitTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := n.fitContext(ctx)
 	defer cancel()
 	m, source, err := n.modelHeaders(ctx, d, true)
 	if err != nil {
@@ -155,11 +151,7 @@ func (n *Node) checkShare(ctx context.Context, d placement.Deployment) error {
 	if d.GPUMemory == 0 || (d.MaxModelLen == 0 && d.MaxNumSeqs == 0) {
 		return nil
 	}
-	timeout := n.cfg.FitTimeout
-	if timeout <= 0 {
-		timeout = defaultFitTimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := n.fitContext(ctx)
 	defer cancel()
 	m, source, err := n.modelHeaders(ctx, d, false)
 	if err != nil {
@@ -209,6 +201,16 @@ func shareHolds(prof fit.Profile, d placement.Deployment, source string) error {
 			r.MaxModelLen, d.GPUMemory, most, r.MaxNumSeqs, need, most, raise)
 	}
 	return refuse("gpu_memory %s: not even one token of context fits beside the weights and overhead; %s; raise gpu_memory", d.GPUMemory, need)
+}
+
+// fitContext bounds the read of a model's headers for a place by
+// Config.FitTimeout (defaultFitTimeout when unset).
+func (n *Node) fitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := n.cfg.FitTimeout
+	if timeout <= 0 {
+		timeout = defaultFitTimeout
+	}
+	return context.WithTimeout(ctx, timeout)
 }
 
 // typeClause names the gpu_type a refusal was limited to, if any.

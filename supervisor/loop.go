@@ -122,9 +122,12 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 		}
 	}
 	gangViews(mine, plan, members, now, c.ttl)
+	// One read for the pass: its gangs render, and its snapshot shows,
+	// the same version.
+	active := c.cluster.ActiveVersion()
 	for i := range mine {
 		if mine[i].Gang != nil {
-			mine[i].Gang.ClusterVersion = c.cluster.ActiveVersion()
+			mine[i].Gang.ClusterVersion = active
 		}
 	}
 	c.runner.Reconcile(ctx, mine)
@@ -135,7 +138,7 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 	}
 	c.reads.store(status.Build(status.Input{Self: c.name, Now: now, TTL: c.ttl, Plan: plan, View: view,
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,
-		ActiveVersion: c.cluster.ActiveVersion(), VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
+		ActiveVersion: active, VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
 }
 
 // handoverPeriod is how long a replacement settles in a cluster of n

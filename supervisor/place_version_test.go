@@ -14,6 +14,8 @@ import (
 	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/placement/fit/fittest"
+	"github.com/llmgw/llmgw/probes/weights/weightstest"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -27,18 +29,14 @@ import (
 func TestPlaceRefusesAFieldTheActiveVersionDoesNotKnow(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	h := newHarness(t)
+	// A model's headers in a's weights dir, for gpu_memory: auto below.
 	cfg := h.config("a")
-	cfg.Clock = clk
-	// A cluster that began on the previous release (protocol 1).
-	cfg.NewClusterVersion = protocol.V1
-	a, err := Start(context.Background(), cfg)
-	if err != nil {
+	cfg.WeightsDir = t.TempDir()
+	if _, err := weightstest.WriteHubCache(cfg.WeightsDir, "meta-llama/Llama-3.1-8B", fittest.Llama31_8B(), 2); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Kill() })
-	if got := a.GossipStats().ActiveVersion; got != protocol.V1 {
-		t.Fatalf("a starts at protocol %d, want %d", got, protocol.V1)
-	}
+	h.cfgs["a"] = cfg
+	a, _ := startAtV1(t, h, "a", clk)
 
 	timed := `{"name":"chat","model":"m/tiny","engine":"fake","replicas":1,"start_timeout":"3h"}`
 	code, _, msg := placeRaw(t, a, timed)
@@ -83,6 +81,23 @@ func TestPlaceRefusesAFieldTheActiveVersionDoesNotKnow(t *testing.T) {
 	}
 	if code := call(t, "POST", api(a, "/v1/deployments"), testToken, []byte(plain), &placed); code != 200 {
 		t.Fatalf("placing chat again: HTTP %d", code)
+	}
+
+	// gpu_memory: auto without max_num_seqs chooses the count below
+	// protocol 3 too, but stores it as a plain cap: fit.seqs_chosen is
+	// protocol 3's, and a node of the previous release would drop it and
+	// hash the spec to another version. Given by hand, it is refused as
+	// start_timeout is.
+	code, auto, msg := placeRaw(t, a, `{"name":"llama","model":"meta-llama/Llama-3.1-8B","engine":"fake","gpu_memory":"auto","max_model_len":8192}`)
+	if d := auto.Deployment; code != http.StatusOK || d.Fit == nil || d.MaxNumSeqs != 16 || d.Fit.SeqsChosen {
+		t.Fatalf("gpu_memory auto at protocol 1: HTTP %d (%s), spec %+v; want max_num_seqs 16 without fit.seqs_chosen", code, msg, d)
+	}
+	code, _, msg = placeRaw(t, a, `{"name":"llama2","model":"m/tiny","engine":"fake","gpu_memory":"40GiB","fit":{"seqs_chosen":true}}`)
+	if code != http.StatusBadRequest || !strings.Contains(msg, "fit.seqs_chosen needs cluster protocol 3") {
+		t.Fatalf("fit.seqs_chosen at protocol 1: HTTP %d (%s), want 400 naming the field", code, msg)
+	}
+	if code := call(t, "DELETE", api(a, "/v1/deployments/llama"), testToken, nil, nil); code != 200 {
+		t.Fatalf("unplacing llama: HTTP %d", code)
 	}
 
 	// Alone, a rises to protocol 2 on its clock; then the field is taken.

@@ -36,8 +36,8 @@ func TestSnapshotsSaySettledOnceTheClusterIsHeard(t *testing.T) {
 		}
 		return false
 	}
-	// Every snapshot of b read, from its first: none says settled
-	// without chat.
+	// b's snapshots read as they are published (one published between
+	// two reads is not seen): none says settled without chat.
 	deadline := time.After(15 * time.Second) // a bound for the test, not a synchronisation
 	for {
 		next := b.Published()

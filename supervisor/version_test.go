@@ -30,33 +30,39 @@ func activeOf(t *testing.T, n *Node) int {
 	return info.ActiveVersion
 }
 
+// startAtV1 starts h's node name on clk as the first node of a cluster
+// that began on the previous release (protocol 1), checks that it runs
+// at 1, and returns it with its config (h.start: killed when the test
+// ends).
+func startAtV1(t *testing.T, h *harness, name string, clk *clock.Fake) (*Node, Config) {
+	t.Helper()
+	cfg := h.config(name)
+	cfg.Clock = clk
+	cfg.NewClusterVersion = protocol.V1
+	h.cfgs[name] = cfg
+	n := h.start(name)
+	if got := n.GossipStats().ActiveVersion; got != protocol.V1 {
+		t.Fatalf("%s starts at protocol %d, want %d", name, got, protocol.V1)
+	}
+	return n, h.cfgs[name]
+}
+
 // A node's cluster version rises on its clock, is kept in node.json, and a
 // restart starts at it; a node told of peers it has not heard keeps the
 // version it has.
 func TestActiveVersionIsKeptAcrossARestart(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	h := newHarness(t)
-	cfg := h.config("a")
-	cfg.Clock = clk
-	// A cluster that began on the previous release (protocol 1).
-	cfg.NewClusterVersion = protocol.V1
-	a, err := Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, cfg := startAtV1(t, h, "a", clk)
 	// b was told of a peer that never answers: it knows nothing of what
 	// the cluster speaks.
 	cfgB := h.config("b", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
 	cfgB.Clock = clk
 	b, err := Start(context.Background(), cfgB)
 	if err != nil {
-		a.Kill()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Kill() })
-	if got := a.GossipStats().ActiveVersion; got != protocol.V1 {
-		t.Fatalf("a starts at %d, want %d", got, protocol.V1)
-	}
 	testwait.Until(t, 15*time.Second, "a, alone, rises to "+fmt.Sprint(protocol.Max), func() (bool, string) {
 		clk.Advance(time.Second)
 		v := activeOf(t, a)

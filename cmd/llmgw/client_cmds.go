@@ -30,8 +30,8 @@ func nodesCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var info status.ClusterInfo
-			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+			info, err := cl.cluster(ctx)
+			if err != nil {
 				return err
 			}
 			if c.Bool("json") {
@@ -66,6 +66,13 @@ func nodesCommand() *cli.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// cluster is the answering node's view of the cluster (GET /v1/cluster).
+func (cl *client) cluster(ctx context.Context) (status.ClusterInfo, error) {
+	var info status.ClusterInfo
+	err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info)
+	return info, err
 }
 
 // versionCell writes a node's build and the protocol versions it speaks,
@@ -318,8 +325,8 @@ func modelsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var info status.ClusterInfo
-			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+			info, err := cl.cluster(ctx)
+			if err != nil {
 				return err
 			}
 			var deps []status.DeploymentInfo

@@ -19,7 +19,6 @@ import (
 	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/weights"
-	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // fitCommand is `llmgw fit`: what a model needs per GPU, from its own
@@ -113,8 +112,8 @@ func fitGPUs(ctx context.Context, c *cli.Command) (kinds []fit.GPUKind, none str
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var ci status.ClusterInfo
-	if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &ci); err != nil {
+	ci, err := cl.cluster(ctx)
+	if err != nil {
 		// Only a default address with nothing there is "no cluster": a
 		// node that answers with an error is one, and the error stands.
 		var unreachable *url.Error
@@ -173,8 +172,8 @@ func clusterHeaders(ctx context.Context, c *cli.Command, model string) (fit.Mode
 	if err != nil || cl.token == "" {
 		return fit.Model{}, false
 	}
-	var ci status.ClusterInfo
-	if cl.do(ctx, "GET", "/v1/cluster", nil, "", &ci) != nil {
+	ci, err := cl.cluster(ctx)
+	if err != nil {
 		return fit.Model{}, false
 	}
 	for _, m := range ci.Members {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/testwait"
-	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // A real node's gateway on SIGTERM (its context ends): /health says 503
@@ -22,16 +20,7 @@ import (
 // Before that, once the node has settled, /health says 200.
 func TestGatewayStopAnswersOpenConnections(t *testing.T) {
 	n := startNode(t, "n1", filepath.Join(t.TempDir(), "n1"), "--gateway-access-log=false")
-	var self status.MemberInfo
-	testwait.Until(t, 10*time.Second, "n1 publishes its gateway", func() (bool, string) {
-		var info status.ClusterInfo
-		if err := getJSON(n.api+"/v1/cluster", &info); err != nil || len(info.Members) != 1 {
-			return false, fmt.Sprint(info, err)
-		}
-		self = info.Members[0]
-		return self.Gateway != "", "no gateway in the record"
-	})
-	addr := self.Gateway
+	addr := publishedGateway(t, n).Gateway
 	health := func(c net.Conn, br *bufio.Reader) (*http.Response, error) {
 		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: gw\r\n\r\n"); err != nil {
 			return nil, err

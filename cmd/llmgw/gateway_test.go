@@ -36,15 +36,7 @@ func TestGatewayStatsThroughARealNode(t *testing.T) {
 	if out, err := run(t, "place", "chat", "--model", "m/tiny", "--engine", "fake", "--addr", n.api, "--token", token); err != nil {
 		t.Fatalf("place: %v\n%s", err, out)
 	}
-	var self status.MemberInfo
-	testwait.Until(t, 10*time.Second, "n1 publishes its gateway", func() (bool, string) {
-		var info status.ClusterInfo
-		if err := getJSON(n.api+"/v1/cluster", &info); err != nil || len(info.Members) != 1 {
-			return false, fmt.Sprint(info, err)
-		}
-		self = info.Members[0]
-		return self.Gateway != "", "no gateway in the record"
-	})
+	self := publishedGateway(t, n)
 	gw := self.GatewayURL()
 	if !strings.HasPrefix(gw, "http://127.0.0.1:") || self.GatewayTLS {
 		t.Fatalf("published gateway %q (tls %v), want http://127.0.0.1:port", gw, self.GatewayTLS)
@@ -144,6 +136,22 @@ func stopEngines(t *testing.T, dataDir string) {
 			_ = rt.Stop(context.Background(), e.ID, time.Second)
 		}
 	})
+}
+
+// publishedGateway waits until the record of n, alone in its cluster,
+// names its gateway, and hands that record back.
+func publishedGateway(t *testing.T, n *testNode) status.MemberInfo {
+	t.Helper()
+	var self status.MemberInfo
+	testwait.Until(t, 10*time.Second, "the node publishes its gateway", func() (bool, string) {
+		var info status.ClusterInfo
+		if err := getJSON(n.api+"/v1/cluster", &info); err != nil || len(info.Members) != 1 {
+			return false, fmt.Sprint(info, err)
+		}
+		self = info.Members[0]
+		return self.Gateway != "", "no gateway in the record"
+	})
+	return self
 }
 
 func getJSON(url string, out any) error {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -484,7 +483,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 			return s.GPUs
 		},
 		GPUFree:     gpuFree(probe),
-		RDMADevices: rdmaDevices(cfg.Interconnect),
+		RDMADevices: rdmaDevices(cfg.Name),
 	})
 }
 
@@ -514,26 +513,13 @@ func gpuFree(probe gpu.Discoverer) func(ctx context.Context, indices []int) ([]u
 	return nil
 }
 
-// rdmaDevices is the runner's list of this node's usable RDMA devices:
-// those with a port up, from the interconnect probe (a device whose
-// ports are all down would only make NCCL try it and fail).
-func rdmaDevices(read func(ctx context.Context) (host.Interconnect, error)) func(ctx context.Context) []string {
-	if read == nil {
-		return nil
-	}
-	return func(ctx context.Context) []string {
-		ic, err := read(ctx)
-		if err != nil {
-			return nil
-		}
-		var devs []string
-		for _, l := range ic.Links {
-			if l.Up && !slices.Contains(devs, l.Device) {
-				devs = append(devs, l.Device)
-			}
-		}
-		return devs
-	}
+// rdmaDevices is the runner's list of this node's usable RDMA devices,
+// read at each gang start: those with a port up (a device whose ports are
+// all down would only make NCCL try it and fail), from one read of the
+// ports' state (host.RDMADevices; the interconnect probe's rates need two
+// reads a second apart, which a start need not wait for).
+func rdmaDevices(name string) func(ctx context.Context) []string {
+	return func(context.Context) []string { return host.RDMADevices(host.Config{Host: name}) }
 }
 
 // driverFaultSource sets where the node reads driver faults and

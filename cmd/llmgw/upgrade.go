@@ -173,7 +173,11 @@ func (s serviceSetup) binaryVersion(ctx context.Context, path string) (string, e
 	defer cancel()
 	out, err := s.run.Run(ctx, path, "version")
 	if err != nil {
-		return "", fmt.Errorf("`%s version` failed: %v: %s", filepath.Base(path), err, clipLine(string(out)))
+		msg := fmt.Sprintf("`%s version` failed: %v", filepath.Base(path), err)
+		if said := clipLine(string(out)); said != "" {
+			msg += ": " + said
+		}
+		return "", errors.New(msg)
 	}
 	// `llmgw version` prints "llmgw <build> ..." first.
 	first, _, _ := strings.Cut(string(out), "\n")

@@ -8,7 +8,6 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/internal/protocol"
-	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // versionCommand prints the build and the protocol versions it speaks, and
@@ -38,8 +37,8 @@ func versionCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var info status.ClusterInfo
-			if err := cl.do(ctx, "GET", "/v1/cluster", nil, "", &info); err != nil {
+			info, err := cl.cluster(ctx)
+			if err != nil {
 				return err
 			}
 			active := info.ActiveVersion

@@ -158,3 +158,17 @@ func portState(root fs.FS, name string) string {
 	}
 	return s
 }
+
+// RDMADevices lists the RDMA devices with a port up (ACTIVE), each once,
+// from one read of the ports' state: what a gang's collectives may use
+// (NCCL_IB_HCA). Unlike ReadInterconnect it reads no counters and does
+// not wait. A host without /sys/class/infiniband has none.
+func RDMADevices(cfg Config) []string {
+	var devs []string
+	for _, p := range cfg.withDefaults().readPorts() {
+		if p.err == nil && p.state == "ACTIVE" && !slices.Contains(devs, p.dev) {
+			devs = append(devs, p.dev)
+		}
+	}
+	return devs
+}

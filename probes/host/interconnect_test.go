@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"testing/fstest"
@@ -76,5 +77,20 @@ func TestReadInterconnectCancelled(t *testing.T) {
 	cancel()
 	if _, err := ReadInterconnect(ctx, Config{Root: fsys}, 0); err == nil {
 		t.Error("no error after cancel")
+	}
+}
+
+// RDMADevices names each device with a port up, once, from one read.
+func TestRDMADevices(t *testing.T) {
+	fsys := fstest.MapFS{}
+	port(fsys, "mlx5_0", "1", "4: ACTIVE", "InfiniBand", 1, 1)
+	port(fsys, "mlx5_0", "2", "4: ACTIVE", "InfiniBand", 1, 1)
+	port(fsys, "mlx5_1", "1", "1: DOWN", "InfiniBand", 1, 1)
+	port(fsys, "mlx5_2", "1", "4: ACTIVE", "Ethernet", 1, 1)
+	if got := RDMADevices(Config{Root: fsys}); !slices.Equal(got, []string{"mlx5_0", "mlx5_2"}) {
+		t.Errorf("RDMADevices = %q, want mlx5_0 and mlx5_2 (mlx5_1 is down)", got)
+	}
+	if got := RDMADevices(Config{Root: fstest.MapFS{}}); len(got) != 0 {
+		t.Errorf("no devices: %q", got)
 	}
 }

@@ -33,8 +33,8 @@ type Config struct {
 	// Self is the llmgw binary, for the fake engine profile.
 	Self       string
 	WeightsDir string
-	// CacheDir holds the engines' compile caches (vLLM's torch.compile and
-	// CUDA graph caches, ...), kept across restarts and bind-mounted into
+	// CacheDir holds the engines' compile caches (vLLM's torch.compile
+	// cache, inductor's and Triton's kernels), kept across restarts and bind-mounted into
 	// containers like WeightsDir. Default: <data dir>/cache/engines.
 	CacheDir string
 	// GPUFree reads the free memory of the GPUs named by index, just

@@ -390,9 +390,10 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 			in.RDMADevices = r.cfg.RDMADevices(ctx)
 		}
 	}
-	if r.cfg.GPUFree != nil && !r.cfg.SimulatedGPUs {
+	if r.cfg.GPUFree != nil && !r.cfg.SimulatedGPUs && prof.MemoryFraction == profile.FractionOfFreeStatic {
 		// Read now, after the start gate let this engine go: what a
-		// neighbour still loading holds is then already counted.
+		// neighbour still loading holds is then already counted. Only a
+		// profile sized from free memory (SGLang) reads it.
 		free, err := r.cfg.GPUFree(ctx, d.GPUs)
 		if err != nil {
 			// Unknown, as on simulated GPUs: the profile falls back to

@@ -397,8 +397,10 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		if err != nil {
 			return Config{}, nil, err
 		}
-		if slots <= 0 {
-			// -np -1 (the default) is auto: llama-server runs 4 slots.
+		// -np -1 (the default) is auto: llama-server runs 4 slots and
+		// forces one KV stream for all (tools/server/server.cpp).
+		auto := slots <= 0
+		if auto {
 			slots = 4
 		}
 		cfg.MaxRunning = slots
@@ -406,10 +408,10 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 			return Config{}, nil, err
 		}
 		// -c is the whole KV context: each of the -np slots gets
-		// n_ctx / n_parallel of it, unless the KV cache is one stream
-		// for all (--kv-unified), which llama-server also forces when
-		// -np is left to auto (tools/server/server-context.cpp).
-		if a.has("-np") && !a.has("-kvu") && cfg.MaxModelLen > 0 {
+		// n_ctx / n_parallel of it (src/llama-context.cpp, which also
+		// pads it up to a multiple of 256: not modelled), unless the KV
+		// cache is one stream for all (--kv-unified, or auto slots).
+		if !auto && !a.has("-kvu") && cfg.MaxModelLen > 0 {
 			cfg.MaxModelLen /= slots
 		}
 	}

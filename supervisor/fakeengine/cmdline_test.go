@@ -75,9 +75,10 @@ func TestParseCommandLine(t *testing.T) {
 		{"llamacpp unified KV", PersonalityLlamaCpp, strings.Fields("--model /w/m.gguf --alias chat -np 8 -c 16384 --kv-unified --metrics"),
 			map[string]string{},
 			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "127.0.0.1", Port: 8080, MaxRunning: 8, MaxModelLen: 16384, ExitCode: 1}, nil},
-		{"llamacpp short names, auto slots, flag key", PersonalityLlamaCpp, strings.Fields("-m /w/m.gguf -a=chat -ngl=99 -np -1 --api-key k"),
+		{"llamacpp short names, auto slots, flag key", PersonalityLlamaCpp, strings.Fields("-m /w/m.gguf -a=chat -ngl=99 -np -1 -c 8192 --api-key k"),
 			map[string]string{"LLAMA_API_KEY": "envkey"},
-			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "127.0.0.1", Port: 8080, MaxRunning: 4, NoMetrics: true, APIKey: "k", ExitCode: 1}, nil},
+			// Auto slots share one KV stream: -c is each one's context.
+			Config{Personality: PersonalityLlamaCpp, Model: "chat", Host: "127.0.0.1", Port: 8080, MaxRunning: 4, MaxModelLen: 8192, NoMetrics: true, APIKey: "k", ExitCode: 1}, nil},
 		{"fake knobs", PersonalityLlamaCpp, strings.Fields("-m m"),
 			map[string]string{EnvStartupDelay: "2s", EnvTokenDelay: "10ms", EnvPrefillBase: "5ms", EnvPrefillPer1KTokens: "50ms",
 				EnvHealthDelayPerRunning: "1s", EnvHangAfter: "1m", EnvCrashAfter: "2m", EnvExitCode: "3"},

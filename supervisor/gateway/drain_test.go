@@ -37,7 +37,7 @@ func dialRaw(t *testing.T, addr string) *rawConn {
 	return &rawConn{c: c, br: bufio.NewReader(c)}
 }
 
-// exchange is one request and its answer on a rawConn.
+// exchangeResult is one request's answer on a rawConn.
 type exchangeResult struct {
 	resp *http.Response
 	body string
@@ -50,11 +50,16 @@ type exchangeResult struct {
 // do writes one request and reads its answer whole. The body (a stream
 // included) is read to its end.
 func (rc *rawConn) do(method, path, body string) exchangeResult {
-	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", method, path, len(body), body)
-	if _, err := io.WriteString(rc.c, req); err != nil {
+	if err := rc.send(method, path, body); err != nil {
 		return exchangeResult{err: err}
 	}
 	return rc.read(method)
+}
+
+// send writes one request.
+func (rc *rawConn) send(method, path, body string) error {
+	_, err := fmt.Fprintf(rc.c, "%s %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", method, path, len(body), body)
+	return err
 }
 
 // read reads one answer whole.
@@ -170,6 +175,34 @@ func holdingUpstream(t *testing.T, release <-chan struct{}) *upstream {
 
 const slowStream = `{"model":"chat","stream":true,"messages":[{"role":"user","content":"slow"}]}`
 
+// startStream sends slowStream on a fresh connection and waits until the
+// gateway has it in flight (no other request is); its answer, read
+// whole, comes on the channel.
+func (d *drainHarness) startStream(t *testing.T) (*rawConn, <-chan exchangeResult) {
+	t.Helper()
+	rc := dialRaw(t, d.addr)
+	if err := rc.send(http.MethodPost, "/v1/chat/completions", slowStream); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan exchangeResult, 1)
+	go func() { out <- rc.read(http.MethodPost) }()
+	testwait.Until(t, 5*time.Second, "the stream begun", func() (bool, string) { return d.gw.active.Load() == 1, "" })
+	return rc, out
+}
+
+// listenerClosed waits until the server refuses new connections.
+func (d *drainHarness) listenerClosed(t *testing.T) {
+	t.Helper()
+	testwait.Until(t, 5*time.Second, "the listener closes", func() (bool, string) {
+		c, err := net.Dial("tcp", d.addr)
+		if err == nil {
+			c.Close()
+			return false, "accepts"
+		}
+		return true, ""
+	})
+}
+
 // During a stop, every request gets an answer: clients busy on keep-alive
 // connections, clients whose connections were idle when the stop began
 // and then send, and a stream begun before the stop whose client then
@@ -188,14 +221,7 @@ func TestDrainAnswersEveryRequestOnOpenConnections(t *testing.T) {
 
 	// The stream, begun before the stop: its headers go out without
 	// "close".
-	streamer := dialRaw(t, d.addr)
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(slowStream), slowStream)
-	if _, err := io.WriteString(streamer.c, req); err != nil {
-		t.Fatal(err)
-	}
-	streamed := make(chan exchangeResult, 1)
-	go func() { streamed <- streamer.read(http.MethodPost) }()
-	testwait.Until(t, 5*time.Second, "the stream begun", func() (bool, string) { return d.gw.active.Load() == 1, "" })
+	streamer, streamed := d.startStream(t)
 
 	// Idle clients: one answer each before the stop, then quiet.
 	idle := make([]*rawConn, 4)
@@ -282,9 +308,7 @@ func TestDrainAnswersEveryRequestOnOpenConnections(t *testing.T) {
 // Past half the drain the listener closes even with clients connected.
 // A connection idle for the grace is closed then; one whose stream ends
 // after the listener closed gets the grace for its next request, which is
-// served with Connection: close. A stream still running at the drain's
-// end gets a final error event, not a cut connection, and Shutdown says
-// so.
+// served with Connection: close.
 func TestDrainClosesListenerAtHalfAndCutsWithAnAnswer(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
@@ -296,18 +320,7 @@ func TestDrainClosesListenerAtHalfAndCutsWithAnAnswer(t *testing.T) {
 	if r := quiet.do(http.MethodPost, "/v1/chat/completions", chatBody("chat", false)); r.err != nil || r.resp.StatusCode != 200 {
 		t.Fatalf("before the stop: %+v", r)
 	}
-	startStream := func() (*rawConn, chan exchangeResult) {
-		rc := dialRaw(t, d.addr)
-		req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(slowStream), slowStream)
-		if _, err := io.WriteString(rc.c, req); err != nil {
-			t.Fatal(err)
-		}
-		out := make(chan exchangeResult, 1)
-		go func() { out <- rc.read(http.MethodPost) }()
-		return rc, out
-	}
-	first, firstDone := startStream()
-	testwait.Until(t, 5*time.Second, "the stream begun", func() (bool, string) { return d.gw.active.Load() == 1, "" })
+	first, firstDone := d.startStream(t)
 
 	d.shutdown(t, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -316,14 +329,7 @@ func TestDrainClosesListenerAtHalfAndCutsWithAnAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.clock.Advance(5 * time.Second)
-	testwait.Until(t, 5*time.Second, "the listener closes", func() (bool, string) {
-		c, err := net.Dial("tcp", d.addr)
-		if err == nil {
-			c.Close()
-			return false, "accepts"
-		}
-		return true, ""
-	})
+	d.listenerClosed(t)
 	// The quiet client's connection, idle since before the stop, is
 	// closed without a request on it.
 	if _, err := quiet.br.ReadByte(); !errors.Is(err, io.EOF) {
@@ -345,36 +351,47 @@ func TestDrainClosesListenerAtHalfAndCutsWithAnAnswer(t *testing.T) {
 }
 
 // A stream still running at the drain's end ends with a final error event
-// naming the stop, and Shutdown reports it.
+// naming the stop, and Shutdown reports it: after the listener closed at
+// half the drain, and when the clock passes the whole drain at once (the
+// deadline must still bound the wait on connections).
 func TestDrainEndCutsStreamsWithAnErrorEvent(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	u := holdingUpstream(t, release)
-	d := newDrainHarness(t, u.URL)
-	rc := dialRaw(t, d.addr)
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(slowStream), slowStream)
-	if _, err := io.WriteString(rc.c, req); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan exchangeResult, 1)
-	go func() { done <- rc.read(http.MethodPost) }()
-	testwait.Until(t, 5*time.Second, "the stream begun", func() (bool, string) { return d.gw.active.Load() == 1, "" })
-	d.shutdown(t, 4*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := d.clock.BlockUntilContext(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
-	d.clock.Advance(2 * time.Second) // half: the listener closes
-	if err := d.clock.BlockUntilContext(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	d.clock.Advance(2 * time.Second) // the end
-	s := <-done
-	if !strings.Contains(s.body, `"code":"node_stopping"`) || strings.Contains(s.body, "[DONE]") {
-		t.Fatalf("stream at the drain's end: %q (err %v), want a final node_stopping error event", s.body, s.err)
-	}
-	if err := d.wait(t); err == nil || !strings.Contains(err.Error(), "in flight") {
-		t.Fatalf("Shutdown = %v, want it to say requests were still in flight", err)
+	for _, tc := range []struct {
+		name  string
+		steps []time.Duration
+	}{
+		{"half then end", []time.Duration{2 * time.Second, 2 * time.Second}},
+		{"whole drain at once", []time.Duration{4 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			u := holdingUpstream(t, release)
+			d := newDrainHarness(t, u.URL)
+			_, done := d.startStream(t)
+			d.shutdown(t, 4*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := d.clock.BlockUntilContext(ctx, 2); err != nil { // the linger and the deadline
+				t.Fatal(err)
+			}
+			for i, step := range tc.steps {
+				if i > 0 {
+					d.listenerClosed(t)
+				}
+				d.clock.Advance(step)
+			}
+			var s exchangeResult
+			select {
+			case s = <-done:
+			case <-time.After(10 * time.Second): // a bound for the test, not a synchronisation
+				t.Fatal("the stream was not cut at the drain's end")
+			}
+			if !strings.Contains(s.body, `"code":"node_stopping"`) || strings.Contains(s.body, "[DONE]") {
+				t.Fatalf("stream at the drain's end: %q (err %v), want a final node_stopping error event", s.body, s.err)
+			}
+			if err := d.wait(t); err == nil || !strings.Contains(err.Error(), "in flight") {
+				t.Fatalf("Shutdown = %v, want it to say requests were still in flight", err)
+			}
+		})
 	}
 }

@@ -161,12 +161,13 @@ func (s *Server) Shutdown(drain time.Duration) error {
 	defer deadline.Stop()
 	linger := s.clock.NewTimer(drain / 2)
 	defer linger.Stop()
+	// Only the linger here: it fires before the deadline, and the
+	// deadline's one tick must reach closeIdle, or that would wait on
+	// connections with no bound.
 	for ended := false; !ended && s.open() > 0; {
 		select {
 		case <-s.changed:
 		case <-linger.Chan():
-			ended = true
-		case <-deadline.Chan():
 			ended = true
 		}
 	}

@@ -1,5 +1,7 @@
 package gateway
 
+import "time"
+
 // route resolves a request's model against the table in use. While the
 // node has not settled (Table.Settled: it has not heard the cluster yet,
 // as after a restart), a model the table does not know, or knows without
@@ -13,28 +15,27 @@ package gateway
 // would only add latency.
 func (x *exchange) route(model string) (*routing, *Entry, bool, *apiError) {
 	g := x.g
-	rt := g.routing.Load()
-	e, byID, err := rt.table.resolve(model)
-	if rt.table.settled || (err == nil && hasCandidate(rt.routes[e.Name], nil, g.clock.Now())) {
-		return rt, e, byID, err
-	}
-	hold := g.clock.NewTimer(g.cfg.SettleHold)
-	defer hold.Stop()
+	var hold <-chan time.Time
 	for {
+		rt := g.routing.Load()
+		e, byID, err := rt.table.resolve(model)
+		if rt.table.settled || (err == nil && hasCandidate(rt.routes[e.Name], nil, g.clock.Now())) {
+			return rt, e, byID, err
+		}
+		if hold == nil {
+			t := g.clock.NewTimer(g.cfg.SettleHold)
+			defer t.Stop()
+			hold = t.Chan()
+		}
 		select {
 		case <-rt.replaced:
-		case <-hold.Chan():
+		case <-hold:
 			return nil, nil, false, errSettling()
 		case <-g.draining:
 			return nil, nil, false, errStopping()
 		case <-x.r.Context().Done():
 			x.clientGone()
 			return nil, nil, false, errSettling()
-		}
-		rt = g.routing.Load()
-		e, byID, err = rt.table.resolve(model)
-		if rt.table.settled || (err == nil && hasCandidate(rt.routes[e.Name], nil, g.clock.Now())) {
-			return rt, e, byID, err
 		}
 	}
 }

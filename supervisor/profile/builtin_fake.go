@@ -25,17 +25,8 @@ func fakeProfile() Profile {
 		HealthPath:  "/health",
 		ModelsPath:  "/v1/models",
 		MetricsPath: "/metrics",
-		Metrics: Metrics{
-			Running:              "vllm:num_requests_running",
-			Waiting:              "vllm:num_requests_waiting",
-			KVCacheUsage:         "vllm:kv_cache_usage_perc",
-			KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
-			PromptTokens:         "vllm:prompt_tokens_total",
-			GenerationTokens:     "vllm:generation_tokens_total",
-			PrefixCacheHits:      "vllm:prefix_cache_hits_total",
-			PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
-			ModelLabel:           "model_name",
-		},
+		// As vLLM: the fake engine exports vLLM's series.
+		Metrics: vllmMetrics(),
 		// The fake engine answers /health at once (unless its vLLM
 		// personality slows it: then it is run as --engine vllm), so a
 		// short probe; the rule is vLLM's otherwise, with a shorter

@@ -62,17 +62,7 @@ func vllmProfile() Profile {
 		HealthPath:  "/health",
 		ModelsPath:  "/v1/models",
 		MetricsPath: "/metrics",
-		Metrics: Metrics{
-			Running:              "vllm:num_requests_running",
-			Waiting:              "vllm:num_requests_waiting",
-			KVCacheUsage:         "vllm:kv_cache_usage_perc",
-			KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
-			PromptTokens:         "vllm:prompt_tokens_total",
-			GenerationTokens:     "vllm:generation_tokens_total",
-			PrefixCacheHits:      "vllm:prefix_cache_hits_total",
-			PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
-			ModelLabel:           "model_name",
-		},
+		Metrics:     vllmMetrics(),
 		// vLLM's /health runs on the API server's asyncio loop, the
 		// same loop that streams every answer, and only asks whether the
 		// engine core died (vllm/entrypoints/serve/instrumentator/
@@ -85,5 +75,20 @@ func vllmProfile() Profile {
 		// counters frozen for 30 s are what a hung engine shows and a
 		// busy one does not.
 		Readiness: tolerance(10*time.Second, 30*time.Second),
+	}
+}
+
+// vllmMetrics are vLLM's series, which the fake engine exports too.
+func vllmMetrics() Metrics {
+	return Metrics{
+		Running:              "vllm:num_requests_running",
+		Waiting:              "vllm:num_requests_waiting",
+		KVCacheUsage:         "vllm:kv_cache_usage_perc",
+		KVCacheUsageFallback: "vllm:gpu_cache_usage_perc",
+		PromptTokens:         "vllm:prompt_tokens_total",
+		GenerationTokens:     "vllm:generation_tokens_total",
+		PrefixCacheHits:      "vllm:prefix_cache_hits_total",
+		PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
+		ModelLabel:           "model_name",
 	}
 }
