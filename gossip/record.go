@@ -85,16 +85,22 @@ type ShardRecord struct {
 	Status ShardStatus `json:"status"`
 	// Ready is set only while the engine answers /health and lists its
 	// model; a record renewal then renews the shard's lease.
-	Ready      bool      `json:"ready"`
-	ClaimStamp int64     `json:"claim_stamp"`
-	Failing    bool      `json:"failing,omitempty"`
-	URL        string    `json:"url,omitempty"`
-	PID        int       `json:"pid,omitempty"`
-	Container  string    `json:"container,omitempty"`
-	Restarts   int       `json:"restarts,omitempty"`
-	LastExit   *int      `json:"last_exit,omitempty"`
-	StartedAt  time.Time `json:"started_at,omitzero"`
-	Load       ShardLoad `json:"load,omitzero"`
+	Ready      bool   `json:"ready"`
+	ClaimStamp int64  `json:"claim_stamp"`
+	Failing    bool   `json:"failing,omitempty"`
+	URL        string `json:"url,omitempty"`
+	// Private: the engine listens on its holder's loopback only (engines
+	// started at cluster version 4 and above, internal/protocol.V4). URL
+	// still names the holder and the port, but another node reaches the
+	// engine only through the holder's relay (supervisor/gateway,
+	// RelayPath). False: it listens on every address, and URL is dialled.
+	Private   bool      `json:"private,omitempty"`
+	PID       int       `json:"pid,omitempty"`
+	Container string    `json:"container,omitempty"`
+	Restarts  int       `json:"restarts,omitempty"`
+	LastExit  *int      `json:"last_exit,omitempty"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	Load      ShardLoad `json:"load,omitzero"`
 	// Error is why the last start failed (no such image, no engine
 	// binary), until a start succeeds: without it a shard in backoff says
 	// nothing about why.

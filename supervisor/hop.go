@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/hop"
 	"github.com/llmgw/llmgw/internal/secret"
 )
 
@@ -24,30 +24,22 @@ import (
 // forwarding node, one caller, and hopWindow either side of its time.
 //
 // The logs proxy (purpose "logs"), MCP forwarding ("mcp") and the lookup of
-// a model's headers for gpu_memory: auto ("weights") use it.
+// a model's headers for gpu_memory: auto ("weights") use it. The gateway's
+// relay to another node's engine ("relay") signs with internal/hop's
+// Signer, which adds a nonce: an inference request must not run twice.
 const (
-	// hopHeader carries "<unix seconds>.<hex HMAC-SHA256>".
-	hopHeader = "X-Llmgw-Hop"
-	// hopCallerHeader names the caller the forwarding node checked (its
-	// address), so limits per caller hold across the hop.
-	hopCallerHeader = "X-Llmgw-Caller"
+	hopHeader       = hop.Header
+	hopCallerHeader = hop.CallerHeader
 	// forwardedHeader names the forwarding node; a forwarded request is
 	// served where it arrives, never forwarded again.
-	forwardedHeader = "X-Llmgw-Forwarded"
-	// hopWindow is how far the two nodes' clocks may differ.
-	hopWindow = time.Minute
+	forwardedHeader = hop.ForwardedHeader
+	hopWindow       = hop.Window
 )
 
 // hopMAC signs everything the hop's meaning depends on, the body by its
-// digest. Each field goes in with its length, so no two different hops
-// sign the same bytes.
+// digest (hop.MAC writes each field with its length).
 func hopMAC(key []byte, method, target, from, caller string, body []byte, unix int64) []byte {
-	digest := sha256.Sum256(body)
-	m := hmac.New(sha256.New, key)
-	for _, f := range []string{method, target, from, caller, hex.EncodeToString(digest[:]), strconv.FormatInt(unix, 10)} {
-		fmt.Fprintf(m, "%d:%s,", len(f), f)
-	}
-	return m.Sum(nil)
+	return hop.MAC(key, method, target, from, caller, hop.BodyDigest(body), strconv.FormatInt(unix, 10))
 }
 
 // hops signs the calls this node forwards and checks the ones forwarded

@@ -126,6 +126,7 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 	// the same version.
 	active := c.cluster.ActiveVersion()
 	for i := range mine {
+		mine[i].ClusterVersion = active
 		if mine[i].Gang != nil {
 			mine[i].Gang.ClusterVersion = active
 		}

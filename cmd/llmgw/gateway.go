@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -17,8 +18,11 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/hop"
 	"github.com/llmgw/llmgw/internal/secret"
 	"github.com/llmgw/llmgw/supervisor"
+	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/gateway"
 	"github.com/llmgw/llmgw/supervisor/page"
 )
@@ -134,7 +138,7 @@ type nodeGateway struct {
 
 // listenGateway opens the gateway's listener before the node starts, so
 // the address its record publishes is the one bound (port 0 included).
-func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gateway, net.Listener, error) {
+func listenGateway(s gatewaySetup, name, token string, clk clock.Clock, log *slog.Logger) (*gateway.Gateway, net.Listener, error) {
 	if s.addr == "" {
 		return nil, nil, nil
 	}
@@ -153,7 +157,10 @@ func listenGateway(s gatewaySetup, token string, log *slog.Logger) (*gateway.Gat
 		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
-		EngineKey: func(id string) string { return secret.EngineKey(token, id) }})
+		EngineKey: func(id string) string { return secret.EngineKey(token, id) },
+		// An engine on another node that listens on its loopback only is
+		// reached through that node's relay, signed with this key.
+		Relay: &hop.Signer{Name: name, Key: secret.HopKey(token, "relay"), Now: clk.Now}})
 	if s.keys == nil {
 		if host, _, _ := net.SplitHostPort(s.addr); !isLoopback(host) {
 			log.Warn("the gateway is open to anyone who reaches "+s.addr+": give --gateway-keys-file to require API keys", "gateway", s.addr)
@@ -282,4 +289,36 @@ func pageOptions(gw *gateway.Gateway) page.Options {
 		}
 		return out
 	}}
+}
+
+// newRelay is the relay through which other nodes' gateways reach this
+// node's engines (gateway.Relay, on the node's API); nil without engines
+// (--runtime none).
+func newRelay(runner *engine.Runner, cfg supervisor.Config, s gatewaySetup) *gateway.Relay {
+	if runner == nil {
+		return nil
+	}
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.Real()
+	}
+	token := cfg.Token
+	return gateway.NewRelay(gateway.RelayConfig{
+		Verifier:  &hop.Verifier{Key: secret.HopKey(token, "relay"), Now: clk.Now},
+		EngineKey: func(id string) string { return secret.EngineKey(token, id) },
+		Local: func(id string) (gateway.LocalEngine, bool) {
+			port, path, ok := runner.Local(id)
+			return gateway.LocalEngine{Port: port, MetricsPath: path}, ok
+		},
+	})
+}
+
+// waitRelay waits, at most bound, for the requests being relayed to this
+// node's engines to end.
+func waitRelay(rl *gateway.Relay, bound time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	if !rl.Wait(ctx) {
+		log.Warn("relay: requests from other nodes' gateways still running at the drain bound; the API closes under them", "bound", bound)
+	}
 }

@@ -235,7 +235,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		cfg.Runner = runner
 		cfg.RuntimeName = runner.RuntimeName()
 	}
-	gw, ln, err := listenGateway(gws, cfg.Token, log)
+	gw, ln, err := listenGateway(gws, cfg.Name, cfg.Token, cfg.Clock, log)
 	if err != nil {
 		if runner != nil {
 			runner.Close()
@@ -245,7 +245,11 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if ln != nil {
 		cfg.GatewayAddr, cfg.GatewayTLS, cfg.GatewayRates = ln.Addr().String(), gws.tls != nil, gw.Rates
 	}
+	relay := newRelay(runner, cfg, gws)
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
+		if relay != nil {
+			mux.Handle(relay.Pattern(), relay)
+		}
 		hc := host.Config{Host: cfg.Name, LogDir: datadir.New(cfg.DataDir).LogsDir()}
 		if runner != nil {
 			hc.Containers = runner.DescribeEngines
@@ -269,6 +273,9 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		}
 		if gw != nil {
 			collectors = append(collectors, gw)
+		}
+		if relay != nil {
+			collectors = append(collectors, relay)
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
 		page.Register(n, mux, pageOptions(gw))
@@ -306,6 +313,11 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		// run: the gateway drains with the cluster's table, not the empty
 		// one of a node that has left (see nodeGateway.Close).
 		served.Close()
+	}
+	if relay != nil {
+		// Then what other nodes' gateways sent to this node's engines,
+		// within the same bound: the API closes with the node.
+		waitRelay(relay, gws.drain, log)
 	}
 	if err := node.Leave(5 * time.Second); err != nil {
 		log.Warn("leave", "err", err)

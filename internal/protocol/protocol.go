@@ -34,6 +34,13 @@ const (
 	// tensor-parallel group over every GPU of the gang; every rank must
 	// launch alike, so below V3 the old layout is kept.
 	V3 = 3
+	// V4: engines started from here on listen on their holder's loopback
+	// only, and say so in their shard record (Private); other nodes'
+	// gateways reach them through the holder's relay (a hop signed for
+	// "relay", see supervisor/gateway/relay_server.go), never directly.
+	// Below V4 an older gateway dials the engine URL of the record, so
+	// engines keep listening on every address.
+	V4 = 4
 )
 
 // Min and Max bound the versions this build speaks. Min rises only when a
@@ -41,7 +48,7 @@ const (
 // cluster's active version is refused by it.
 const (
 	Min = V1
-	Max = V3
+	Max = V4
 )
 
 // Range is the span of versions one build speaks.

@@ -60,7 +60,7 @@ func Fingerprint(token string) string {
 }
 
 // HopKey is the key that signs one kind of node-to-node call (purpose:
-// "logs", "mcp"), so a signature made for one kind of hop is no good for
+// "logs", "mcp", "weights", "relay"), so a signature made for one kind of hop is no good for
 // another, and none reveals the token.
 func HopKey(token, purpose string) []byte {
 	return Derive(token, "llmgw node-to-node\x00"+purpose)

@@ -275,13 +275,23 @@ func (s *Scraper) Scrape(ctx context.Context, url string) (Sample, error) {
 // each demand their own key, as llama.cpp does on /metrics. An empty key
 // sends none.
 func (s *Scraper) ScrapeAs(ctx context.Context, url, key string) (Sample, error) {
+	return s.ScrapeWith(ctx, url, func(req *http.Request) {
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+	})
+}
+
+// ScrapeWith is Scrape with prepare called on the request before it is
+// sent: a gateway signs a scrape it sends through another node's relay.
+func (s *Scraper) ScrapeWith(ctx context.Context, url string, prepare func(*http.Request)) (Sample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Sample{At: s.clock.Now()}, fmt.Errorf("load: %w", err)
 	}
 	req.Header.Set("Accept", acceptText)
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+	if prepare != nil {
+		prepare(req)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

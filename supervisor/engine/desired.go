@@ -12,6 +12,13 @@ type Desired struct {
 	// Gang is set for a member of a replica that spans nodes: what this
 	// node, in this pass, knows of the rest of its gang.
 	Gang *Gang
+	// ClusterVersion is the node's active cluster protocol version in the
+	// pass that wants the shard. A start reads it: from
+	// internal/protocol.V4 on, the engine listens on 127.0.0.1 only, and
+	// other nodes reach it through this node's relay; below, an older
+	// gateway dials it at the node's address, so it listens on every
+	// address. 0 (tests that leave it out): below V4.
+	ClusterVersion int
 }
 
 // Gang is one member's view of its gang in one reconcile pass: where the

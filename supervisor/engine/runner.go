@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/sockets"
 	"github.com/llmgw/llmgw/supervisor/datadir"
@@ -368,16 +369,26 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 		if rec.Note == "" && e.ready {
 			rec.Note, rec.NoteAt = e.missingNoteLocked(), e.missingAt
 		}
+		if rec.Note == "" && e.ready && !st.Spec.Private && e.desired.ClusterVersion >= protocol.V4 {
+			// Nothing restarts a healthy engine for it; the operator
+			// learns why its port is still open to other hosts.
+			rec.Note, rec.NoteAt = notePublic, st.StartedAt
+		}
 		rec.Gang = r.gang.recordLocked(e)
 		// Only rank 0 of a gang serves HTTP; the other ranks publish no URL.
 		if st.Spec.HTTPPort > 0 && (rec.Gang == nil || rec.Gang.Rank == 0) {
 			rec.URL = "http://" + net.JoinHostPort(r.cfg.Host, strconv.Itoa(st.Spec.HTTPPort))
+			rec.Private = st.Spec.Private
 		}
 		out = append(out, rec)
 	}
 	SortShards(out)
 	return out
 }
+
+// notePublic is the note of a ready engine that still listens on every
+// address in a cluster at protocol V4: it was started before.
+const notePublic = "listens on every address (started before cluster version 4): its next start listens on loopback only"
 
 // RuntimeName names the runtime engines run in.
 func (r *Runner) RuntimeName() string { return r.cfg.Runtime.Name() }
@@ -423,4 +434,24 @@ func (r *Runner) Close() {
 		close(r.quit)
 	})
 	r.wg.Wait()
+}
+
+// Local reports the HTTP port and the metrics path of engine id when this
+// runner holds it (an orphan included: it serves until stopped), for the
+// node's relay, which reaches it on 127.0.0.1.
+func (r *Runner) Local(id string) (port int, metricsPath string, ok bool) {
+	r.mu.Lock()
+	e := r.engines[id]
+	r.mu.Unlock()
+	if e == nil {
+		return 0, "", false
+	}
+	e.mu.Lock()
+	port = e.state.Spec.HTTPPort
+	e.mu.Unlock()
+	prof, err := e.profile()
+	if err != nil || port <= 0 {
+		return 0, "", false
+	}
+	return port, prof.MetricsPath, true
 }

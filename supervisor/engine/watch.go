@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/weights"
 	"github.com/llmgw/llmgw/supervisor/profile"
@@ -378,9 +379,20 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	if err != nil {
 		return err
 	}
+	// Engines listen on loopback only once every node's gateway relays
+	// through the holder (protocol V4): vLLM's key guards /v1 alone, so
+	// /invocations, /pooling, /score and /tokenize would run the model
+	// for anyone who reaches the port (AuthenticationMiddleware in
+	// vllm/entrypoints/openai/api_server.py skips every path that does
+	// not start with /v1). Decided at each start, and kept with the
+	// state, so an adopted engine reports what it was started with.
+	st.Spec.Private = d.ClusterVersion >= protocol.V4
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
 		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout),
 		CacheDir: r.cfg.CacheDir}
+	if st.Spec.Private {
+		in.Host = "127.0.0.1"
+	}
 	if d.Gang != nil {
 		in.ClusterVersion = d.Gang.ClusterVersion
 	}

@@ -56,32 +56,12 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	// An embedding is a prefill alone: it queues and takes the prefill
 	// time, without the prefix cache (vLLM's pooling models run without
 	// one by default).
-	q := s.sched.admit(r.Context(), tokens)
-	if q == nil {
+	if !s.pool(r, tokens) {
 		return
 	}
-	defer q.release()
-	if !s.step(r.Context()) {
-		return
-	}
-	s.m.prompt.Add(float64(tokens))
-	if !s.sleep(r.Context(), s.prefillTime(tokens)) {
-		return
-	}
-	s.outputs.Add(1)
 	data := make([]map[string]any, len(inputs))
 	for i, in := range inputs {
-		v := embed(s.cfg.Model, in)
-		var enc any = v
-		if format == "base64" {
-			// vLLM's base64 is the float32 vector, little-endian.
-			b := make([]byte, 4*len(v))
-			for j, x := range v {
-				binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
-			}
-			enc = base64.StdEncoding.EncodeToString(b)
-		}
-		data[i] = map[string]any{"index": i, "object": "embedding", "embedding": enc}
+		data[i] = map[string]any{"index": i, "object": "embedding", "embedding": encodeVector(embed(s.cfg.Model, in), format)}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id": s.id("embd"), "object": "list", "created": s.now().Unix(), "model": s.cfg.Model,
@@ -152,4 +132,17 @@ func embed(model, text string) []float32 {
 		v[i] = float32(float64(v[i]) / norm)
 	}
 	return v
+}
+
+// encodeVector is v as vLLM writes it in encoding_format: the floats, or
+// for base64 the float32 vector, little-endian.
+func encodeVector(v []float32, format string) any {
+	if format != "base64" {
+		return v
+	}
+	b := make([]byte, 4*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
+	}
+	return base64.StdEncoding.EncodeToString(b)
 }

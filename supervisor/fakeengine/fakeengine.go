@@ -4,7 +4,10 @@
 // /v1/embeddings and vLLM's Prometheus metrics. Where a gateway depends on
 // vLLM's behaviour it answers as vLLM does: an unknown model is a 404 in
 // vLLM's error shape, and with an API key every /v1/* path demands it
-// (401 otherwise) while /health and /metrics stay open. It loads no model
+// (401 otherwise) while /health and /metrics stay open, and so do vLLM's
+// inference paths outside /v1, which run the model without the key:
+// SageMaker's /invocations (chat, completions or embeddings, by the body),
+// /pooling, /score, /rerank, /tokenize and /detokenize. It loads no model
 // and needs no GPU, so placement, supervision, routing and failure
 // handling can be exercised on any machine.
 //

@@ -81,6 +81,7 @@ func NewServer(cfg Config) (*Server, error) {
 		s.mux.HandleFunc("/models", s.models)
 	default:
 		s.mux.HandleFunc("/health", s.health)
+		s.handleUnguardedVLLM()
 	}
 	s.mux.HandleFunc("/v1/models", s.models)
 	s.mux.HandleFunc("/v1/chat/completions", s.chat)
@@ -153,7 +154,9 @@ func (s *Server) resetPrefixCache(w http.ResponseWriter, r *http.Request) {
 // loading state, then the API key as the personality's middleware checks
 // it. Without a personality, as vLLM: every /v1/* path, unknown ones
 // included, needs the key; /health and /metrics do not (probes and
-// scrapers of vLLM send none).
+// scrapers of vLLM send none), and neither do vLLM's inference paths
+// outside /v1 (/invocations, /pooling, /score, /rerank, /tokenize,
+// /detokenize; see handleUnguardedVLLM), which run the model for anyone.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == HangPath {
 		s.debugHang(w, r)

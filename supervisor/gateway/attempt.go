@@ -71,6 +71,48 @@ func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
 	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
 	t := tries{body: body}
 	t.firstByte, t.idle = g.bounds(e.Engine)
+	for hold := time.Duration(0); ; {
+		if x.attempts(e, req, routes, &t) {
+			return
+		}
+		// Every replica failed, the last one because its holder's relay
+		// could not be reached: that node's agent is restarting (its
+		// engine serves on, its lease holds). Nothing of the answer
+		// reached the client, so the request waits for it, within the
+		// relay hold, and tries again, as it would try another replica.
+		if !t.relayDown || hold >= g.cfg.RelayHold {
+			break
+		}
+		wait := min(relayRetryGap<<min(t.holds, 3), g.cfg.RelayHold-hold)
+		timer := g.clock.NewTimer(wait)
+		select {
+		case <-timer.Chan():
+		case <-x.r.Context().Done():
+			timer.Stop()
+			x.clientGone()
+			return
+		}
+		hold += wait
+		t.holds++
+		t.tried, t.relayDown, t.busyRetried = nil, false, false
+		routes = g.routing.Load().routes[e.Name]
+	}
+	if t.final != nil {
+		x.fail(t.final)
+		return
+	}
+	x.fail(errUpstream("no replica of %q could take the request: %v", e.Name, t.lastErr))
+}
+
+// relayRetryGap is the first wait of a request whose replicas' holders'
+// relays all refused it; each next wait doubles, up to eight times it.
+const relayRetryGap = 100 * time.Millisecond
+
+// attempts makes up to maxAttempts attempts of the request on the
+// replicas not tried yet, and reports whether the client has its answer
+// (or went away).
+func (x *exchange) attempts(e *Entry, req *Request, routes []*liveRoute, t *tries) bool {
+	g := x.g
 	for n := range maxAttempts {
 		now := g.clock.Now()
 		if n > 0 {
@@ -86,28 +128,24 @@ func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
 					why = "the leases of its replicas lapsed since the last view"
 				}
 				x.fail(errNoRoute(e.Name, why))
-				return
+				return true
 			}
 			break
 		}
-		if n > 0 {
+		if n > 0 || t.holds > 0 {
 			g.m.retries.WithLabelValues(e.Name, t.reason).Inc()
 		}
 		t.tried = append(t.tried, lr.rep)
-		switch x.try(lr, n, routes, &t, now) {
+		switch x.try(lr, n, routes, t, now) {
 		case answered:
-			return
+			return true
 		case aborted:
 			// The answer's status went out and its body broke off: the
 			// client's transfer must fail, not pass for a whole answer.
 			panic(http.ErrAbortHandler)
 		}
 	}
-	if t.final != nil {
-		x.fail(t.final)
-		return
-	}
-	x.fail(errUpstream("no replica of %q could take the request: %v", e.Name, t.lastErr))
+	return false
 }
 
 // step is what forward does after an attempt.
@@ -187,6 +225,10 @@ type tries struct {
 	// final, when set, is the answer when no replica is left to try, in
 	// place of errUpstream.
 	final *apiError
+	// relayDown: the last attempt's holder refused the connection to its
+	// relay; holds counts the waits for it (forward).
+	relayDown bool
+	holds     int
 }
 
 // Why an attempt failed, as the metrics' reason and kind labels say it.
@@ -234,6 +276,10 @@ func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	out.broke = reasonConnect
 	t.lastErr = fmt.Errorf("%s on %s: %w", lr.ReplicaID, lr.Node, err)
 	t.reason, t.final = reasonConnect, nil
+	// Through a relay, a connection that fails (refused, or a kept-alive
+	// one closed before any answer) is the holder's agent, not its engine:
+	// the relay answers 502 for an engine that does not.
+	t.relayDown = lr.Relay != ""
 	return retry
 }
 
@@ -412,7 +458,11 @@ func cleanHeader(h http.Header, drop ...string) http.Header {
 // own.
 func (x *exchange) send(a *attempt, body []byte) (*http.Response, error) {
 	g, r, lr := x.g, x.r, a.lr
-	url := lr.URL + r.URL.Path
+	base := lr.base()
+	if lr.Relay != "" {
+		base = lr.Relay
+	}
+	url := base + r.URL.Path
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
@@ -425,12 +475,35 @@ func (x *exchange) send(a *attempt, body []byte) (*http.Response, error) {
 	// Only the standard library's own readers get a length by themselves.
 	req.ContentLength = int64(len(body))
 	req.Header = cleanHeader(r.Header, "Authorization", "Content-Length", "Expect", "Cookie")
+	if lr.Relay != "" {
+		// The holder checks the signature and presents the engine's key
+		// itself: the key never crosses the network.
+		if g.cfg.Relay == nil {
+			_ = rd.Close()
+			return nil, errNoRelaySigner
+		}
+		g.cfg.Relay.Sign(req, x.caller(), body)
+		return g.tr.RoundTrip(req)
+	}
 	if g.cfg.EngineKey != nil {
 		if k := g.cfg.EngineKey(lr.EngineID); k != "" {
 			req.Header.Set("Authorization", "Bearer "+k)
 		}
 	}
 	return g.tr.RoundTrip(req)
+}
+
+// errNoRelaySigner: a route through another node's relay, on a gateway
+// given no key to sign with (Config.Relay).
+var errNoRelaySigner = errors.New("gateway: the engine listens on its holder's loopback only, and this gateway has no relay key to reach it (Config.Relay)")
+
+// caller names the client to the holder of a relayed request: the name of
+// its gateway key, else its address.
+func (x *exchange) caller() string {
+	if x.key != nil {
+		return "key:" + x.key.name
+	}
+	return x.r.RemoteAddr
 }
 
 // discard reads a little of a body the gateway will not relay, so its

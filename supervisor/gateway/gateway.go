@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/bearer"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/hop"
 	"github.com/llmgw/llmgw/supervisor/profile"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -30,6 +31,12 @@ type Config struct {
 	// "Authorization: Bearer <key>" in place of the client's header, which
 	// is never forwarded. An empty key sends none.
 	EngineKey func(engineID string) string
+	// Relay signs what the gateway sends through another node's relay to
+	// an engine that listens on that node's loopback only (Route.Relay),
+	// with the relay's key (internal/secret.HopKey(token, "relay")). Nil:
+	// such routes cannot be reached, and an attempt on one fails like a
+	// refused connection.
+	Relay *hop.Signer
 	// Keys, when set, are the API keys clients must present; SetKeys
 	// replaces them. Nil: the gateway is open.
 	Keys *KeySet
@@ -74,6 +81,10 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	// StatsWindow is the window Stats reports over (1 min when zero).
 	StatsWindow time.Duration
+	// RelayHold bounds how long a request waits when every replica it
+	// tried is on a node whose relay refused the connection: an agent
+	// restarting, whose engines serve on (DefaultRelayHold when zero).
+	RelayHold time.Duration
 	// SettleHold bounds how long a request waits for its node to settle
 	// (DefaultSettleHold when zero): see Gateway.Update.
 	SettleHold time.Duration
@@ -91,6 +102,9 @@ const (
 	// reaches no peer acts on its own view after 10 s), so a request
 	// held from the node's start is served once it settles.
 	DefaultSettleHold = 10 * time.Second
+	// DefaultRelayHold covers an agent's restart: its new process serves
+	// the relay again within a few seconds, its engines having served on.
+	DefaultRelayHold = 5 * time.Second
 )
 
 // maxAttempts is one try and at most two retries.
@@ -140,6 +154,10 @@ type tracked struct {
 	replicaID  string
 	engineID   string
 	node       string
+	// relayed: the gateway reaches the engine through its holder's relay
+	// (Route.Relay), so a holder that falls silent takes the requests in
+	// flight with it.
+	relayed bool
 }
 
 // routing is one installed table with the live state of its routes.
@@ -200,6 +218,9 @@ func New(cfg Config) *Gateway {
 	if cfg.SettleHold <= 0 {
 		cfg.SettleHold = DefaultSettleHold
 	}
+	if cfg.RelayHold <= 0 {
+		cfg.RelayHold = DefaultRelayHold
+	}
 	g := &Gateway{cfg: cfg, clock: cfg.Clock, tr: cfg.Transport, ownTransport: ownTransport, policy: cfg.Policy, m: newMetrics(),
 		stats: newStats(cfg.StatsWindow), callers: newCallers(), bodies: newBodyPool(), draining: make(chan struct{}),
 		idle: make(chan struct{}, 1), states: map[string]*tracked{}}
@@ -216,6 +237,12 @@ func New(cfg Config) *Gateway {
 // whenever it publishes one (every reconcile pass), so leases are judged
 // afresh at least every pass; a request also skips a route whose lease
 // lapsed since.
+//
+// An engine reached through its holder's relay that leaves the table
+// because its holder renews no more (frozen, dead, cut off: its lease
+// lapsed, and it is not stopping) has its requests cut the same way: the
+// engine may serve on, but what it answers passes through the holder's
+// agent, which is not answering.
 //
 // An engine that leaves the table because it is no longer ready (its
 // holder alive and renewing, its engine neither ready nor stopping nor
@@ -250,6 +277,7 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 					st.rep.uncut()
 				}
 				st.deployment, st.replicaID, st.engineID, st.node = r.Deployment, r.ReplicaID, r.EngineID, r.Node
+				st.relayed = r.Relay != ""
 				next[k] = st
 			}
 			rt.routes[name] = append(rt.routes[name], &liveRoute{Route: r, rep: st.rep})
@@ -262,7 +290,8 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 		if _, ok := next[k]; ok {
 			continue
 		}
-		if t.unready[engineAt(st.engineID, st.node)] {
+		at := engineAt(st.engineID, st.node)
+		if t.unready[at] || (st.relayed && t.holderSilent[at]) {
 			cut = append(cut, st)
 		}
 		if st.rep.load.inFlight() > 0 {
@@ -275,8 +304,12 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 	// it. Each table is replaced once, so its channel is closed once.
 	close(g.routing.Swap(rt).replaced)
 	for _, st := range cut {
+		why := "its engine is no longer ready"
+		if t.holderSilent[engineAt(st.engineID, st.node)] {
+			why = "its holder renews its lease no more, and its relay carries the requests"
+		}
 		st.rep.cutAll(&cutError{reason: reasonLeftRouting,
-			msg: fmt.Sprintf("replica %s on %s left routing: its engine is no longer ready", st.replicaID, st.node)})
+			msg: fmt.Sprintf("replica %s on %s left routing: %s", st.replicaID, st.node, why)})
 	}
 	g.stats.forget(func(m string) bool { _, ok := t.entries[m]; return ok })
 }

@@ -44,6 +44,9 @@ type world struct {
 	ttl     time.Duration
 	// settling: the node's snapshots say it has not settled yet.
 	settling bool
+	// lastSeen, when it names a member, is when it was last heard (its
+	// leases lapse a TTL after); others are heard at the snapshot's time.
+	lastSeen map[string]time.Time
 }
 
 func newWorld() *world {
@@ -84,6 +87,7 @@ type cp struct {
 	lease   placement.LeaseState // valid when empty
 	status  gossip.ShardStatus   // ready for a valid lease, else starting, when empty
 	url     string
+	private bool // the engine listens on its holder's loopback only
 	drain   bool
 	planned *bool // true when nil
 	load    gossip.ShardLoad
@@ -111,7 +115,7 @@ func (w *world) hold(c cp) {
 	sid := placement.ShardID(rid, c.shard, c.pp)
 	m := w.members[c.node]
 	m.Record.Shards = append(m.Record.Shards, gossip.ShardRecord{ShardID: sid, ReplicaID: rid, Deployment: d.Name,
-		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Load: c.load, GPUs: []int{0}, Gang: c.gang})
+		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Private: c.private, Load: c.load, GPUs: []int{0}, Gang: c.gang})
 	n := w.nodes[c.node]
 	n.Shards = append(n.Shards, placement.HeldShard{ShardID: sid, SpecVersion: c.spec, Lease: c.lease})
 	if c.planned == nil || *c.planned {
@@ -143,6 +147,9 @@ func (w *world) snapshotOf(self string, now time.Time) *status.Snapshot {
 	for _, n := range names {
 		m := *w.members[n]
 		m.SeenAt = now
+		if at, ok := w.lastSeen[n]; ok {
+			m.SeenAt = at
+		}
 		in.Members = append(in.Members, m)
 		in.View.Nodes = append(in.View.Nodes, *w.nodes[n])
 	}

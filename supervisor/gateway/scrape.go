@@ -76,18 +76,33 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	url, rep := lr.URL+es.path, lr.rep
+	url, rep := lr.base()+es.path, lr.rep
 	// The engine's own key: llama.cpp guards /metrics with it (vLLM and
-	// SGLang leave it open and ignore the header).
+	// SGLang leave it open and ignore the header). Through a relay, the
+	// holder presents it, and this gateway signs the scrape instead.
 	key := ""
 	if s.g.cfg.EngineKey != nil {
 		key = s.g.cfg.EngineKey(lr.EngineID)
+	}
+	prepare := func(req *http.Request) {
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+	}
+	if lr.Relay != "" {
+		url = lr.Relay + es.path
+		relay := s.g.cfg.Relay
+		prepare = func(req *http.Request) {
+			if relay != nil {
+				relay.Sign(req, "scrape", nil)
+			}
+		}
 	}
 	go func() {
 		defer s.wg.Done()
 		ctx, cancel := context.WithTimeout(s.ctx, scrapeTimeout)
 		defer cancel()
-		sm, err := es.s.ScrapeAs(ctx, url, key)
+		sm, err := es.s.ScrapeWith(ctx, url, prepare)
 		if err != nil {
 			s.g.m.scrapeErrors.Inc()
 			rep.load.scrapeDone(epoch, 0, time.Time{}, false)

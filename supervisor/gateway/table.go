@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -23,7 +25,18 @@ type Route struct {
 	// is looked up by.
 	EngineID string
 	Node     string
-	URL      string
+	// URL is the engine's, as its record says: where the gateway sends
+	// the request, unless Local or Relay is set.
+	URL string
+	// Local is set for an engine on this node that listens on loopback
+	// only: "http://127.0.0.1:<port>", dialled in place of URL.
+	Local string
+	// Relay is set when the engine listens on another node's loopback
+	// only (gossip.ShardRecord.Private): the base of its holder's relay,
+	// "http://<holder API>/llmgw/relay/<engine ID>", through which the
+	// request goes, signed (see relay_holder.go). Empty: URL is dialled
+	// directly with the engine's key.
+	Relay string
 	// Suspect: memberlist suspects the node of one of the replica's shards.
 	// Such routes are used only when nothing else is routable.
 	Suspect bool
@@ -43,6 +56,14 @@ type Route struct {
 // it: an engine restarted on another port is a new upstream, and its
 // predecessor's failures must not eject it.
 func (r *Route) key() string { return r.EngineID + "@" + r.URL }
+
+// base is where the gateway dials the engine itself (not through a relay).
+func (r *Route) base() string {
+	if r.Local != "" {
+		return r.Local
+	}
+	return r.URL
+}
 
 // Entry is one deployment as the gateway serves it.
 type Entry struct {
@@ -82,6 +103,10 @@ type Table struct {
 	// neither stopping nor draining: a replica of one that leaves the
 	// table has its requests in flight cut (Gateway.Update).
 	unready map[string]bool
+	// holderSilent holds the engines ("<engine ID>@<node>") whose lease
+	// lapsed while they were not stopping: their holder renews no more. A
+	// request through such a holder's relay is cut (Gateway.Update).
+	holderSilent map[string]bool
 }
 
 // BuildTable makes the routing table from a snapshot, judging leases at now
@@ -98,14 +123,16 @@ type Table struct {
 // routed to through its rank-0 shard only.
 func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{},
-		unready: map[string]bool{}}
+		unready: map[string]bool{}, holderSilent: map[string]bool{}}
 	if snap == nil {
 		return t
 	}
 	t.settled = snap.Settled()
 	state := map[string]gossip.MemberState{}
+	apis := map[string]string{}
 	for _, m := range snap.Members() {
 		state[m.Name] = m.State
+		apis[m.Name] = m.API
 		if m.Gateway == "" || (m.State != gossip.StateAlive && m.State != gossip.StateSuspect) {
 			continue
 		}
@@ -154,6 +181,9 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 			planned[copyKey{si.Node, si.ShardID, si.SpecVersion}] {
 			t.unready[engineAt(placement.EngineID(si.ShardID, si.SpecVersion), si.Node)] = true
 		}
+		if si.Lease == placement.LeaseLapsed && si.Status != gossip.ShardStopping {
+			t.holderSilent[engineAt(placement.EngineID(si.ShardID, si.SpecVersion), si.Node)] = true
+		}
 		idx, ok := placement.ShardIndex(si.ShardID, si.ReplicaID)
 		if !ok {
 			continue
@@ -198,6 +228,11 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
 				EngineID: placement.EngineID(r0.ShardID, k.spec), Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
 				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting}
+			if r0.Private {
+				if !reachPrivate(&rt, snap.Self(), apis[r0.Node]) {
+					continue
+				}
+			}
 			for _, si := range g.valid {
 				rt.Suspect = rt.Suspect || state[si.Node] == gossip.StateSuspect
 				rt.Draining = rt.Draining || si.Draining
@@ -222,6 +257,26 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		slices.Sort(ns)
 	}
 	return t
+}
+
+// reachPrivate sets how rt reaches an engine that listens on its holder's
+// loopback only: on this node at 127.0.0.1, on another through the
+// holder's relay at its API address. False when the holder's API address
+// is unknown or unusable: the route is left out.
+func reachPrivate(rt *Route, self, holderAPI string) bool {
+	u, err := url.Parse(rt.URL)
+	if err != nil || u.Port() == "" {
+		return false
+	}
+	if rt.Node == self {
+		rt.Local = "http://" + net.JoinHostPort("127.0.0.1", u.Port())
+		return true
+	}
+	if _, _, err := net.SplitHostPort(holderAPI); err != nil {
+		return false
+	}
+	rt.Relay = "http://" + holderAPI + RelayPath + rt.EngineID
+	return true
 }
 
 // engineAt names one engine on one node, as Table.unready holds them.

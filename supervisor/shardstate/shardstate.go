@@ -77,10 +77,15 @@ type Spec struct {
 	MemoryPerGPU uint64   `json:"memory_per_gpu_bytes,omitempty"`
 	GPUUUIDs     []string `json:"gpu_uuids,omitempty"`
 	HTTPPort     int      `json:"http_port"`
-	ReplicaID    string   `json:"replica_id"`
-	SpecVersion  string   `json:"spec_version"`
-	Image        string   `json:"image,omitempty"`
-	Command      []string `json:"command,omitempty"`
+	// Private: the engine was started listening on loopback only (cluster
+	// version 4 and above); gossip.ShardRecord.Private says so to the
+	// cluster, after an agent restart too. Files from before the field
+	// read false, which is what those engines were started with.
+	Private     bool     `json:"private,omitempty"`
+	ReplicaID   string   `json:"replica_id"`
+	SpecVersion string   `json:"spec_version"`
+	Image       string   `json:"image,omitempty"`
+	Command     []string `json:"command,omitempty"`
 	// Runtime is the runtime's name ("containerd" or "process"); EngineID
 	// is the runtime's ID for the engine, ContainerID the container's.
 	Runtime     string `json:"runtime,omitempty"`

@@ -146,6 +146,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 	fill := func(sh *shard, r gossip.ShardRecord) {
 		si := &sh.info
 		si.Status, si.URL, si.PID, si.Container = r.Status, r.URL, r.PID, r.Container
+		si.Private = r.Private
 		si.Restarts, si.LastExit, si.StartedAt, si.Gang = r.Restarts, r.LastExit, r.StartedAt, r.Gang
 		si.Note, si.NoteAt = r.Note, r.NoteAt
 		sh.load = r.Load

@@ -128,13 +128,16 @@ type ShardInfo struct {
 	Status       gossip.ShardStatus `json:"status"`
 	Draining     bool               `json:"draining,omitempty"`
 	URL          string             `json:"url,omitempty"`
-	PID          int                `json:"pid,omitempty"`
-	Container    string             `json:"container,omitempty"`
-	Restarts     int                `json:"restarts"`
-	LastExit     *int               `json:"last_exit,omitempty"`
-	StartedAt    time.Time          `json:"started_at,omitzero"`
-	Load         gossip.ShardLoad   `json:"load,omitzero"`
-	Reason       string             `json:"reason,omitempty"`
+	// Private: the engine listens on its holder's loopback only; other
+	// nodes reach it through the holder's relay (gossip.ShardRecord).
+	Private   bool             `json:"private,omitempty"`
+	PID       int              `json:"pid,omitempty"`
+	Container string           `json:"container,omitempty"`
+	Restarts  int              `json:"restarts"`
+	LastExit  *int             `json:"last_exit,omitempty"`
+	StartedAt time.Time        `json:"started_at,omitzero"`
+	Load      gossip.ShardLoad `json:"load,omitzero"`
+	Reason    string           `json:"reason,omitempty"`
 	// Note and NoteAt are what the holder says its engine is doing (see
 	// gossip.ShardRecord.Note).
 	Note   string    `json:"note,omitempty"`
