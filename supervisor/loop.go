@@ -40,6 +40,8 @@ type controlLoop struct {
 	// has just seen ready.
 	handover handover
 	wake     wakeup
+	// plans keeps the last plan while its inputs do not change.
+	plans planCache
 	// settled is the joiner's word that the node has heard the cluster.
 	settled *atomic.Bool
 }
@@ -110,7 +112,7 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 	deps := c.cluster.Deployments()
 	view := BuildView(members, deps, now, c.ttl)
 	c.handover.mark(&view, now, c.handoverPeriod(len(members)))
-	plan := placement.Compute(view)
+	plan := c.plans.plan(view)
 	specs := map[string]placement.Deployment{}
 	for _, d := range view.Deployments {
 		specs[d.Name] = d.WithDefaults()
@@ -139,6 +141,7 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 	}
 	c.reads.store(status.Build(status.Input{Self: c.name, Now: now, TTL: c.ttl, Plan: plan, View: view,
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,
+		Reconciles: c.plans.reconciles, PlansComputed: c.plans.computed,
 		ActiveVersion: active, VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
 }
 
@@ -146,4 +149,29 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 // members with this node's gossip profile.
 func (c *controlLoop) handoverPeriod(members int) time.Duration {
 	return max(minHandover, c.profile.SpreadBound(members))
+}
+
+// planCache keeps the last plan and the view it came from. Most passes
+// are woken by what placement does not read (an engine's load, a
+// gateway's rates, GPU telemetry, a renewal that changes no judged
+// lease), and placement.Compute is a pure function of its view: a pass
+// whose view has the same plan inputs (placement.SameInputs) keeps the
+// plan. Leases are judged into the view at every pass, so a lapse, a
+// handover's settling or a claim changes the view and plans anew.
+type planCache struct {
+	last  placement.View
+	kept  placement.Plan
+	valid bool
+	// reconciles counts passes, computed the plans computed (/metrics).
+	reconciles, computed uint64
+}
+
+func (p *planCache) plan(v placement.View) placement.Plan {
+	p.reconciles++
+	if p.valid && placement.SameInputs(p.last, v) {
+		return p.kept
+	}
+	p.last, p.kept, p.valid = v, placement.Compute(v), true
+	p.computed++
+	return p.kept
 }

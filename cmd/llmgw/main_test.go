@@ -58,6 +58,8 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--join", "no-such-host.invalid:7946"}, []string{"--join", "does not resolve"}},
 		{[]string{"--join", "127.0.0.1:99999"}, []string{"--join", "port"}},
 		{[]string{"--profile", "wan"}, []string{"--profile", "lan or local"}},
+		{[]string{"--debug-addr", "0.0.0.0:6060"}, []string{"--debug-addr", "loopback"}},
+		{[]string{"--debug-addr", "6060"}, []string{"--debug-addr", "loopback"}},
 		{[]string{"--label", "novalue"}, []string{"--label", "key=value"}},
 		{[]string{"--allow-from", "10.0.0.0/99"}, []string{"--allow-from", "CIDR"}},
 		{[]string{"--bind", "7946"}, []string{"--bind", "host:port"}},

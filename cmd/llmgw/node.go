@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -76,6 +77,7 @@ func nodeFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "engine-progress-window", Usage: "counters that moved within this keep a slow engine routable (0: the profile's, e.g. 30s)", Sources: cli.EnvVars("LLMGW_ENGINE_PROGRESS_WINDOW")},
 		&cli.DurationFlag{Name: "engine-hung-restart", Usage: "restart an engine unroutable without progress for this long (0: the profile's, 2m)", Sources: cli.EnvVars("LLMGW_ENGINE_HUNG_RESTART")},
 		&cli.DurationFlag{Name: "engine-start-timeout", Value: 2 * time.Hour, Usage: "how long an engine may start silently (after its image pull) when its deployment names no start_timeout", Sources: cli.EnvVars("LLMGW_ENGINE_START_TIMEOUT")},
+		&cli.StringFlag{Name: "debug-addr", Usage: "serve Go's profiles (net/http/pprof, under /debug/pprof/) on this loopback host:port; off when empty", Sources: cli.EnvVars("LLMGW_DEBUG_ADDR")},
 		&cli.StringSliceFlag{Name: "allow-from", Usage: "only accept HTTP requests from these CIDRs (repeatable or comma-separated)", Sources: cli.EnvVars("LLMGW_ALLOW_FROM")},
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
@@ -226,6 +228,14 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	gws, err := gatewayConfig(c)
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
+	}
+	debugLn, err := listenDebug(c.String("debug-addr"))
+	if err != nil {
+		return usageError(fromEnv(err.Error()))
+	}
+	if debugLn != nil {
+		stopDebug := serveDebug(debugLn, log)
+		defer stopDebug()
 	}
 	runner, err := newRunner(ctx, c, cfg, log)
 	if err != nil {
@@ -564,4 +574,45 @@ func driverFaultSource(cfg *supervisor.Config, simLog string) error {
 		}
 	}
 	return nil
+}
+
+// listenDebug opens --debug-addr, which must be a loopback address:
+// profiles show the process's memory, request bodies and keys included.
+// Nil when the flag is empty.
+func listenDebug(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !isLoopback(host) {
+		return nil, fmt.Errorf("--debug-addr %q: want a loopback host:port such as 127.0.0.1:6060 (profiles show the agent's memory, keys included)", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-addr %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// serveDebug serves net/http/pprof on ln until the returned stop.
+func serveDebug(ln net.Listener, log *slog.Logger) (stop func()) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("debug server stopped", "err", err)
+		}
+	}()
+	log.Info("profiles served", "addr", ln.Addr().String(), "path", "/debug/pprof/")
+	return func() {
+		_ = srv.Close()
+		<-done
+	}
 }

@@ -85,6 +85,10 @@ var (
 		[]string{"status", "lease"}, nil)
 	descReconcile = prometheus.NewDesc("llmgw_reconcile_duration_seconds",
 		"How long this node's last reconcile pass took (plan, then engines).", nil, nil)
+	descReconciles = prometheus.NewDesc("llmgw_reconciles_total",
+		"Reconcile passes of this node's control loop.", nil, nil)
+	descPlans = prometheus.NewDesc("llmgw_plans_total",
+		"Plans this node's passes needed: computed (placement ran), or skipped (nothing placement reads had changed since the last plan, which was kept).", []string{"result"}, nil)
 	descGossip = prometheus.NewDesc("llmgw_gossip_messages_total",
 		"Gossip messages of this node: sent, received, and dropped (undecodable or refused).", []string{"direction"}, nil)
 	descGossipDrops = prometheus.NewDesc("llmgw_gossip_dropped_total",
@@ -140,7 +144,7 @@ type nodeCollector struct {
 }
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descGossip,
+	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descReconciles, descPlans, descGossip,
 		descGossipDrops, descClockOffset, descTokenMismatch, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
@@ -194,6 +198,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	gauge(ch, descReconcile, snap.ReconcileTook().Seconds())
+	passes, computed := snap.Plans()
+	counter(ch, descReconciles, float64(passes))
+	counter(ch, descPlans, float64(computed), "computed")
+	counter(ch, descPlans, float64(passes-computed), "skipped")
 	st := c.n.GossipStats()
 	counter(ch, descGossip, float64(st.Sent), "sent")
 	counter(ch, descGossip, float64(st.Received), "received")

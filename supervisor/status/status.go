@@ -39,6 +39,10 @@ type Input struct {
 	Deployments []gossip.DeploymentRecord
 	// ReconcileTook is how long the pass took.
 	ReconcileTook time.Duration
+	// Reconciles counts the node's passes so far, and PlansComputed those
+	// that ran placement.Compute: the others found the view's plan inputs
+	// unchanged (placement.SameInputs) and kept the plan.
+	Reconciles, PlansComputed uint64
 	// Isolated is since when this node has heard no peer while it expects
 	// some (zero: it is not isolated); its own member row says so.
 	Isolated time.Time
@@ -60,6 +64,8 @@ type Snapshot struct {
 	self          string
 	builtAt       time.Time
 	reconcileTook time.Duration
+	reconciles    uint64
+	plansComputed uint64
 	plan          placement.Plan
 	planned       map[string]string // deployment → spec version the plan was computed from
 	members       []MemberInfo
@@ -94,7 +100,7 @@ type held struct{ node, shard, spec string }
 
 // Build makes the snapshot of one reconcile pass.
 func Build(in Input) *Snapshot {
-	s := &Snapshot{self: in.Self, builtAt: in.Now, reconcileTook: in.ReconcileTook, plan: in.Plan,
+	s := &Snapshot{self: in.Self, builtAt: in.Now, reconcileTook: in.ReconcileTook, reconciles: in.Reconciles, plansComputed: in.PlansComputed, plan: in.Plan,
 		planned: SpecVersions(in.View.Deployments), settled: in.Settled, activeVersion: in.ActiveVersion, mixedSince: in.VersionsMixedSince}
 	leases := map[held]placement.LeaseState{}
 	for _, nd := range in.View.Nodes {
@@ -322,6 +328,10 @@ func (s *Snapshot) VersionsMixedSince() time.Time { return s.mixedSince }
 
 // ReconcileTook is how long the reconcile pass that built it took.
 func (s *Snapshot) ReconcileTook() time.Duration { return s.reconcileTook }
+
+// Plans is how many passes the node has made, and how many of them
+// computed a plan (the rest kept the last one: nothing it reads changed).
+func (s *Snapshot) Plans() (reconciles, computed uint64) { return s.reconciles, s.plansComputed }
 
 // Plan is the plan of the pass.
 func (s *Snapshot) Plan() placement.Plan { return s.plan }
