@@ -62,6 +62,11 @@ func (d *delegate) NotifyMsg(b []byte) {
 		return
 	}
 	d.c.heard()
+	d.c.traffic.inGossip.Add(uint64(len(b)))
+	if d.c.seen.seen(b) {
+		d.c.traffic.duplicates.Add(1)
+		return
+	}
 	// memberlist reuses b after we return: copy before keeping anything.
 	d.c.receive(append([]byte(nil), b...), true)
 }
@@ -72,6 +77,9 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	}
 	out := d.c.queue.GetBroadcasts(overhead, limit)
 	d.c.sent.Add(uint64(len(out)))
+	for _, b := range out {
+		d.c.traffic.outGossip.Add(uint64(len(b)))
+	}
 	return out
 }
 
@@ -81,6 +89,7 @@ func (d *delegate) LocalState(join bool) []byte {
 		d.c.log.Error("encode full state", "err", err)
 		return nil
 	}
+	d.c.traffic.outPushPull.Add(uint64(len(b)))
 	return b
 }
 
@@ -89,5 +98,6 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 		return
 	}
 	d.c.heard()
+	d.c.traffic.inPushPull.Add(uint64(len(buf)))
 	d.c.receive(append([]byte(nil), buf...), false)
 }

@@ -18,6 +18,9 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		return
 	}
 	c.received.Add(1)
+	c.traffic.nodes.Add(uint64(len(m.Nodes)))
+	c.traffic.beats.Add(uint64(len(m.Beats)))
+	c.traffic.deployments.Add(uint64(len(m.Deployments)))
 	// Every record is checked on its own: one bad record is refused and
 	// counted, and the rest of the message (a push/pull carries the whole
 	// state) is still taken. That holds for a record that did not even

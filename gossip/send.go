@@ -55,6 +55,7 @@ func (c *Cluster) toEveryone(b []byte) *sync.WaitGroup {
 				return
 			}
 			c.sent.Add(1)
+			c.traffic.outDirect.Add(uint64(len(b)))
 		}) {
 			done.Done()
 		}
@@ -95,6 +96,7 @@ func (c *Cluster) sendTo(name string, m message) {
 	c.spawn(func() {
 		if err := c.ml.SendReliable(to, b); err == nil {
 			c.sent.Add(1)
+			c.traffic.outDirect.Add(uint64(len(b)))
 		}
 	})
 }

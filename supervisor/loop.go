@@ -138,6 +138,9 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 		// Readers see what this node now holds and sends, not the record
 		// before.
 		members = c.cluster.Members()
+		// This pass's view (and leases) is of the record before: the next
+		// pass judges the new one at once.
+		c.wake.poke()
 	}
 	c.reads.store(status.Build(status.Input{Self: c.name, Now: now, TTL: c.ttl, Plan: plan, View: view,
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,

@@ -89,6 +89,12 @@ var (
 		"Reconcile passes of this node's control loop.", nil, nil)
 	descPlans = prometheus.NewDesc("llmgw_plans_total",
 		"Plans this node's passes needed: computed (placement ran), or skipped (nothing placement reads had changed since the last plan, which was kept).", []string{"result"}, nil)
+	descGossipBytes = prometheus.NewDesc("llmgw_gossip_bytes_total",
+		"Bytes of this node's gossip messages (memberlist's own probes excepted), by direction (in, out) and way (gossip: broadcasts, and direct messages on the way in; direct: records sent to one member; push_pull: whole-state exchanges).", []string{"direction", "way"}, nil)
+	descGossipRecords = prometheus.NewDesc("llmgw_gossip_records_received_total",
+		"Records this node received by kind (node, beat, deployment), news or not.", []string{"kind"}, nil)
+	descGossipDuplicates = prometheus.NewDesc("llmgw_gossip_duplicates_total",
+		"Gossip messages this node dropped unread: copies of one it had taken already (memberlist retransmits every broadcast from every relaying node).", nil, nil)
 	descGossip = prometheus.NewDesc("llmgw_gossip_messages_total",
 		"Gossip messages of this node: sent, received, and dropped (undecodable or refused).", []string{"direction"}, nil)
 	descGossipDrops = prometheus.NewDesc("llmgw_gossip_dropped_total",
@@ -144,7 +150,7 @@ type nodeCollector struct {
 }
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descReconciles, descPlans, descGossip,
+	for _, d := range []*prometheus.Desc{descMembers, descDeployments, descReplicas, descShards, descReconcile, descReconciles, descPlans, descGossipBytes, descGossipRecords, descGossipDuplicates, descGossip,
 		descGossipDrops, descClockOffset, descTokenMismatch, descGossipMembers, descGPUTotal, descGPUUsed, descGPUForeign, descGPUFaulted, descDriverFaults, descEngineRunning,
 		descEngineWaiting, descEngineKV, descEngineTPS, descEngineRestarts, descEngineScrapeFailing} {
 		ch <- d
@@ -206,6 +212,16 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(ch, descGossip, float64(st.Sent), "sent")
 	counter(ch, descGossip, float64(st.Received), "received")
 	counter(ch, descGossip, float64(st.Dropped), "dropped")
+	for way, n := range st.Traffic.BytesIn {
+		counter(ch, descGossipBytes, float64(n), "in", way)
+	}
+	for way, n := range st.Traffic.BytesOut {
+		counter(ch, descGossipBytes, float64(n), "out", way)
+	}
+	for kind, n := range st.Traffic.RecordsIn {
+		counter(ch, descGossipRecords, float64(n), kind)
+	}
+	counter(ch, descGossipDuplicates, float64(st.Traffic.Duplicates))
 	for _, r := range gossip.DropReasons() {
 		counter(ch, descGossipDrops, float64(st.Drops[r]), string(r))
 	}
