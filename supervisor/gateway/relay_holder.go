@@ -112,7 +112,9 @@ func NewRelay(cfg RelayConfig) *Relay {
 		// Every write is flushed: a stream's events reach the calling
 		// gateway as the engine writes them.
 		FlushInterval: -1,
-		Rewrite:       func(*httputil.ProxyRequest) {}, // set per request in ServeHTTP
+		// ServeHTTP hands the proxy the outgoing request ready-made (target,
+		// headers, key); nothing is left to rewrite.
+		Rewrite: func(*httputil.ProxyRequest) {},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the calling gateway went away
