@@ -63,12 +63,15 @@ func (d *delegate) NotifyMsg(b []byte) {
 	}
 	d.c.heard()
 	d.c.traffic.inGossip.Add(uint64(len(b)))
-	if d.c.seen.seen(b) {
+	h := d.c.seen.digest(b)
+	if d.c.seen.has(h) {
 		d.c.traffic.duplicates.Add(1)
 		return
 	}
 	// memberlist reuses b after we return: copy before keeping anything.
-	d.c.receive(append([]byte(nil), b...), true)
+	if d.c.receive(append([]byte(nil), b...), true) {
+		d.c.seen.add(h)
+	}
 }
 
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {

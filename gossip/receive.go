@@ -9,14 +9,15 @@ import (
 // receive merges a message from a peer. rebroadcast is true for packets
 // that arrived as gossip, which are passed on when they taught us something
 // (that is how a broadcast reaches nodes its origin never picked).
-func (c *Cluster) receive(b []byte, rebroadcast bool) {
+func (c *Cluster) receive(b []byte, rebroadcast bool) (clean bool) {
 	m, err := decode(b)
 	if err != nil {
 		c.dropped.Add(1)
 		c.drops[DropMalformed].Add(1)
 		c.log.Warn("dropped gossip message", "err", err)
-		return
+		return false
 	}
+	clean = len(m.bad) == 0
 	c.received.Add(1)
 	c.traffic.nodes.Add(uint64(len(m.Nodes)))
 	c.traffic.beats.Add(uint64(len(m.Beats)))
@@ -45,6 +46,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		}
 		if err != nil {
 			c.refuse(reason, "node "+n.Name, err)
+			clean = false
 			if refused == nil {
 				refused = map[string]bool{}
 			}
@@ -71,6 +73,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 		}
 		if err != nil {
 			c.refuse(reason, "beat "+bt.Name, err)
+			clean = false
 			continue
 		}
 		if c.store.MergeBeat(bt) {
@@ -80,6 +83,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 			}
 		} else if !refused[bt.Name] && c.store.Lacks(bt) {
 			c.want(bt)
+			clean = false // the same beat, once the record is here, is news
 		}
 	}
 	for _, w := range m.Wants {
@@ -91,6 +95,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	for i, d := range m.Deployments {
 		if reason, err := checkDeployment(d, now); err != nil {
 			c.refuse(reason, "deployment "+d.Name, err)
+			clean = false
 			continue
 		}
 		c.hlc.Witness(d.Stamp)
@@ -111,6 +116,7 @@ func (c *Cluster) receive(b []byte, rebroadcast bool) {
 	if changed || depChanged {
 		c.notify()
 	}
+	return clean
 }
 
 // want asks a beat's sender for the record content we lack, once per

@@ -298,11 +298,7 @@ func newRelay(runner *engine.Runner, cfg supervisor.Config, s gatewaySetup) *gat
 	if runner == nil {
 		return nil
 	}
-	clk := cfg.Clock
-	if clk == nil {
-		clk = clock.Real()
-	}
-	token := cfg.Token
+	clk, token := cfg.Clock, cfg.Token // nodeConfig sets the clock
 	return gateway.NewRelay(gateway.RelayConfig{
 		Verifier:  &hop.Verifier{Key: secret.HopKey(token, "relay"), Now: clk.Now},
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) },

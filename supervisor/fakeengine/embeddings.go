@@ -40,7 +40,14 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("Model %q does not support matryoshka representation, changing output dimensions will lead to poor results.", s.cfg.Model), badRequest, "dimensions")
 		return
 	}
-	format := req.EncodingFormat
+	s.writeVectors(w, r, req.Input, req.EncodingFormat, "embd", "embedding", "embedding")
+}
+
+// writeVectors answers an embeddings or pooling request (vLLM's
+// /v1/embeddings and /pooling differ only in their ids and field names):
+// the encoding format checked, the inputs read, the prefill run, then one
+// vector per input, named key in an item whose "object" is object.
+func (s *Server) writeVectors(w http.ResponseWriter, r *http.Request, input json.RawMessage, format, idPrefix, object, key string) {
 	if format == "" {
 		format = "float"
 	}
@@ -48,7 +55,7 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("encoding_format %q: want float or base64", format), badRequest, "encoding_format")
 		return
 	}
-	inputs, tokens, err := embeddingInputs(req.Input)
+	inputs, tokens, err := embeddingInputs(input)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "input: "+err.Error(), badRequest, "input")
 		return
@@ -61,10 +68,10 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	data := make([]map[string]any, len(inputs))
 	for i, in := range inputs {
-		data[i] = map[string]any{"index": i, "object": "embedding", "embedding": encodeVector(embed(s.cfg.Model, in), format)}
+		data[i] = map[string]any{"index": i, "object": object, key: encodeVector(embed(s.cfg.Model, in), format)}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"id": s.id("embd"), "object": "list", "created": s.now().Unix(), "model": s.cfg.Model,
+		"id": s.id(idPrefix), "object": "list", "created": s.now().Unix(), "model": s.cfg.Model,
 		"data": data, "usage": usage{PromptTokens: tokens, TotalTokens: tokens},
 	})
 }

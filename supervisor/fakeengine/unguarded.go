@@ -37,7 +37,11 @@ func (s *Server) handleUnguardedVLLM() {
 }
 
 // invocations is vLLM's SageMaker route: the body's shape chooses the
-// handler. vLLM validates the body against each request type in turn
+// handler. vLLM (the /invocations route in
+// vllm/entrypoints/openai/api_server.py, vllm/entrypoints/sagemaker/routes.py
+// in newer releases: INVOCATION_VALIDATORS, each tried with
+// validate_python, else "Cannot find suitable handler for request")
+// validates the body against each request type in turn
 // (chat completions, completions, then the pooling types, embeddings
 // first) and hands it to the first that fits; the fake tells them apart by
 // the field each requires: messages, prompt, input. The body is read once
@@ -101,30 +105,7 @@ func (s *Server) pooling(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req, func() string { return req.Model }) {
 		return
 	}
-	format := req.EncodingFormat
-	if format == "" {
-		format = "float"
-	}
-	if format != "float" && format != "base64" {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("encoding_format %q: want float or base64", format), badRequest, "encoding_format")
-		return
-	}
-	inputs, tokens, err := embeddingInputs(req.Input)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "input: "+err.Error(), badRequest, "input")
-		return
-	}
-	if !s.pool(r, tokens) {
-		return
-	}
-	data := make([]map[string]any, len(inputs))
-	for i, in := range inputs {
-		data[i] = map[string]any{"index": i, "object": "pooling", "data": encodeVector(embed(s.cfg.Model, in), format)}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"id": s.id("pool"), "object": "list", "created": s.now().Unix(), "model": s.cfg.Model,
-		"data": data, "usage": usage{PromptTokens: tokens, TotalTokens: tokens},
-	})
+	s.writeVectors(w, r, req.Input, req.EncodingFormat, "pool", "pooling", "data")
 }
 
 // scoreRequest is vLLM's ScoreRequest: text_1 and text_2 are each a string
