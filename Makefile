@@ -10,7 +10,7 @@ SDK     := scenarios/testdata/openai-sdk
 # go-nvml's cgo bindings call functions the NVML header marks deprecated.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: build test race bench run stop lint clean scenarios fuzz sdk
+.PHONY: build test race bench run stop lint clean scenarios fuzz sdk scale
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/llmgw
@@ -21,8 +21,9 @@ test: build sdk
 	@sock=$${LLMGW_TEST_CONTAINERD_SOCKET:-/run/containerd/containerd.sock}; [ -S "$$sock" ] || \
 		echo "note: no containerd socket at $$sock: the containerd integration tests will skip (start one with: eval \"\$$(.ci/containerd.sh start)\")"
 	$(GO) vet ./...
-	$(GO) test -timeout 25m $$($(GO) list ./... | grep -v /scenarios)
+	$(GO) test -timeout 25m $$($(GO) list ./... | grep -v /scenarios | grep -v /scaletest)
 	$(GO) test -timeout 15m ./scenarios/
+	$(GO) test -timeout 10m ./supervisor/scaletest/
 
 # Install the SDK as its lock file says when it is missing or the lock is
 # newer. Without npm the SDK test fails and says how to install it;
@@ -45,6 +46,14 @@ race:
 bench:
 	$(GO) test -run '^$$' -bench . -skip Policies -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
 	$(GO) test -run '^$$' -bench Policies -benchtime 1x -timeout 30m ./supervisor/gateway/
+
+# Many full nodes in one process, measured at each size (supervisor/scaletest):
+# idle CPU, gossip bytes, passes, and how soon every node sees every member and
+# agrees on a plan. Sizes past what the machine's cores carry fail their waits
+# and say so. `make test` runs 25 nodes against the budgets.
+SCALE ?= 25,50,100,200,500
+scale:
+	$(GO) test -v -run TestScale -timeout 120m ./supervisor/scaletest/ -args -nodes $(SCALE) -budgets=false
 
 run: build
 	$(BIN) demo up --dir $(DEMO)

@@ -77,6 +77,13 @@ type Config struct {
 	// version loop, which waits for it: it may read the Cluster, and
 	// should not block for long.
 	OnActiveVersion func(int)
+	// BeatQuiet: a beat that renews a record this node accepted a newer
+	// version of less than BeatQuiet ago does not signal Changes (the
+	// record's SeenAt still moves). The node sets it below its lease TTL
+	// and above its renew interval: such a renewal changes no lease it
+	// judges, and its loop judges lapses on a tick of its own. 0: every
+	// accepted beat signals.
+	BeatQuiet time.Duration
 }
 
 // MemberState is memberlist's verdict on a node, as this node sees it.
@@ -244,8 +251,9 @@ type Cluster struct {
 	// address (an agent restarted in place) may gossip to it at once;
 	// until then such messages are ignored (push/pull brings them again).
 	ready atomic.Bool
-	// bigThreshold: messages above it go by SendReliable.
+	// bigThreshold: messages above it go by SendReliable, through big.
 	bigThreshold int
+	big          bigQueue
 	// lastHeard is when a peer was last heard, Unix ns (contact.go).
 	lastHeard atomic.Int64
 	// ver is the cluster version (version.go).
@@ -354,7 +362,10 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 		mc.Transport = t
 	}
 	// Half a packet, as Alertmanager does: leaves room for memberlist's
-	// framing and for piggybacking several deltas in one packet.
+	// framing and for piggybacking several deltas in one packet. (A whole
+	// packet, tried in scaletest, sent most record changes as gossip: at
+	// 100 nodes settling they filled every gossip round, beats waited
+	// behind them, and leases lapsed for want of renewals.)
 	c.bigThreshold = mc.UDPBufferSize / 2
 
 	ml, err := memberlist.Create(mc)
@@ -384,8 +395,18 @@ func (c *Cluster) Join(addrs []string) (int, error) {
 // NumMembers counts alive and suspect members, this node included.
 func (c *Cluster) NumMembers() int { return c.ml.NumMembers() }
 
+// StateBytes is the size of the whole state as push/pull sends it.
+func (c *Cluster) StateBytes() int {
+	b, err := encode(c.store.full())
+	if err != nil {
+		return 0
+	}
+	return len(b)
+}
+
 // Changes is signalled (without blocking, coalesced) whenever the replicated
-// state or membership changes.
+// state or membership changes, and for a renewal that ends a silence (see
+// Config.BeatQuiet).
 func (c *Cluster) Changes() <-chan struct{} { return c.changes }
 
 func (c *Cluster) notify() {
@@ -636,7 +657,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	if b, err := encode(m); err == nil {
 		// Tell everyone over TCP, and wait: a broadcast queued now might
 		// never leave before shutdown.
-		c.toEveryone(b).Wait()
+		c.toEveryone(b)
 	}
 	err := c.ml.Leave(timeout)
 	if serr := c.Shutdown(); err == nil {

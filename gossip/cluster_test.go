@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/testlog"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
@@ -379,5 +380,50 @@ func TestMessagesBeforeReadyAreIgnored(t *testing.T) {
 	d.MergeRemoteState(b, true)
 	if got := d.GetBroadcasts(0, 1400); got != nil {
 		t.Fatalf("broadcasts before ready: %d", len(got))
+	}
+}
+
+// A beat renewing a record heard lately changes no lease and wakes no
+// pass (Config.BeatQuiet); one after a silence does. Before BeatQuiet,
+// every accepted beat woke every node's loop: O(N) passes a second per
+// node in a large cluster.
+func TestBeatWakesOnlyAfterASilence(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	a := startNode(t, "a", 0, "", func(c *Config) { c.Clock = clk; c.BeatQuiet = 5 * time.Second })
+	rec := NodeRecord{Name: "peer", Version: Version{Epoch: clk.Now().UnixNano(), Seq: 1}, API: "127.0.0.1:2"}
+	send := func(m message) {
+		b, err := encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.receive(b, false)
+	}
+	drained := func() bool {
+		select {
+		case <-a.Changes():
+			return true
+		default:
+			return false
+		}
+	}
+	send(message{Nodes: []NodeRecord{rec}})
+	if !drained() {
+		t.Fatal("a new record did not signal Changes")
+	}
+	beat := func(seq uint64) Beat {
+		return Beat{Name: "peer", Version: Version{Epoch: rec.Version.Epoch, Seq: seq}, Content: rec.Version}
+	}
+	clk.Advance(3 * time.Second)
+	send(message{Beats: []Beat{beat(2)}})
+	if drained() {
+		t.Error("a beat 3 s after the last renewal (quiet 5 s) signalled Changes")
+	}
+	if ns, _ := a.store.Node("peer"); !ns.SeenAt.Equal(clk.Now()) {
+		t.Errorf("the quiet beat did not renew the record: seen at %v, now %v", ns.SeenAt, clk.Now())
+	}
+	clk.Advance(6 * time.Second)
+	send(message{Beats: []Beat{beat(3)}})
+	if !drained() {
+		t.Error("a beat 6 s after the last renewal (quiet 5 s) did not signal Changes")
 	}
 }

@@ -106,8 +106,8 @@ func encode(m message) ([]byte, error) {
 	raw.WriteByte('}')
 	var buf bytes.Buffer
 	buf.WriteByte(formatDeflateJSON)
-	w := getFlateWriter()
-	defer putFlateWriter(w)
+	w := getFlateWriter(raw.Len())
+	defer putFlateWriter(w, raw.Len())
 	w.Reset(&buf)
 	if _, err := w.Write(raw.Bytes()); err != nil {
 		return nil, fmt.Errorf("encode gossip message: %w", err)
@@ -127,17 +127,35 @@ func encode(m message) ([]byte, error) {
 // Writers wait in a small channel rather than a sync.Pool, which the
 // garbage collector empties at every cycle: on an agent that collects
 // every few seconds, a pool would hand out a new 790 KiB writer as often.
+//
+// A small message (a beat, a want: most of what an idle cluster sends)
+// takes a writer at BestSpeed: resetting one at the default level clears
+// 640 KiB of match tables, which cost more than deflating the message
+// (BenchmarkEncodeBeat). Any level is the same deflate stream to a reader.
 var (
-	flateWriters = make(chan *flate.Writer, 4)
-	flateReaders = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}
+	flateWriters      = make(chan *flate.Writer, 4)
+	flateSmallWriters = make(chan *flate.Writer, 4)
+	flateReaders      = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}
 )
 
-func getFlateWriter() *flate.Writer {
+// smallMessage is the size of JSON, in bytes, below which a message is
+// deflated at BestSpeed.
+const smallMessage = 1024
+
+func flateCache(size int) (chan *flate.Writer, int) {
+	if size < smallMessage {
+		return flateSmallWriters, flate.BestSpeed
+	}
+	return flateWriters, flate.DefaultCompression
+}
+
+func getFlateWriter(size int) *flate.Writer {
+	cache, level := flateCache(size)
 	select {
-	case w := <-flateWriters:
+	case w := <-cache:
 		return w
 	default:
-		w, err := flate.NewWriter(nil, flate.DefaultCompression)
+		w, err := flate.NewWriter(nil, level)
 		if err != nil {
 			panic(err) // only for an invalid level
 		}
@@ -145,9 +163,10 @@ func getFlateWriter() *flate.Writer {
 	}
 }
 
-func putFlateWriter(w *flate.Writer) {
+func putFlateWriter(w *flate.Writer, size int) {
+	cache, _ := flateCache(size)
 	select {
-	case flateWriters <- w:
+	case cache <- w:
 	default:
 	}
 }

@@ -85,3 +85,15 @@ func (p Profile) SpreadBound(n int) time.Duration {
 	c := p.base()
 	return time.Duration(4*math.Ceil(math.Log10(float64(max(n, 1)+1)))+4) * c.GossipInterval
 }
+
+// PushPullEvery is how often each node of a cluster of n exchanges its
+// whole state with a random peer under this profile: memberlist stretches
+// the interval past 32 nodes, by one interval per doubling
+// (memberlist's pushPullScale).
+func (p Profile) PushPullEvery(n int) time.Duration {
+	c := p.base()
+	if n <= 32 {
+		return c.PushPullInterval
+	}
+	return time.Duration(math.Ceil(math.Log2(float64(n))-math.Log2(32))+1) * c.PushPullInterval
+}

@@ -87,3 +87,15 @@ func BenchmarkFullState50(b *testing.B) {
 		b.ReportMetric(held, "held-B")
 	})
 }
+
+// BenchmarkEncodeBeat is the cost of the message every node sends and
+// relays most often: one beat.
+func BenchmarkEncodeBeat(b *testing.B) {
+	m := message{Beats: []Beat{{Name: "node-123", Version: Version{Epoch: time.Now().UnixNano(), Seq: 4711}, Content: Version{Epoch: time.Now().UnixNano(), Seq: 4700}}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := encode(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

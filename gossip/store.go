@@ -126,15 +126,24 @@ func (s *Store) mergeNode(r NodeRecord, raw json.RawMessage) bool {
 // for content the store does not have is ignored until the full record
 // arrives.
 func (s *Store) MergeBeat(b Beat) bool {
+	ok, _ := s.mergeBeat(b)
+	return ok
+}
+
+// mergeBeat is MergeBeat that also says how long before this beat the
+// record was last renewed (its previous seenAt).
+func (s *Store) mergeBeat(b Beat) (bool, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.nodes[b.Name]
 	if !ok || !b.Version.Newer(e.rec.Version) || e.content != b.Content {
-		return false
+		return false, 0
 	}
+	now := s.clock.Now()
+	since := now.Sub(e.seenAt)
 	e.rec.Version = b.Version
-	e.seenAt = s.clock.Now()
-	return true
+	e.seenAt = now
+	return true, since
 }
 
 // Lacks reports whether a beat refers to content newer than the store

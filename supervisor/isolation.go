@@ -90,6 +90,16 @@ func (i *isolation) check(now, heard time.Time, members []gossip.Member) time.Ti
 	return since
 }
 
+// due is when the silence since heard makes the node isolated, if it
+// expects peers by then (check says whether it does).
+func (i *isolation) due(heard time.Time) time.Time {
+	after := i.after
+	if heard.IsZero() || heard.Before(i.started) {
+		heard, after = i.started, max(after, settleTimeout)
+	}
+	return heard.Add(after + time.Millisecond)
+}
+
 // since is since when this node has heard no peer while it expects some
 // (zero: it is not isolated).
 func (i *isolation) since() time.Time {

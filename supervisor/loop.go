@@ -15,8 +15,9 @@ import (
 )
 
 // controlLoop is the node's control loop: on every gossip or engine
-// change, when woken, and on a tick, it recomputes the plan and reconciles
-// this node's engines; on the renew tick it renews this node's leases.
+// change, when woken, and when a lease it judges would lapse, it recomputes
+// the plan and reconciles this node's engines; on the renew tick it renews
+// this node's leases.
 // What it holds is its own: only its goroutine touches the handover
 // memory, the lease keeper and the load publisher.
 type controlLoop struct {
@@ -47,7 +48,7 @@ type controlLoop struct {
 }
 
 // wakeup makes the control loop reconcile now rather than at its next
-// tick or event (the node settled; a write waits to be seen).
+// timer or event (the node settled; a write waits to be seen).
 type wakeup chan struct{}
 
 func newWakeup() wakeup { return make(wakeup, 1) }
@@ -61,12 +62,16 @@ func (w wakeup) poke() {
 
 // run is the loop; it returns when ctx ends.
 func (c *controlLoop) run(ctx context.Context) {
-	tick := c.clock.NewTicker(time.Second)
-	defer tick.Stop()
+	// due wakes the loop when a lease this node judges lapses, or when
+	// its silence makes it isolated: what changes with time alone. (A
+	// tick every second did, with a pass each: O(members) a second on an
+	// idle node.)
+	due := c.clock.NewTimer(time.Hour)
+	defer due.Stop()
 	renew := c.clock.NewTicker(c.ttl / 3)
 	defer renew.Stop()
 	// settled wakes the loop when a replacement settles, so the copy it
-	// replaces stops then rather than at the next tick.
+	// replaces stops then rather than at the next event.
 	settled := c.clock.NewTimer(time.Hour)
 	defer settled.Stop()
 	lastRenew := c.clock.Now()
@@ -79,7 +84,18 @@ func (c *controlLoop) run(ctx context.Context) {
 		if c.clock.Since(lastRenew) > c.ttl {
 			lastRenew = c.leases.renew(lastRenew, c.cluster.Renew)
 		}
-		c.reconcile(ctx)
+		cost, next := c.reconcile(ctx)
+		due.Reset(max(next.Sub(c.clock.Now()), 0))
+		// A pass costs O(members). When changes come faster than passes
+		// (a large cluster settling: every record changes a few times,
+		// and each change reached every node), the next pass waits so
+		// that passes take at most 1/passDuty of the loop's time; the
+		// changes meanwhile coalesce into it. A small cluster's pass is
+		// a fraction of a millisecond, so its wait is too. (real time: the
+		// pass's duration on this machine sets it.)
+		if !clock.SleepReal(ctx, min(cost*(passDuty-1), maxPassGap)) {
+			return
+		}
 		if next := c.handover.next; !next.IsZero() {
 			settled.Reset(max(next.Sub(c.clock.Now()), 0))
 		}
@@ -89,7 +105,7 @@ func (c *controlLoop) run(ctx context.Context) {
 		case <-c.cluster.Changes():
 		case <-c.runner.Changes():
 		case <-c.wake:
-		case <-tick.Chan():
+		case <-due.Chan():
 		case <-settled.Chan():
 		case <-renew.Chan():
 			lastRenew = c.leases.renew(lastRenew, c.cluster.Renew)
@@ -99,8 +115,10 @@ func (c *controlLoop) run(ctx context.Context) {
 
 // reconcile is one pass of the loop: view, plan, this node's part to the
 // runner, what the runner holds into this node's record, and the read
-// model of it all for the node's readers.
-func (c *controlLoop) reconcile(ctx context.Context) {
+// model of it all for the node's readers. It returns what the pass cost
+// but for the runner's part (an engine's start may block for a while, and
+// is no measure of the cluster's size).
+func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due time.Time) {
 	start := time.Now() // real time: how long the pass took on this machine, for /metrics
 	now := c.clock.Now()
 	writes := c.reads.written() // before the read: what it is sure to see
@@ -133,8 +151,11 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 			mine[i].Gang.ClusterVersion = active
 		}
 	}
+	ranAt := time.Now() // real time: what the runner took is left out of the pass's cost
 	c.runner.Reconcile(ctx, mine)
-	if c.load.Publish(now, c.runner.Shards()) {
+	held := c.runner.Shards()
+	engines := time.Since(ranAt)
+	if c.load.Publish(now, held) {
 		// Readers see what this node now holds and sends, not the record
 		// before.
 		members = c.cluster.Members()
@@ -146,7 +167,40 @@ func (c *controlLoop) reconcile(ctx context.Context) {
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,
 		Reconciles: c.plans.reconciles, PlansComputed: c.plans.computed,
 		ActiveVersion: active, VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
+	return time.Since(start) - engines, c.nextDue(now, members, c.cluster.LastHeard())
 }
+
+// nextDue is the next moment a pass would judge differently with no
+// event in between: the earliest lapse of a lease that is still fresh
+// (a holder's last renewal seen plus the TTL), or the moment this node's
+// silence since heard makes it isolated. An hour when there is none: renewals, gossip
+// and engine events wake the loop meanwhile.
+func (c *controlLoop) nextDue(now time.Time, members []gossip.Member, heard time.Time) time.Time {
+	next := now.Add(time.Hour)
+	soonest := func(t time.Time) {
+		if t.After(now) && t.Before(next) {
+			next = t
+		}
+	}
+	for _, m := range members {
+		if m.Record != nil && len(m.Record.Shards) > 0 {
+			// A moment past the lapse, so the pass judges it lapsed.
+			soonest(m.SeenAt.Add(c.ttl + time.Millisecond))
+		}
+	}
+	soonest(c.isolation.due(heard))
+	return next
+}
+
+// passDuty and maxPassGap bound how much of a core the loop's passes take
+// when changes keep coming: a pass is followed by a wait of passDuty-1
+// times its duration, at most maxPassGap (a starved node throttles itself
+// hardest: in scaletest's 100 nodes on 2 cores, 250 ms kept them settling
+// for minutes).
+const (
+	passDuty   = 10
+	maxPassGap = time.Second
+)
 
 // handoverPeriod is how long a replacement settles in a cluster of n
 // members with this node's gossip profile.

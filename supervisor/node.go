@@ -254,6 +254,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		// goes down, and a restarted node must not run an older rule than
 		// its peers for the T it would take to rise again.
 		ActiveVersion: id.ActiveVersion,
+		// Beats come every TTL/3: one that renews a record heard within
+		// TTL/2 changes no lease this node judges (the loop's tick
+		// judges lapses), so it wakes no pass.
+		BeatQuiet: cfg.LeaseTTL / 2,
 	}
 	if id.ActiveVersion == 0 && len(cfg.Join)+len(id.Peers) == 0 {
 		gcfg.ActiveVersion = cmp.Or(cfg.NewClusterVersion, protocol.Max)

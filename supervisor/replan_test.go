@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/testwait"
 )
 
@@ -67,4 +68,29 @@ func TestOnlyPlanInputsTriggerAPlan(t *testing.T) {
 		_, computed := b.Status().Plans()
 		return computed > computed1, fmt.Sprint(computed)
 	})
+}
+
+// With no event, the loop's next pass is due when a fresh lease lapses
+// or the node's silence makes it isolated, whichever comes first; a
+// member holding nothing, or whose lease lapsed already, sets no time.
+func TestNextPassIsDueAtTheEarliestLapse(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := &controlLoop{ttl: 3 * time.Second, isolation: &isolation{after: 10 * time.Second, started: t0.Add(-time.Minute)}}
+	held := &gossip.NodeRecord{Shards: []gossip.ShardRecord{{ShardID: "chat-0"}}}
+	members := []gossip.Member{
+		{Name: "a", Record: held, SeenAt: t0.Add(-1 * time.Second)},
+		{Name: "b", Record: held, SeenAt: t0.Add(-2 * time.Second)}, // lapses first: t0+1s
+		{Name: "c", Record: &gossip.NodeRecord{}, SeenAt: t0.Add(-2900 * time.Millisecond)},
+		{Name: "d", Record: held, SeenAt: t0.Add(-5 * time.Second)}, // lapsed already
+	}
+	if got, want := c.nextDue(t0, members, t0), t0.Add(time.Second+time.Millisecond); !got.Equal(want) {
+		t.Errorf("due %v after t0, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	// Heard last 9.5 s ago: isolated 0.5 s from now, before b's lapse.
+	if got, want := c.nextDue(t0, members, t0.Add(-9500*time.Millisecond)), t0.Add(501*time.Millisecond); !got.Equal(want) {
+		t.Errorf("due %v after t0, want %v", got.Sub(t0), want.Sub(t0))
+	}
+	if got := c.nextDue(t0, members[2:], t0); !got.Equal(t0.Add(10*time.Second + time.Millisecond)) {
+		t.Errorf("with no fresh lease, due %v after t0, want the isolation's 10 s", got.Sub(t0))
+	}
 }

@@ -34,3 +34,22 @@ func TestWriteIntoMissingDirFails(t *testing.T) {
 		t.Fatal("want an error for a missing directory")
 	}
 }
+
+func TestReplaceReplacesAndLeavesNoTemp(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "stamp.json")
+	for _, content := range []string{"one", "two"} {
+		if err := Replace(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(p); err != nil || string(b) != content {
+			t.Fatalf("read %q, %v; want %q", b, err, content)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d entries in the dir, want the file alone", len(entries))
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", fi.Mode().Perm())
+	}
+}

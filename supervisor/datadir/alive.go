@@ -63,7 +63,9 @@ func (a Alive) Validate() error {
 }
 
 // WriteAlive replaces agent.json with a, atomically: a viewer reads the
-// old stamp or the new, never half of one.
+// old stamp or the new, never half of one. Not durably (it is rewritten
+// every few seconds): after a power cut the stamp may be older, or gone,
+// which a viewer shows as an agent silent since then, or none.
 func (d Dir) WriteAlive(a Alive) error {
 	if err := a.Validate(); err != nil {
 		return fmt.Errorf("%s: %w", d.AliveFile(), err)
@@ -72,7 +74,7 @@ func (d Dir) WriteAlive(a Alive) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(d.AliveFile(), b, 0o600)
+	return atomicfile.Replace(d.AliveFile(), b, 0o600)
 }
 
 // ReadAlive reads agent.json and changes nothing. found is false, with no

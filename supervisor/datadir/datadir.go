@@ -219,11 +219,14 @@ func (d Dir) ReadRenewal() (at time.Time, found bool, err error) {
 	return r.RenewedAt, true, nil
 }
 
-// WriteRenewal records that the node renewed its leases at t, atomically.
+// WriteRenewal records that the node renewed its leases at t, atomically
+// but without fsync (every TTL/3): after a power cut the file may say an
+// older renewal or none, and a restarted agent then claims afresh, which is
+// the safe side (and its engines died with the power anyway).
 func (d Dir) WriteRenewal(t time.Time) error {
 	b, err := json.Marshal(renewal{Protocol: RenewalProtocol, RenewedAt: t})
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(d.RenewalFile(), b, 0o600)
+	return atomicfile.Replace(d.RenewalFile(), b, 0o600)
 }

@@ -16,9 +16,11 @@
 package status
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
@@ -191,16 +193,22 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		s.shards = append(s.shards, shard{info: ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment,
 			GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: LeaseNone, Reason: u.Reason}})
 	}
-	sort.SliceStable(s.shards, func(i, j int) bool {
-		a, b := s.shards[i].info, s.shards[j].info
-		if a.ShardID != b.ShardID {
-			return a.ShardID < b.ShardID
-		}
-		if a.Node != b.Node {
-			return a.Node < b.Node
-		}
-		return a.SpecVersion < b.SpecVersion
+	// Sorted as indices, then moved once: a shard is hundreds of bytes,
+	// and a stable sort comparing and swapping the shards themselves was
+	// a sixth of a 100-node cluster's CPU (scaletest's profile).
+	order := make([]int, len(s.shards))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(i, j int) int {
+		a, b := &s.shards[i].info, &s.shards[j].info
+		return cmp.Or(strings.Compare(a.ShardID, b.ShardID), strings.Compare(a.Node, b.Node), strings.Compare(a.SpecVersion, b.SpecVersion))
 	})
+	sorted := make([]shard, len(s.shards))
+	for k, i := range order {
+		sorted[k] = s.shards[i]
+	}
+	s.shards = sorted
 }
 
 // Reasons of shards that are held but not planned. ReasonNotPlanned is
