@@ -84,8 +84,14 @@ func (c *controlLoop) run(ctx context.Context) {
 		if c.clock.Since(lastRenew) > c.ttl {
 			lastRenew = c.leases.renew(lastRenew, c.cluster.Renew)
 		}
-		cost, next := c.reconcile(ctx)
+		cost, next, republished := c.reconcile(ctx)
 		due.Reset(max(next.Sub(c.clock.Now()), 0))
+		if republished {
+			// The pass that judges this node's new record follows at
+			// once: until it does, readers see the new record's shards
+			// beside leases judged from the one before.
+			cost = 0
+		}
 		// A pass costs O(members). When changes come faster than passes
 		// (a large cluster settling: every record changes a few times,
 		// and each change reached every node), the next pass waits so
@@ -117,8 +123,9 @@ func (c *controlLoop) run(ctx context.Context) {
 // runner, what the runner holds into this node's record, and the read
 // model of it all for the node's readers. It returns what the pass cost
 // but for the runner's part (an engine's start may block for a while, and
-// is no measure of the cluster's size).
-func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due time.Time) {
+// is no measure of the cluster's size), when the next pass is due, and
+// whether it republished this node's record.
+func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due time.Time, republished bool) {
 	start := time.Now() // real time: how long the pass took on this machine, for /metrics
 	now := c.clock.Now()
 	writes := c.reads.written() // before the read: what it is sure to see
@@ -155,7 +162,8 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 	c.runner.Reconcile(ctx, mine)
 	held := c.runner.Shards()
 	engines := time.Since(ranAt)
-	if c.load.Publish(now, held) {
+	republished = c.load.Publish(now, held)
+	if republished {
 		// Readers see what this node now holds and sends, not the record
 		// before.
 		members = c.cluster.Members()
@@ -167,7 +175,7 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 		Members: members, Deployments: deps, ReconcileTook: time.Since(start), Isolated: isolated, Settled: settled,
 		Reconciles: c.plans.reconciles, PlansComputed: c.plans.computed,
 		ActiveVersion: active, VersionsMixedSince: c.cluster.VersionsMixedSince()}), writes)
-	return time.Since(start) - engines, c.nextDue(now, members, c.cluster.LastHeard())
+	return time.Since(start) - engines, c.nextDue(now, members, c.cluster.LastHeard()), republished
 }
 
 // nextDue is the next moment a pass would judge differently with no
