@@ -268,6 +268,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		if err := ident.saveActiveVersion(v); err != nil {
 			log.Error("the active cluster version is not kept in node.json: after a restart this node starts at the one before and runs its rules until it rises again", "err", err)
 		}
+		// The loop passes at the rise, not at its next event: it has no
+		// tick any more.
+		wake.poke()
 	}
 	if cfg.TestHooks {
 		gcfg.Drop = n.drops.dropped
