@@ -364,8 +364,8 @@ func New(cfg Config, initial NodeRecord) (*Cluster, error) {
 	// Half a packet, as Alertmanager does: leaves room for memberlist's
 	// framing and for piggybacking several deltas in one packet. (A whole
 	// packet, tried in scaletest, sent most record changes as gossip: at
-	// 100 nodes settling they filled every gossip round, beats waited
-	// behind them, and leases lapsed for want of renewals.)
+	// 100 nodes settling, more of node 0's leases lapsed than with half,
+	// likely beats waiting behind records in each gossip round.)
 	c.bigThreshold = mc.UDPBufferSize / 2
 
 	ml, err := memberlist.Create(mc)

@@ -188,13 +188,19 @@ func (q *bigQueue) work(c *Cluster) {
 		if !ok {
 			return
 		}
-		if err := c.ml.SendReliable(to, b); err != nil {
-			c.log.Debug("reliable send failed; push/pull will repair", "to", to.Name, "err", err)
-			continue
-		}
-		c.sent.Add(1)
-		c.traffic.outDirect.Add(uint64(len(b)))
+		c.sendReliable(to, b)
 	}
+}
+
+// sendReliable sends b to one member over TCP and counts it. A failed
+// send is left to push/pull to repair.
+func (c *Cluster) sendReliable(to *memberlist.Node, b []byte) {
+	if err := c.ml.SendReliable(to, b); err != nil {
+		c.log.Debug("reliable send failed; push/pull will repair", "to", to.Name, "err", err)
+		return
+	}
+	c.sent.Add(1)
+	c.traffic.outDirect.Add(uint64(len(b)))
 }
 
 // toEveryone sends b to every other member over TCP, at most bigWorkers
@@ -208,12 +214,7 @@ func (c *Cluster) toEveryone(b []byte) {
 	for range min(bigWorkers, len(to)) {
 		wg.Go(func() {
 			for n := range next {
-				if err := c.ml.SendReliable(n, b); err != nil {
-					c.log.Debug("reliable send failed; push/pull will repair", "to", n.Name, "err", err)
-					continue
-				}
-				c.sent.Add(1)
-				c.traffic.outDirect.Add(uint64(len(b)))
+				c.sendReliable(n, b)
 			}
 		})
 	}

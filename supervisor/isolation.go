@@ -60,13 +60,7 @@ func (i *isolation) expectsPeers(members []gossip.Member) bool {
 // at the first contact after. It returns since when the node is isolated
 // (zero: it is not).
 func (i *isolation) check(now, heard time.Time, members []gossip.Member) time.Time {
-	after := i.after
-	if heard.IsZero() || heard.Before(i.started) {
-		// Never heard anyone: peers may just be starting (nodes start in
-		// any order), and the join loop says what it hears meanwhile;
-		// isolated once the node stops waiting and settles on its own.
-		heard, after = i.started, max(after, settleTimeout)
-	}
+	heard, after := i.silence(heard)
 	silent := now.Sub(heard)
 	i.mu.Lock()
 	was := i.isolatedSince
@@ -90,14 +84,23 @@ func (i *isolation) check(now, heard time.Time, members []gossip.Member) time.Ti
 	return since
 }
 
+// silence is since when the node counts its silence, given when it last
+// heard a peer, and how long that silence may last before it is isolated.
+func (i *isolation) silence(heard time.Time) (time.Time, time.Duration) {
+	if heard.IsZero() || heard.Before(i.started) {
+		// Never heard anyone: peers may just be starting (nodes start in
+		// any order), and the join loop says what it hears meanwhile;
+		// isolated once the node stops waiting and settles on its own.
+		return i.started, max(i.after, settleTimeout)
+	}
+	return heard, i.after
+}
+
 // due is when the silence since heard makes the node isolated, if it
 // expects peers by then (check says whether it does).
 func (i *isolation) due(heard time.Time) time.Time {
-	after := i.after
-	if heard.IsZero() || heard.Before(i.started) {
-		heard, after = i.started, max(after, settleTimeout)
-	}
-	return heard.Add(after + time.Millisecond)
+	since, after := i.silence(heard)
+	return since.Add(after + time.Millisecond)
 }
 
 // since is since when this node has heard no peer while it expects some

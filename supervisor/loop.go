@@ -86,20 +86,17 @@ func (c *controlLoop) run(ctx context.Context) {
 		}
 		cost, next, republished := c.reconcile(ctx)
 		due.Reset(max(next.Sub(c.clock.Now()), 0))
-		if republished {
-			// The pass that judges this node's new record follows at
-			// once: until it does, readers see the new record's shards
-			// beside leases judged from the one before.
-			cost = 0
-		}
 		// A pass costs O(members). When changes come faster than passes
 		// (a large cluster settling: every record changes a few times,
 		// and each change reached every node), the next pass waits so
 		// that passes take at most 1/passDuty of the loop's time; the
 		// changes meanwhile coalesce into it. A small cluster's pass is
 		// a fraction of a millisecond, so its wait is too. (real time: the
-		// pass's duration on this machine sets it.)
-		if !clock.SleepReal(ctx, min(cost*(passDuty-1), maxPassGap)) {
+		// pass's duration on this machine sets it.) The pass that judges
+		// this node's own new record follows at once: until it does,
+		// readers see the record's new shards beside leases judged from
+		// the one before.
+		if !republished && !clock.SleepReal(ctx, min(cost*(passDuty-1), maxPassGap)) {
 			return
 		}
 		if next := c.handover.next; !next.IsZero() {
@@ -202,9 +199,8 @@ func (c *controlLoop) nextDue(now time.Time, members []gossip.Member, heard time
 
 // passDuty and maxPassGap bound how much of a core the loop's passes take
 // when changes keep coming: a pass is followed by a wait of passDuty-1
-// times its duration, at most maxPassGap (a starved node throttles itself
-// hardest: in scaletest's 100 nodes on 2 cores, 250 ms kept them settling
-// for minutes).
+// times its duration, at most maxPassGap: a starved node, whose passes
+// take long because it gets no CPU, throttles itself hardest.
 const (
 	passDuty   = 10
 	maxPassGap = time.Second

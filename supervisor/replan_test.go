@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,16 +16,8 @@ import (
 // planned for.
 func TestOnlyPlanInputsTriggerAPlan(t *testing.T) {
 	h := newHarness(t)
-	var mu sync.Mutex
-	rate := 1.0
-	cfg := h.config("a")
-	cfg.GatewayAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cfg.GatewayRates = func() map[string]float64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return map[string]float64{"chat": rate}
-	}
-	h.cfgs["a"] = cfg
+	setRates := h.withGatewayRates("a")
+	setRates(map[string]float64{"chat": 1})
 	a := h.start("a")
 	b := h.start("b", h.gossipAddr("a"))
 	seesRate := func(want float64) (bool, string) {
@@ -40,9 +31,7 @@ func TestOnlyPlanInputsTriggerAPlan(t *testing.T) {
 	}
 
 	for i, r := range []float64{7, 42, 3} {
-		mu.Lock()
-		rate = r
-		mu.Unlock()
+		setRates(map[string]float64{"chat": r})
 		testwait.Until(t, 15*time.Second, fmt.Sprintf("b sees a's rate %v", r), func() (bool, string) { return seesRate(r) })
 		passes, computed := b.Status().Plans()
 		if passes <= passes0 {
