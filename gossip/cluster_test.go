@@ -107,12 +107,7 @@ func TestThreeNodesConvergeWithGPUs(t *testing.T) {
 }
 
 func TestLeaveShowsLeftEverywhere(t *testing.T) {
-	a := startNode(t, "a", 0, "", nil)
-	b := startNode(t, "b", 0, "", nil)
-	c := startNode(t, "c", 0, "", nil)
-	mustJoin(t, b, a)
-	mustJoin(t, c, a)
-	waitMembers(t, 3, a, b, c)
+	a, b, c := threeNodes(t)
 	if err := c.Leave(time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -125,12 +120,7 @@ func TestLeaveShowsLeftEverywhere(t *testing.T) {
 }
 
 func TestKilledNodeShowsDeadWithinProfileBound(t *testing.T) {
-	a := startNode(t, "a", 0, "", nil)
-	b := startNode(t, "b", 0, "", nil)
-	c := startNode(t, "c", 0, "", nil)
-	mustJoin(t, b, a)
-	mustJoin(t, c, a)
-	waitMembers(t, 3, a, b, c)
+	a, b, c := threeNodes(t)
 	bound := a.cfg.Profile.DetectionBound(3)
 	killed := time.Now()
 	_ = c.Shutdown() // no leave: a crash
@@ -338,17 +328,7 @@ func waitMembers(t testing.TB, want int, nodes ...*testNode) {
 // asking the owner, without waiting for push/pull.
 func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
 	// No periodic push/pull: only the beat can repair the miss.
-	noPushPull := func(c *Config) {
-		c.Profile = Profile{Name: "test", base: func() *memberlist.Config {
-			mc := localConfig()
-			mc.PushPullInterval = time.Hour
-			return mc
-		}}
-	}
-	a := startNode(t, "a", 0, "", noPushPull)
-	b := startNode(t, "b", 0, "", noPushPull)
-	mustJoin(t, b, a)
-	waitMembers(t, 2, a, b)
+	a, b := twoWithoutPushPull(t, nil)
 	// Change a's record without telling anyone: as if every packet of the
 	// broadcast was lost.
 	a.mu.Lock()
@@ -364,6 +344,136 @@ func TestMissedRecordIsRepairedOnTheNextBeat(t *testing.T) {
 		ns, _ := b.store.Node("a")
 		return ns.Record.Labels["zone"] == "z9", fmt.Sprint(ns.Record.Labels)
 	})
+}
+
+// A renewal goes from its origin to every member as a packet of its own,
+// and its receivers do not pass it on: gossip would deliver every beat
+// RetransmitMult·⌈log10(N+1)⌉ times to every node. A beat that came as
+// gossip (from an older release) is still passed on.
+func TestBeatGoesToEveryMemberAndIsNotRelayed(t *testing.T) {
+	a, b, c := threeNodes(t)
+	before := a.traffic.outDirect.Load()
+	a.Renew()
+	want := a.Local().Version
+	for _, n := range []*testNode{b, c} {
+		testwait.Until(t, 3*time.Second, n.cfg.Name+" takes a's renewal", func() (bool, string) {
+			ns, _ := n.store.Node("a")
+			return ns.Record.Version == want, fmt.Sprint(ns.Record.Version)
+		})
+	}
+	msg, err := encode(message{Beats: []Beat{{Name: "a", Version: want, Content: a.content}}, From: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent := a.traffic.outDirect.Load() - before; sent < uint64(2*len(msg)) {
+		t.Errorf("a sent %d bytes directly for its renewal, want at least a %d-byte packet to each of 2 members", sent, len(msg))
+	}
+
+	// The receiving side, on one node: a direct beat is taken and not
+	// queued for gossip; the same beat as gossip is.
+	rec := NodeRecord{Name: "peer", Version: Version{Epoch: time.Now().UnixNano(), Seq: 1}, API: "127.0.0.1:2"}
+	beat := func(seq uint64) Beat {
+		return Beat{Name: "peer", Version: Version{Epoch: rec.Version.Epoch, Seq: seq}, Content: rec.Version}
+	}
+	if !c.store.MergeNode(rec) {
+		t.Fatal("c did not take peer's record")
+	}
+	deliver := func(m message) {
+		bs, err := encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.receive(bs, true)
+	}
+	queued := c.queue.NumQueued()
+	deliver(message{Beats: []Beat{beat(2)}, From: "peer"})
+	if ns, _ := c.store.Node("peer"); ns.Record.Version.Seq != 2 {
+		t.Fatalf("c did not take peer's direct beat: at seq %d", ns.Record.Version.Seq)
+	}
+	if got := c.queue.NumQueued(); got != queued {
+		t.Errorf("c queued %d broadcasts after a direct beat, want %d: it relayed it", got, queued)
+	}
+	deliver(message{Beats: []Beat{beat(3)}})
+	if got := c.queue.NumQueued(); got != queued+1 {
+		t.Errorf("c queued %d broadcasts after a gossiped beat, want %d: it did not relay it", got, queued+1)
+	}
+}
+
+// A lost beat is asked for: a member whose record was last renewed more
+// than BeatQuiet ago is asked for its newest beat, and its answer renews
+// the record here. A
+// member that stopped renewing answers with the version it had, which
+// renews nothing.
+func TestLostBeatIsAskedFor(t *testing.T) {
+	// No push/pull: only the request can repair the loss. BeatQuiet long
+	// enough that the second request (wantRetry after the first) comes
+	// before the record is 2×BeatQuiet old.
+	a, b := twoWithoutPushPull(t, func(c *Config) { c.BeatQuiet = 1500 * time.Millisecond })
+	testwait.Until(t, 3*time.Second, "b has a's record", func() (bool, string) {
+		_, ok := b.store.Node("a")
+		return ok, ""
+	})
+	// a renews, and every packet of the renewal is lost.
+	a.sendMu.Lock()
+	a.mu.Lock()
+	a.local.Version.Seq++
+	lost := Beat{Name: "a", Version: a.local.Version, Content: a.content}
+	a.mu.Unlock()
+	a.store.MergeBeat(lost)
+	a.sendMu.Unlock()
+	testwait.Until(t, 3*time.Second, "b renews a's record by asking", func() (bool, string) {
+		ns, _ := b.store.Node("a")
+		return ns.Record.Version == lost.Version, fmt.Sprint(ns.Record.Version)
+	})
+	// a renews no more: b asks again (wantRetry after the first request),
+	// and a's answer, once b has it, renewed nothing.
+	// The answer is a beat byte for byte the first one, so b drops it
+	// unread as a copy (dedup.go) or, past the copies it remembers, reads
+	// it.
+	renewed, _ := b.store.Node("a")
+	got := func() uint64 { return b.traffic.beats.Load() + b.traffic.duplicates.Load() }
+	before := got()
+	testwait.Until(t, 6*time.Second, "b has a's answer to a second request", func() (bool, string) {
+		return got() > before, fmt.Sprint(got())
+	})
+	if ns, _ := b.store.Node("a"); !ns.SeenAt.Equal(renewed.SeenAt) {
+		t.Errorf("a's answer renewed its record at b (seen %v, was %v) though a did not renew", ns.SeenAt, renewed.SeenAt)
+	}
+}
+
+// threeNodes starts a, b and c, joined through a, and waits until each
+// sees the three with their records.
+func threeNodes(t *testing.T) (a, b, c *testNode) {
+	t.Helper()
+	a = startNode(t, "a", 0, "", nil)
+	b = startNode(t, "b", 0, "", nil)
+	c = startNode(t, "c", 0, "", nil)
+	mustJoin(t, b, a)
+	mustJoin(t, c, a)
+	waitMembers(t, 3, a, b, c)
+	return a, b, c
+}
+
+// twoWithoutPushPull starts two joined nodes, a and b, whose memberlist
+// never runs a periodic push/pull (what the test repairs must be repaired
+// otherwise), with mutate applied to both configs.
+func twoWithoutPushPull(t *testing.T, mutate func(*Config)) (a, b *testNode) {
+	t.Helper()
+	cfg := func(c *Config) {
+		c.Profile = Profile{Name: "test", base: func() *memberlist.Config {
+			mc := localConfig()
+			mc.PushPullInterval = time.Hour
+			return mc
+		}}
+		if mutate != nil {
+			mutate(c)
+		}
+	}
+	a = startNode(t, "a", 0, "", cfg)
+	b = startNode(t, "b", 0, "", cfg)
+	mustJoin(t, b, a)
+	waitMembers(t, 2, a, b)
+	return a, b
 }
 
 // memberlist starts listening before Create returns; a message arriving in

@@ -30,16 +30,21 @@ const (
 
 // message is the envelope for broadcasts, reliable sends and full state.
 // On the wire it is a JSON object with the lists "nodes", "deployments"
-// and "beats", and "from" and "wants", each left out when empty.
+// and "beats", and "from", "wants" and "renews", each left out when empty.
 type message struct {
 	Nodes       []NodeRecord
 	Deployments []DeploymentRecord
 	Beats       []Beat
 	// From and Wants ask the named nodes to send their records to From:
 	// a node that sees a beat for content it does not have repairs at once
-	// instead of waiting for the next push/pull.
+	// instead of waiting for the next push/pull. From is also the sender
+	// of a beat its origin sent itself (Cluster.beatToAll).
 	From  string
 	Wants []string
+	// Renews asks the named nodes to send From their newest beat: From
+	// has not heard one for longer than a lost beat explains (askStale).
+	// An agent of an earlier release ignores it.
+	Renews []string
 
 	// nodeRaw[i] and depRaw[i], where present and not nil, are the bytes
 	// Nodes[i] and Deployments[i] travel in: those they arrived in, or
@@ -92,7 +97,7 @@ func encode(m message) ([]byte, error) {
 		name  string
 		value any
 		empty bool
-	}{{"beats", m.Beats, len(m.Beats) == 0}, {"from", m.From, m.From == ""}, {"wants", m.Wants, len(m.Wants) == 0}} {
+	}{{"beats", m.Beats, len(m.Beats) == 0}, {"from", m.From, m.From == ""}, {"wants", m.Wants, len(m.Wants) == 0}, {"renews", m.Renews, len(m.Renews) == 0}} {
 		if f.empty {
 			continue
 		}
@@ -210,6 +215,7 @@ type envelope struct {
 	Beats       []json.RawMessage `json:"beats"`
 	From        string            `json:"from"`
 	Wants       []string          `json:"wants"`
+	Renews      []string          `json:"renews"`
 }
 
 // decode reads a message. Only a message that does not inflate, is not
@@ -277,7 +283,7 @@ func decode(b []byte) (message, error) {
 		}
 		m.Beats = append(m.Beats, bt)
 	}
-	m.From, m.Wants = env.From, env.Wants
+	m.From, m.Wants, m.Renews = env.From, env.Wants, env.Renews
 	// Records are checked one by one by the receiver (validate.go), not
 	// here: one bad record must not cost the rest of the message.
 	return m, nil

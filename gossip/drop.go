@@ -8,12 +8,12 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// dropTransport wraps memberlist's network transport and silently drops
-// every packet and stream to a peer the drop function names. Both sides of a
+// dropTransport wraps the node's transport and silently drops every
+// packet and stream to a peer the drop function names. Both sides of a
 // simulated partition install the rule, so dropping outgoing traffic is
 // enough to cut the link both ways. TEST ONLY.
 type dropTransport struct {
-	*memberlist.NetTransport
+	*transport
 	drop func(peer string) bool
 	// nameOf names the node at a gossip address, for sends that carry no
 	// name (a Join by address).
@@ -30,36 +30,18 @@ func (t *dropTransport) dropped(a memberlist.Address) bool {
 
 var _ memberlist.NodeAwareTransport = (*dropTransport)(nil)
 
-func newDropTransport(mc *memberlist.Config, drop func(string) bool) (*dropTransport, error) {
-	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-		BindAddrs: []string{mc.BindAddr},
-		BindPort:  mc.BindPort,
-		Logger:    mc.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("drop transport: %w", err)
-	}
-	if mc.BindPort == 0 {
-		mc.BindPort = nt.GetAutoBindPort()
-		if mc.AdvertisePort == 0 {
-			mc.AdvertisePort = mc.BindPort
-		}
-	}
-	return &dropTransport{NetTransport: nt, drop: drop}, nil
-}
-
 func (t *dropTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	if t.dropped(a) {
 		// real time: memberlist times its probes against this stamp with
-		// its own time.Now, as NetTransport.WriteTo does.
+		// its own time.Now, as the transport's WriteTo does.
 		return time.Now(), nil
 	}
-	return t.NetTransport.WriteTo(b, a.Addr)
+	return t.transport.WriteToAddress(b, a)
 }
 
 func (t *dropTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	if t.dropped(a) {
 		return nil, fmt.Errorf("partitioned from %s (test drop rule)", a.Addr)
 	}
-	return t.NetTransport.DialTimeout(a.Addr, timeout)
+	return t.transport.DialAddressTimeout(a, timeout)
 }

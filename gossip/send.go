@@ -225,6 +225,27 @@ func (c *Cluster) toEveryone(b []byte) {
 	wg.Wait()
 }
 
+// beatToAll sends this node's beat b to every other member as a packet of
+// its own, marked From this node: its receivers do not relay it
+// (receive), since it reached every member already. A receiver of an
+// older release relays it all the same, unmarked, as any beat: that costs
+// a mixed cluster the old bytes and breaks nothing. A beat is a hundred
+// bytes, so the packets of 500 members cost 50 KB a renewal and a
+// receiver one packet per member per renewal period.
+func (c *Cluster) beatToAll(b Beat) {
+	msg, err := encode(message{Beats: []Beat{b}, From: c.cfg.Name})
+	if err != nil {
+		c.log.Error("encode beat", "err", err)
+		return
+	}
+	for _, n := range c.others() {
+		if err := c.ml.SendBestEffort(n, msg); err == nil {
+			c.sent.Add(1)
+			c.traffic.outDirect.Add(uint64(len(msg)))
+		}
+	}
+}
+
 // relay passes on a delta this node just learned, as gossip. A delta too
 // big for a packet is not relayed: its origin sent it to every member over
 // TCP already, and relaying it the same way would cost n² connections.
@@ -239,8 +260,25 @@ func (c *Cluster) relay(name string, m message) {
 // sendLocalTo sends this node's record to one member (it asked for it).
 // Through the big queue when it is too large for a packet, a record on its
 // way to every member already goes to the asker once, in its newest bytes.
+//
+// The encoded record is kept for its version: in a large cluster settling
+// many members ask for the same version (each saw a beat for content it
+// lacked), and each encode deflates the whole record.
 func (c *Cluster) sendLocalTo(name string) {
-	c.sendTo(name, "node/"+c.cfg.Name, localMessage(c.Local()))
+	r := c.Local()
+	c.answerMu.Lock()
+	if c.answer.b == nil || c.answer.version != r.Version {
+		b, err := encode(localMessage(r))
+		if err != nil {
+			c.answerMu.Unlock()
+			c.log.Error("encode own record", "err", err)
+			return
+		}
+		c.answer.version, c.answer.b = r.Version, b
+	}
+	b := c.answer.b
+	c.answerMu.Unlock()
+	c.sendBytesTo(name, "node/"+c.cfg.Name, b)
 }
 
 // sendTo sends m to one member: as a packet when it fits one, else over
@@ -250,6 +288,16 @@ func (c *Cluster) sendLocalTo(name string) {
 // dialling in a 100-node cluster settling in one process (scaletest).
 // Every release reads a packet's message as it reads a stream's.
 func (c *Cluster) sendTo(name, key string, m message) {
+	b, err := encode(m)
+	if err != nil {
+		c.log.Error("encode gossip message", "err", err)
+		return
+	}
+	c.sendBytesTo(name, key, b)
+}
+
+// sendBytesTo is sendTo for a message encoded already.
+func (c *Cluster) sendBytesTo(name, key string, b []byte) {
 	var to *memberlist.Node
 	for _, n := range c.ml.Members() {
 		if n.Name == name {
@@ -257,10 +305,6 @@ func (c *Cluster) sendTo(name, key string, m message) {
 		}
 	}
 	if to == nil {
-		return
-	}
-	b, err := encode(m)
-	if err != nil {
 		return
 	}
 	if len(b) > c.bigThreshold {

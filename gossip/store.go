@@ -294,6 +294,19 @@ func (s *Store) Node(name string) (NodeState, bool) {
 	return NodeState{Record: e.rec, SeenAt: e.seenAt}, true
 }
 
+// renewedBefore reports whether the record of name was last renewed
+// before cut and not before floor, and the content it holds; false for a
+// node it has no record of (a beat or push/pull brings that).
+func (s *Store) renewedBefore(name string, cut, floor time.Time) (Version, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.nodes[name]
+	if !ok || !e.seenAt.Before(cut) || e.seenAt.Before(floor) {
+		return Version{}, false
+	}
+	return e.content, true
+}
+
 // Nodes returns every stored record, sorted by name.
 func (s *Store) Nodes() []NodeState {
 	s.mu.Lock()

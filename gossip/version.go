@@ -163,19 +163,7 @@ func (c *Cluster) pokeVersion() {
 // versionLoop judges the rule on every membership change and every
 // versionEvery, on the cluster's clock, so that T and D elapse under a
 // fake one in tests.
-func (c *Cluster) versionLoop() {
-	t := c.cfg.Clock.NewTicker(versionEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-t.Chan():
-		case <-c.ver.poke:
-		}
-		c.evaluateVersion()
-	}
-}
+func (c *Cluster) versionLoop() { c.every(versionEvery, c.ver.poke, c.evaluateVersion) }
 
 // noteVersionSeen records until when member name (info, as this node
 // knows it) was counted with its range: for every version above the active

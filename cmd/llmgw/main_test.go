@@ -63,6 +63,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--label", "novalue"}, []string{"--label", "key=value"}},
 		{[]string{"--allow-from", "10.0.0.0/99"}, []string{"--allow-from", "CIDR"}},
 		{[]string{"--bind", "7946"}, []string{"--bind", "host:port"}},
+		{[]string{"--bind", "localhost:7946"}, []string{"--bind", "IP address"}},
 		{[]string{"--advertise", "not-an-ip"}, []string{"--advertise"}},
 		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},

@@ -111,6 +111,10 @@ func nodeConfig(c *cli.Command, log *slog.Logger) (supervisor.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	if net.ParseIP(host) == nil {
+		// gossip listens on exactly this address (0.0.0.0: every one).
+		return cfg, fmt.Errorf("--bind %q: want an IP address and port, e.g. 0.0.0.0:7946", c.String("bind"))
+	}
 	cfg.BindAddr, cfg.BindPort = host, port
 	if adv := c.String("advertise"); adv != "" {
 		if !strings.Contains(adv, ":") {

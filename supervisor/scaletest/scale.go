@@ -84,6 +84,10 @@ type Result struct {
 	// picked for another: two whole states in and two out).
 	InByWay  map[string]float64
 	PushPull float64
+	// RecordsIn is the records a node received per second by kind (node,
+	// beat, deployment), copies dropped unread not counted: what the bytes
+	// are made of.
+	RecordsIn map[string]float64
 	// BytesIn and BytesOut are gossip bytes a node received and sent per
 	// second over the idle window, every way together (memberlist's own
 	// probes and headers not counted: llmgw's messages, push/pull and
@@ -178,7 +182,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := c.measureIdle(ctx, &res); err != nil {
 		return res, err
 	}
-	o.Progress("idle: %.2f%% of a core per node, %.0f B/s in (%v), %.0f B/s out, push/pull %.0f B/s each way, %.2f passes/s", res.CPU*100, res.BytesIn, res.InByWay, res.BytesOut, res.PushPull, res.Passes)
+	o.Progress("idle: %.2f%% of a core per node, %.0f B/s in (%v), %.0f B/s out, push/pull %.0f B/s each way, records in %v a second, %.2f passes/s", res.CPU*100, res.BytesIn, res.InByWay, res.BytesOut, res.PushPull, res.RecordsIn, res.Passes)
 
 	start = time.Now()
 	if err := c.place(ctx, "extra"); err != nil {
@@ -420,15 +424,18 @@ func (c *cluster) measureIdle(ctx context.Context, res *Result) error {
 	type count struct {
 		cpu           time.Duration
 		in, out       uint64
-		ways          map[string]uint64
+		ways, kinds   map[string]uint64
 		passes, plans uint64
 	}
 	read := func() count {
 		var k count
 		k.cpu = processCPU()
-		k.ways = map[string]uint64{}
+		k.ways, k.kinds = map[string]uint64{}, map[string]uint64{}
 		for _, n := range c.nodes {
 			t := n.GossipStats().Traffic
+			for kind, r := range t.RecordsIn {
+				k.kinds[kind] += r
+			}
 			for way, b := range t.BytesIn {
 				k.in += b
 				k.ways[way] += b
@@ -454,6 +461,10 @@ func (c *cluster) measureIdle(ctx context.Context, res *Result) error {
 	res.InByWay = map[string]float64{}
 	for way, b := range after.ways {
 		res.InByWay[way] = float64(b-before.ways[way]) / per
+	}
+	res.RecordsIn = map[string]float64{}
+	for kind, r := range after.kinds {
+		res.RecordsIn[kind] = math.Round(float64(r-before.kinds[kind])/per*100) / 100
 	}
 	res.Passes = float64(after.passes-before.passes) / per
 	res.Plans = float64(after.plans-before.plans) / per
