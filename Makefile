@@ -10,7 +10,7 @@ SDK     := scenarios/testdata/openai-sdk
 # go-nvml's cgo bindings call functions the NVML header marks deprecated.
 export CGO_CFLAGS := -Wno-deprecated-declarations
 
-.PHONY: build test race bench run stop lint clean scenarios fuzz sdk scale
+.PHONY: build test race bench run stop observe lint clean scenarios fuzz sdk scale
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/llmgw
@@ -60,7 +60,13 @@ run: build
 	$(BIN) demo up --dir $(DEMO)
 
 stop: build
+	@bash deploy/observe.sh $(DEMO) stop
 	$(BIN) demo down --dir $(DEMO)
+
+# A Prometheus (the system's package) scraping the demo through its
+# discovery endpoint, for the dashboard in deploy/grafana.
+observe:
+	@bash deploy/observe.sh $(DEMO)
 
 # Like test, it installs the SDK first: TestOpenAISDKThroughTheGateway is
 # one of the scenarios' tests.

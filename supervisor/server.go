@@ -101,6 +101,7 @@ func (s *apiServer) routes(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/deployments/{name}", s.authorized(s.handleUnplace))
 	mux.HandleFunc("GET /v1/plan", s.handlePlan)
 	mux.HandleFunc("GET /v1/shards", s.handleShards)
+	mux.HandleFunc("GET /v1/prometheus/targets", s.handlePrometheusTargets)
 	mux.HandleFunc("GET /v1/shards/{shard}/logs", s.handleLogs)
 	mux.HandleFunc("GET /v1/weights/headers", s.handleWeightsHeaders)
 	if s.conf.testHooks {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/internal/clock"
@@ -62,6 +64,8 @@ type gatewaySetup struct {
 	streamIdle time.Duration
 	// drain bounds the gateway's stop (Server.Shutdown).
 	drain time.Duration
+	// tracer, when tracing is on (tracing.go), traces its requests.
+	tracer trace.Tracer
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -154,7 +158,7 @@ func listenGateway(s gatewaySetup, name, token string, clk clock.Clock, log *slo
 		access = os.Stderr
 	}
 	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy, ScrapeInterval: s.scrape,
-		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle,
+		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle, Tracer: s.tracer,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) },

@@ -64,6 +64,8 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--allow-from", "10.0.0.0/99"}, []string{"--allow-from", "CIDR"}},
 		{[]string{"--bind", "7946"}, []string{"--bind", "host:port"}},
 		{[]string{"--bind", "localhost:7946"}, []string{"--bind", "IP address"}},
+		{[]string{"--otlp-endpoint", "collector:4318"}, []string{"--otlp-endpoint", "http://"}},
+		{[]string{"--otlp-sample-ratio", "1.5"}, []string{"--otlp-sample-ratio", "0 to 1"}},
 		{[]string{"--advertise", "not-an-ip"}, []string{"--advertise"}},
 		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},

@@ -28,6 +28,7 @@ import (
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
+	"github.com/llmgw/llmgw/supervisor/gateway"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/nodemetrics"
 	"github.com/llmgw/llmgw/supervisor/page"
@@ -83,7 +84,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
 		&cli.DurationFlag{Name: "weights-interval", Value: time.Minute, Hidden: true, Usage: "how often the weights dir is rescanned", Sources: cli.EnvVars("LLMGW_WEIGHTS_INTERVAL")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
-	}, gatewayFlags()...)
+	}, append(gatewayFlags(), tracingFlags()...)...)
 }
 
 // nodeConfig turns flags into a supervisor.Config. Every error names the
@@ -233,6 +234,17 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
 	}
+	tr, err := tracingConfig(c)
+	if err != nil {
+		return usageError(fromEnv(err.Error()))
+	}
+	var stopTracing func()
+	if gws.tracer, stopTracing, err = tr.tracer(ctx, cfg.Name); err != nil {
+		return failure(err.Error())
+	}
+	// After the gateway's drain (deferred later, run earlier): its last
+	// spans are flushed.
+	defer stopTracing()
 	debugLn, err := listenDebug(c.String("debug-addr"))
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
@@ -263,6 +275,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		if relay != nil {
 			mux.Handle(relay.Pattern(), relay)
+			mux.HandleFunc(gateway.MetricsPattern, relay.ServeMetrics)
 		}
 		hc := host.Config{Host: cfg.Name, LogDir: datadir.New(cfg.DataDir).LogsDir()}
 		if runner != nil {

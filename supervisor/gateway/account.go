@@ -71,6 +71,7 @@ func (o outcome) failure() string {
 func (x *exchange) done(a *attempt, out outcome) {
 	g := x.g
 	lr, now := a.lr, g.clock.Now()
+	a.endAttemptSpan(out)
 	if a.timer != nil {
 		a.timer.Stop()
 	}

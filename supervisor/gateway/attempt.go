@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/clock"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // forward sends the request to a replica, retrying on another where that is
@@ -339,6 +341,8 @@ type attempt struct {
 	failing bool
 	// committed: the answer's status went to the client (commit).
 	committed bool
+	// span is the attempt's, when the gateway traces.
+	span trace.Span
 }
 
 // open starts attempt n on lr at now: the replica's load counts it, its
@@ -475,6 +479,7 @@ func (x *exchange) send(a *attempt, body []byte) (*http.Response, error) {
 	// Only the standard library's own readers get a length by themselves.
 	req.ContentLength = int64(len(body))
 	req.Header = cleanHeader(r.Header, "Authorization", "Content-Length", "Expect", "Cookie")
+	x.traceAttempt(a, req)
 	if lr.Relay != "" {
 		// The holder checks the signature and presents the engine's key
 		// itself: the key never crosses the network.

@@ -168,6 +168,11 @@ func startFakeEngine(b *testing.B) (url string, stop func()) {
 // -gwbench.engine says otherwise) and a gateway routing deployment "chat"
 // to it, served as a node serves it (NewServer).
 func newBenchPair(b *testing.B, h http.HandlerFunc) *benchPair {
+	return newBenchPairWith(b, h, Config{})
+}
+
+// newBenchPairWith is newBenchPair with the gateway configured by cfg.
+func newBenchPairWith(b *testing.B, h http.HandlerFunc, cfg Config) *benchPair {
 	var upURL string
 	var stopUp func()
 	switch *benchEngine {
@@ -189,7 +194,7 @@ func newBenchPair(b *testing.B, h http.HandlerFunc) *benchPair {
 	w.deploy(placement.Deployment{Name: "chat"})
 	w.node("n1", gossip.StateAlive)
 	w.hold(cp{dep: "chat", node: "n1", url: upURL})
-	gw := New(Config{})
+	gw := New(cfg)
 	gw.Update(w.snapshotAt(time.Now()))
 	gs := httptest.NewUnstartedServer(gw)
 	gs.Config = newHTTPServer(gw, nil)

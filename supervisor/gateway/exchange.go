@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // statusClientGone is what the metrics and the access log call a request
@@ -42,6 +45,13 @@ type exchange struct {
 	body []byte
 	// bb holds the request body, shared with the attempts' readers.
 	bb *bodyBuf
+	// span is the request's span and tctx its context, when the gateway
+	// traces (trace.go); tries counts the attempts made, and replica
+	// and node name the last one's.
+	span          trace.Span
+	tctx          context.Context
+	tries         int
+	replica, node string
 }
 
 // maxUsageBody bounds how much of a plain answer is kept to read its usage;
@@ -56,6 +66,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 	}
 	x := &exchange{g: g, w: w, r: r, rc: http.NewResponseController(w), start: g.clock.Now(), model: unknownModel}
 	x.entry = logEntry{at: x.start, method: r.Method, path: r.URL.Path}
+	x.startSpan()
 	defer x.finish()
 	err := g.admit()
 	defer g.release()
@@ -203,4 +214,5 @@ func (x *exchange) finish() {
 		x.entry.model, x.entry.status, x.entry.ttfb, x.entry.duration = x.model, status, x.ttfb, d
 		g.log.add(x.entry)
 	}
+	x.endSpan(status, end)
 }

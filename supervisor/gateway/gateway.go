@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmgw/llmgw/internal/bearer"
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/hop"
@@ -54,6 +56,10 @@ type Config struct {
 	// AccessLogQueue is how many lines may wait for the writer before
 	// new ones are dropped (4096 when zero).
 	AccessLogQueue int
+	// Tracer, when set, makes a span of every proxied request and of each
+	// of its attempts, and sends each attempt's traceparent to the engine
+	// (trace.go). Nil: no tracing, at no cost.
+	Tracer trace.Tracer
 	// Policy chooses among routable replicas; nil is Prefix with its
 	// defaults, as `llmgw node up --gateway-policy` defaults to.
 	Policy Policy

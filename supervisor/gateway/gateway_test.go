@@ -491,9 +491,10 @@ func TestStats(t *testing.T) {
 	}
 }
 
-// Through the real fake engine: a streamed chat completion with usage, and
-// a plain one, with the engine's key passed upstream.
-func TestThroughTheFakeEngine(t *testing.T) {
+// fakeEngineGateway runs the real fake engine (deployment "chat", model
+// org/fake, a token every delay) behind a gateway on the real clock.
+func fakeEngineGateway(t *testing.T, delay time.Duration) *harness {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -501,7 +502,7 @@ func TestThroughTheFakeEngine(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
-		ran <- fakeengine.Run(ctx, fakeengine.Config{Model: "chat", Listener: ln, TokenDelay: time.Millisecond})
+		ran <- fakeengine.Run(ctx, fakeengine.Config{Model: "chat", Listener: ln, TokenDelay: delay})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -516,6 +517,13 @@ func TestThroughTheFakeEngine(t *testing.T) {
 	h := newHarness(t, Config{Clock: clock.Real()}, w.snapshot())
 	// The real clock: leases were judged at t0, long ago; rebuild at now.
 	h.gw.Update(w.snapshotAt(time.Now()))
+	return h
+}
+
+// Through the real fake engine: a streamed chat completion with usage, and
+// a plain one, with the engine's key passed upstream.
+func TestThroughTheFakeEngine(t *testing.T) {
+	h := fakeEngineGateway(t, time.Millisecond)
 	a := h.post("/v1/chat/completions", `{"model":"org/fake","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"one two three"}]}`)
 	if a.status != 200 || !strings.HasSuffix(a.body, "data: [DONE]\n\n") || !strings.Contains(a.body, `"usage":{"prompt_tokens":5`) { // "user\none two three\n", 4 characters a token
 		t.Fatalf("%d %s", a.status, a.body)

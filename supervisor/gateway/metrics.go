@@ -18,6 +18,7 @@ type metrics struct {
 	requests       *prometheus.CounterVec
 	duration       *prometheus.HistogramVec
 	ttfb           *prometheus.HistogramVec
+	itl            *prometheus.HistogramVec
 	retries        *prometheus.CounterVec
 	ejections      *prometheus.CounterVec
 	upstreamErrors *prometheus.CounterVec
@@ -49,6 +50,11 @@ func newMetrics() *metrics {
 			Name:    "llmgw_gateway_time_to_first_byte_seconds",
 			Help:    "Time from a request's arrival to the first byte of the engine's answer relayed (the first event of a stream), by deployment.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"model"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_inter_token_latency_seconds",
+			Help:    "Time between consecutive events of a streamed answer that carry output (content, text, reasoning or tool-call arguments), as relayed to the client, by deployment: one observation per such event after the first; events without output (the role chunk, the finish and usage chunks, [DONE]) are passed over, and plain answers observe nothing.",
+			Buckets: []float64{.005, .01, .02, .03, .05, .075, .1, .15, .2, .3, .5, 1, 2.5},
 		}, []string{"model"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_retries_total",
@@ -90,7 +96,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors}
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors}
 }
 
 // Describe implements prometheus.Collector.

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // bufPool holds the relay buffers: one per request in flight would
@@ -109,7 +111,7 @@ func (x *exchange) relayBody(a *attempt, resp *http.Response, out *outcome) erro
 	chunked := resp.ContentLength < 0
 	for {
 		if n > 0 {
-			if x.key != nil && len(x.body)+n <= maxUsageBody {
+			if (x.key != nil || x.span != nil) && len(x.body)+n <= maxUsageBody {
 				x.body = append(x.body, buf[:n]...)
 			}
 			if x.write(buf[:n]) != nil {
@@ -165,14 +167,37 @@ func (x *exchange) relayEvents(a *attempt, resp *http.Response, out *outcome) {
 	br := bufio.NewReaderSize(resp.Body, len(*bp))
 	var ev []byte
 	line := 0 // bytes of the current line read so far
+	// The inter-token latency is taken between the events that carry
+	// output, each timed as it is written to the client: one clock
+	// reading per such event (the first reuses the time to first byte's
+	// when it is the answer's first byte), none for the others.
+	var lastToken time.Time
+	var itl prometheus.Observer // resolved at the first interval, then reused
 	emit := func() bool {
-		if x.key != nil {
+		if x.key != nil || x.span != nil {
 			if u, ok := usageOf(eventData(ev)); ok {
 				x.use = u // the last chunk's usage covers the whole answer
 			}
 		}
+		token := carriesToken(ev)
+		first := x.ttfb == 0
 		if x.write(ev) != nil {
 			return false
+		}
+		if token {
+			var now time.Time
+			if first {
+				now = x.start.Add(x.ttfb) // the instant write just read
+			} else {
+				now = x.g.clock.Now()
+			}
+			if !lastToken.IsZero() {
+				if itl == nil {
+					itl = x.g.m.itl.WithLabelValues(x.model)
+				}
+				itl.Observe(now.Sub(lastToken).Seconds())
+			}
+			lastToken = now
 		}
 		ev = ev[:0]
 		// Events that arrived together leave together: when the next
@@ -224,6 +249,44 @@ func (x *exchange) relayEvents(a *attempt, resp *http.Response, out *outcome) {
 			return
 		}
 	}
+}
+
+// tokenKeys are the members whose string value is generated output in a
+// stream's chunks: a chat delta's content (and the reasoning of the
+// engines that stream it apart), a completion's text, and a tool call's
+// arguments.
+var tokenKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"arguments"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`)}
+
+// carriesToken reports whether a server-sent event carries output: one of
+// tokenKeys as a key (followed by ':') with a non-empty string value. The
+// events without (a chat's role chunk, whose content is "", the finish
+// and usage chunks, [DONE], comments, an error) are not tokens, and the
+// inter-token latency passes over them.
+//
+// It is a byte search, not a parse, for it runs on every event: inside a
+// JSON string a quote is escaped, so a quoted key followed by a colon is a
+// key; a key split across two data lines of one event is missed, which no
+// engine does. A token chunk finds its key at once ("content" or "text"
+// comes early); only the few others are searched through.
+func carriesToken(ev []byte) bool {
+	for _, k := range tokenKeys {
+		for b := ev; ; {
+			i := bytes.Index(b, k)
+			if i < 0 {
+				break
+			}
+			b = b[i+len(k):]
+			j := skipSpace(b, 0)
+			if j >= len(b) || b[j] != ':' {
+				continue
+			}
+			j = skipSpace(b, j+1)
+			if j+1 < len(b) && b[j] == '"' && b[j+1] != '"' {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // watchedBody is an answer's body as the attempt reads it: each read feeds

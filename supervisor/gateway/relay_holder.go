@@ -101,9 +101,9 @@ func NewRelay(cfg RelayConfig) *Relay {
 	}
 	rl := &Relay{cfg: cfg, idle: make(chan struct{}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_relay_requests_total",
-			Help: "Calls to this node's relay from other nodes' gateways, by result: relayed (to a local engine, whatever it answered), refused (no valid signature, or a replay), path (not one the relay forwards), no_engine (not held here), body (unreadable or too large)."},
+			Help: "Calls to this node's relay from other nodes' gateways, by result: relayed (to a local engine, whatever it answered), refused (no valid signature, or a replay), path (not one the relay forwards), no_engine (not held here), body (unreadable or too large); and metrics, scrapes of a local engine's metrics (GET /v1/engines/{engine}/metrics)."},
 			[]string{"result"})}
-	for _, r := range []string{"relayed", "refused", "path", "no_engine", "body"} {
+	for _, r := range []string{"relayed", "refused", "path", "no_engine", "body", "metrics"} {
 		rl.results.WithLabelValues(r)
 	}
 	close(rl.idle)
@@ -127,6 +127,65 @@ func NewRelay(cfg RelayConfig) *Relay {
 
 // Pattern is the relay's route on a node's API mux.
 func (rl *Relay) Pattern() string { return RelayPath + "{engine}/{path...}" }
+
+// MetricsPattern is the route through which Prometheus scrapes an engine
+// this node runs (GET /v1/prometheus/targets points its __metrics_path__
+// here). It is open, like the node's own /metrics: Prometheus cannot add
+// a header per target, and llama.cpp guards its /metrics with the
+// engine's key (its server's public endpoints are /health and /models
+// only), which the relay adds and the scraper never sees.
+const MetricsPattern = "GET /v1/engines/{engine}/metrics"
+
+// metricsTimeout bounds one engine scrape through ServeMetrics: a hung
+// engine must not hold Prometheus's scrape or the node's API for long.
+const metricsTimeout = 10 * time.Second
+
+// maxMetricsBytes caps an engine's metrics page through ServeMetrics
+// (vLLM's is tens of KiB).
+const maxMetricsBytes = 16 << 20
+
+// ServeMetrics serves the metrics page of an engine this node runs
+// (MetricsPattern), fetched from the engine's loopback port with its key.
+// An engine not held here is a 404: Prometheus marks the target down
+// until discovery drops it.
+func (rl *Relay) ServeMetrics(w http.ResponseWriter, r *http.Request) {
+	engineID := r.PathValue("engine")
+	local, ok := rl.cfg.Local(engineID)
+	if !ok {
+		rl.results.WithLabelValues("no_engine").Inc()
+		relayError(w, http.StatusNotFound, fmt.Sprintf("engine %s does not run on this node", engineID))
+		return
+	}
+	rl.results.WithLabelValues("metrics").Inc()
+	ctx, cancel := context.WithTimeout(r.Context(), metricsTimeout)
+	defer cancel()
+	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(local.Port)) + local.MetricsPath
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		relayError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	// Prometheus's Accept (the formats it reads) goes on to the engine.
+	if a := r.Header.Get("Accept"); a != "" {
+		req.Header.Set("Accept", a)
+	}
+	if k := rl.cfg.EngineKey(engineID); k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
+	}
+	resp, err := rl.cfg.Transport.RoundTrip(req)
+	if err != nil {
+		relayError(w, http.StatusBadGateway, fmt.Sprintf("engine %s did not answer for its metrics: %v", engineID, err))
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "Content-Encoding"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxMetricsBytes))
+}
 
 // ServeHTTP relays one request to a local engine.
 func (rl *Relay) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -92,6 +92,49 @@ func TestRelayCarriesARequestToAnotherNodesEngine(t *testing.T) {
 	}
 }
 
+// Prometheus scrapes an engine through its holder, with no credentials
+// (it cannot add a header per target): the holder presents the engine's
+// key, which llama.cpp demands on /metrics, and passes the page and its
+// content type through. An engine not held there is a 404.
+func TestEngineMetricsThroughTheHolder(t *testing.T) {
+	const page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" || r.Header.Get("Authorization") != "Bearer "+testEngineKey("chat-0-v1") {
+			http.Error(w, "Invalid API Key", http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		io.WriteString(w, page)
+	}))
+	t.Cleanup(engine.Close)
+	relay := NewRelay(RelayConfig{
+		Verifier:  &hop.Verifier{Key: relayKey, Now: clock.NewFake(t0).Now},
+		EngineKey: testEngineKey,
+		Local: func(id string) (LocalEngine, bool) {
+			return LocalEngine{Port: engine.Listener.Addr().(*net.TCPAddr).Port, MetricsPath: "/metrics"}, id == "chat-0-v1"
+		},
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc(MetricsPattern, relay.ServeMetrics)
+	api := httptest.NewServer(mux)
+	t.Cleanup(api.Close)
+	get := func(path string) (int, string, string) {
+		resp, err := http.Get(api.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	if code, ct, body := get("/v1/engines/chat-0-v1/metrics"); code != http.StatusOK || body != page || !strings.HasPrefix(ct, "text/plain") {
+		t.Errorf("held engine: %d %q %q, want 200 text/plain and the engine's page", code, ct, body)
+	}
+	if code, _, body := get("/v1/engines/other-0-v1/metrics"); code != http.StatusNotFound {
+		t.Errorf("engine not held here: %d %q, want 404", code, body)
+	}
+}
+
 func (rw *relayWorld) engineID() string {
 	for _, e := range rw.h.gw.routing.Load().table.entries {
 		for _, r := range e.Routes {
