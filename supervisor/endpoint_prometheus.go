@@ -28,9 +28,9 @@ const engineMetricsPrefix = "/v1/engines/"
 // holder's API (their own port is on its loopback, and llama.cpp wants
 // its key on /metrics, which Prometheus cannot send per target). Labels:
 // node on every target; deployment, shard and engine (the kind: vllm,
-// sglang, llamacpp, fake) on an engine's. vLLM labels its own series with
-// an engine index too (engine="0"), which Prometheus keeps as
-// exported_engine.
+// sglang, llamacpp, fake) on an engine's. An engine series that carries an
+// engine label of its own keeps it as exported_engine (Prometheus's rule
+// for a clash with a target label).
 func (s *apiServer) handlePrometheusTargets(w http.ResponseWriter, r *http.Request) {
 	kinds := map[string]string{}
 	for _, d := range s.gossip.Deployments() {
