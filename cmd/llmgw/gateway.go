@@ -26,6 +26,7 @@ import (
 	"github.com/llmgw/llmgw/supervisor"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/page"
 )
 
@@ -293,6 +294,21 @@ func pageOptions(gw *gateway.Gateway) page.Options {
 		}
 		return out
 	}}
+}
+
+// historyTraffic gives the node's history this node's gateway traffic per
+// step (nil when it runs none: the request charts are then absent).
+func historyTraffic(gw *gateway.Gateway) func(time.Duration) []history.Traffic {
+	if gw == nil {
+		return nil
+	}
+	return func(window time.Duration) []history.Traffic {
+		var out []history.Traffic
+		for _, m := range gw.StatsOver(window) {
+			out = append(out, history.Traffic{Deployment: m.Model, Rate: m.Rate, TTFBP50: m.TTFBP50, TTFBP99: m.TTFBP99})
+		}
+		return out
+	}
 }
 
 // newRelay is the relay through which other nodes' gateways reach this

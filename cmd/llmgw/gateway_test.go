@@ -83,8 +83,10 @@ func TestGatewayStatsThroughARealNode(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`as seen by n1's gateway \(` + regexp.QuoteMeta(gw) + `\)`),
-		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50\s+P99\s+RUN\s`),
-		regexp.MustCompile(`(?m)^chat\s+1/1\s+0\.02\s+[0-9.]+m?s\s+[0-9.]+m?s\s`), // 1 request over 1m
+		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+REQ/S 1H\s+P50\s+P99\s+RUN\s`),
+		// 1 request over 1m; the sparkline has a point once the history
+		// sampled chat (every 10 s), a dash before.
+		regexp.MustCompile(`(?m)^chat\s+1/1\s+0\.02\s+(-|[ ▁-█]*[▁-█])\s+[0-9.]+m?s\s+[0-9.]+m?s\s`),
 	} {
 		if !want.MatchString(out) {
 			t.Errorf("top lacks %s:\n%s", want, out)

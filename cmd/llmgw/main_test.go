@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,7 @@ import (
 	"github.com/llmgw/llmgw/internal/freeport"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -70,6 +72,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},
 		{[]string{"--runtime", "docker"}, []string{"--runtime"}},
+		{[]string{"--history-step", "10ms"}, []string{"--history-step", "at least 100ms"}},
 		{[]string{"--gateway-scrape-interval", "1ms"}, []string{"--gateway-scrape-interval", "10ms to 1m"}},
 		{[]string{"--gateway-balance", "0.5"}, []string{"--gateway-balance", "at least 1"}},
 	}
@@ -249,6 +252,7 @@ func TestDemoUpRefusesBadSizes(t *testing.T) {
 // each shard with its own.
 func TestTopDrawsOneFrame(t *testing.T) {
 	now := time.Now()
+	nan := math.NaN()
 	load := func(run, kv, gen float64) gossip.ShardLoad {
 		return gossip.ShardLoad{Running: run, Waiting: 1, KVCacheUsage: kv, GenerationTPS: gen, PromptTPS: 10, RatesValid: true, ScrapedAt: now,
 			PrefixHitRate: run / 5, PrefixQueriesPS: 100 * run}
@@ -268,6 +272,11 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		gatewayStatsPath: gatewayStats{Node: "n1", URL: "http://10.0.0.1:8000", Window: time.Minute, Models: []gateway.ModelStats{
 			{Model: "chat", Requests: 90, Rate: 1.5, Window: time.Minute, TTFBP50: 12 * time.Millisecond, TTFBP99: 1250 * time.Millisecond},
 		}},
+		// The asked node's hour in 12 points, one a sparkline cell: n1's
+		// GPUs since the middle of it, chat's requests for the last third.
+		"/v1/history": history.View{Node: "n1", StepSeconds: 300, Points: 12,
+			Nodes:       []history.NodeHistory{{Name: "n1", Self: true, UtilPct: history.Series{nan, nan, nan, nan, nan, nan, 0, 20, 40, 60, 80, 100}}},
+			Deployments: []history.DeploymentHistory{{Name: "chat", RequestsPerS: history.Series{1, 2, 3, 4}}}},
 		"/v1/shards": []status.ShardInfo{
 			{ShardID: "chat-1", Deployment: "chat", Node: "n1", GPUs: []int{1}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(3, 0.5, 40)},
 			{ShardID: "chat-0", Deployment: "chat", Node: "n1", GPUs: []int{0}, Status: gossip.ShardReady, Lease: placement.LeaseValid, Load: load(2, 0.25, 60)},
@@ -289,13 +298,13 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`nodes 1/2 alive\s+models 2\s+shards 2/3 ready`),
-		regexp.MustCompile(`(?m)^NODE\s+STATE\s+GPUS\s+GPU MEM\s+SHARDS\s+FAULTS/15m\s+LINK MB/S\s+RUNTIME\s+AGE$`),
-		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+0\s+-\s+812/12\s`),
-		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+0\s+3 \(1 Xid\)\s+no link\s`),
+		regexp.MustCompile(`(?m)^NODE\s+STATE\s+GPUS\s+GPU MEM\s+UTIL 1H\s+SHARDS\s+FAULTS/15m\s+LINK MB/S\s+RUNTIME\s+AGE$`),
+		regexp.MustCompile(`(?m)^n1\s+alive\s+1× H200\s+70\.0/140 GiB\s+ {6}▁▂▄▅▇█\s+0\s+-\s+812/12\s`),
+		regexp.MustCompile(`(?m)^n2\s+dead\s+-\s+-\s+-\s+0\s+3 \(1 Xid\)\s+no link\s`),
 		regexp.MustCompile(`time to first byte: last 1m, as seen by n1's gateway \(http://10\.0\.0\.1:8000\)`),
-		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+P50\s+P99\s+RUN\s+WAIT\s+KV\s+HIT\s+PROMPT/S\s+GEN/S\s+WHY$`),
-		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+52%\s+20\s+100\s+-$`),
-		regexp.MustCompile(`(?m)^big\s+0/1\s+0\.00\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
+		regexp.MustCompile(`(?m)^MODEL\s+READY\s+REQ/S\s+REQ/S 1H\s+P50\s+P99\s+RUN\s+WAIT\s+KV\s+HIT\s+PROMPT/S\s+GEN/S\s+WHY$`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+1\.50\s+ {8}▃▅▆█\s+12ms\s+1\.25s\s+5\s+2\s+38%\s+52%\s+20\s+100\s+-$`),
+		regexp.MustCompile(`(?m)^big\s+0/1\s+0\.00\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+-\s+big-0: needs 8 GPUs$`),
 		regexp.MustCompile(`(?m)^chat-0\s+n1\s+0\s+ready\s+valid\s+2\s+1\s+25%\s+60\s+\d+s\s+0$`),
 	} {
 		if !want.MatchString(out) {
@@ -311,9 +320,10 @@ func TestTopDrawsOneFrame(t *testing.T) {
 		Deployments []status.DeploymentInfo `json:"deployments"`
 		Shards      []status.ShardInfo      `json:"shards"`
 		Gateway     *gatewayStats           `json:"gateway"`
+		History     *history.View           `json:"history"`
 	}
 	if err != nil || json.Unmarshal([]byte(js), &frame) != nil || len(frame.Shards) != 3 || len(frame.Cluster.Members) != 2 || len(frame.Deployments) != 2 ||
-		frame.Gateway == nil || len(frame.Gateway.Models) != 1 {
+		frame.Gateway == nil || len(frame.Gateway.Models) != 1 || frame.History == nil || len(frame.History.Nodes) != 1 {
 		t.Errorf("top --once --json: %v\n%s", err, js)
 	}
 
@@ -326,7 +336,7 @@ func TestTopDrawsOneFrame(t *testing.T) {
 	}
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`REQ/S and TTFB blank: GET /v1/gateway/stats: 404 Not Found`),
-		regexp.MustCompile(`(?m)^chat\s+2/2\s+-\s+-\s+-\s+5\s+2\s+38%`),
+		regexp.MustCompile(`(?m)^chat\s+2/2\s+-\s+ {8}▃▅▆█\s+-\s+-\s+5\s+2\s+38%`),
 	} {
 		if !want.MatchString(out) {
 			t.Errorf("frame without gateway stats lacks %s:\n%s", want, out)

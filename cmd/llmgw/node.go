@@ -29,6 +29,7 @@ import (
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/mcpserver"
 	"github.com/llmgw/llmgw/supervisor/nodemetrics"
 	"github.com/llmgw/llmgw/supervisor/page"
@@ -83,6 +84,7 @@ func nodeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error", Sources: cli.EnvVars("LLMGW_LOG_LEVEL")},
 		&cli.StringFlag{Name: "log-file", Usage: "append the agent's log to this file instead of stderr (llmgw overview reads its warnings there when the agent is not a service)", Sources: cli.EnvVars("LLMGW_LOG_FILE")},
 		&cli.DurationFlag{Name: "weights-interval", Value: time.Minute, Hidden: true, Usage: "how often the weights dir is rescanned", Sources: cli.EnvVars("LLMGW_WEIGHTS_INTERVAL")},
+		&cli.DurationFlag{Name: "history-step", Value: history.DefaultStep, Hidden: true, Usage: "how often the page's charts take a point (they keep 360)", Sources: cli.EnvVars("LLMGW_HISTORY_STEP")},
 		&cli.BoolFlag{Name: "test-hooks", Hidden: true, Usage: "TEST ONLY: enable partition simulation endpoints", Sources: cli.EnvVars("LLMGW_TEST_HOOKS")},
 	}, append(gatewayFlags(), tracingFlags()...)...)
 }
@@ -238,6 +240,10 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if err != nil {
 		return usageError(fromEnv(err.Error()))
 	}
+	histStep := c.Duration("history-step")
+	if histStep < 100*time.Millisecond {
+		return usageError(fromEnv(fmt.Sprintf("--history-step %s: want at least 100ms", histStep)))
+	}
 	var stopTracing func()
 	if gws.tracer, stopTracing, err = tr.tracer(ctx, cfg.Name); err != nil {
 		return failure(err.Error())
@@ -272,6 +278,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		cfg.GatewayAddr, cfg.GatewayTLS, cfg.GatewayRates = ln.Addr().String(), gws.tls != nil, gw.Rates
 	}
 	relay := newRelay(runner, cfg, gws)
+	var hist *history.Recorder
 	cfg.Extra = func(n *supervisor.Node, mux *http.ServeMux) {
 		if relay != nil {
 			mux.Handle(relay.Pattern(), relay)
@@ -305,7 +312,12 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 			collectors = append(collectors, relay)
 		}
 		nodemetrics.Register(n, mux, nodemetrics.Options{ScrapeErrors: scrapeErrors, Collectors: collectors})
-		page.Register(n, mux, pageOptions(gw))
+		hist = history.New(history.Config{Self: cfg.Name, Clock: cfg.Clock, Step: histStep,
+			Status: func() history.Reading { return n.Status() }, Traffic: historyTraffic(gw)})
+		mux.Handle(history.Pattern, hist)
+		opts := pageOptions(gw)
+		opts.History = hist
+		page.Register(n, mux, opts)
 		registerGatewayStats(n, mux, gw)
 	}
 	node, err := supervisor.Start(ctx, cfg)
@@ -330,6 +342,16 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		keepAlive(aliveCtx, datadir.New(cfg.DataDir), stamp, cfg.Clock, aliveEvery, log)
 	}()
 	defer func() { stopAlive(); <-aliveDone }()
+	// The page's history samples from here on, until the node stops.
+	histCtx, stopHist := context.WithCancel(context.Background())
+	histDone := make(chan struct{})
+	go func() {
+		defer close(histDone)
+		if hist != nil {
+			hist.Run(histCtx)
+		}
+	}()
+	defer func() { stopHist(); <-histDone }()
 	select {
 	case <-ctx.Done():
 		log.Info("signal received: leaving the cluster")

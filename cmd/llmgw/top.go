@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/overview"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -36,7 +37,7 @@ func topCommand() *cli.Command {
 			draw := func(snap topSnapshot, width int, st overview.Styles) error {
 				if c.Bool("json") {
 					// One object per frame (JSON lines when refreshed).
-					frame := map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards, "gateway": snap.gateway}
+					frame := map[string]any{"cluster": snap.cluster, "deployments": snap.models, "shards": snap.shards, "gateway": snap.gateway, "history": snap.history}
 					if snap.gatewayErr != nil {
 						frame["gateway_error"] = snap.gatewayErr.Error()
 					}
@@ -116,6 +117,9 @@ type topSnapshot struct {
 	shards     []status.ShardInfo
 	gateway    *gatewayStats
 	gatewayErr error
+	// history is the asked node's last hour (nil from a node that keeps
+	// none: an older agent), drawn as sparklines.
+	history *history.View
 }
 
 func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
@@ -136,6 +140,12 @@ func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
 		s.gatewayErr = err
 	} else {
 		s.gateway = &gs
+	}
+	// More nodes than the page draws: top has a row per node anyway. An
+	// older node (404) leaves the sparklines out.
+	var h history.View
+	if err := cl.do(ctx, "GET", fmt.Sprintf("/v1/history?busiest=%d", history.MaxBusiest), nil, "", &h); err == nil {
+		s.history = &h
 	}
 	return s, nil
 }

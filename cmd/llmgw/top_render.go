@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/host"
 	"github.com/llmgw/llmgw/supervisor/gateway"
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/overview"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -45,9 +47,24 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 	line("")
 
 	// FAULTS counts in the agents' fault window (their default). On a
-	// narrow screen RUNTIME, then AGE, then the links give way.
-	nodes := overview.Table{Head: []string{"NODE", "STATE", "GPUS", "GPU MEM", "SHARDS", "FAULTS/" + overview.Ago(host.DefaultFaultWindow), "LINK MB/S", "RUNTIME", "AGE"},
-		Flex: 2, MinFlex: 8, Optional: []int{7, 8, 6}}
+	// narrow screen the sparkline, then RUNTIME, then AGE, then the links
+	// give way. The sparklines cover the last hour, a cell per sparkWidth-th of it,
+	// from the asked node's history: its own GPUs and the busiest nodes'
+	// (others have none), and every deployment's requests through its
+	// gateway. They give way first on a narrow screen.
+	util, rates := map[string]history.Series{}, map[string]history.Series{}
+	slots := 0
+	if h := s.history; h != nil {
+		slots = h.Points
+		for _, n := range h.Nodes {
+			util[n.Name] = n.UtilPct
+		}
+		for _, d := range h.Deployments {
+			rates[d.Name] = d.RequestsPerS
+		}
+	}
+	nodes := overview.Table{Head: []string{"NODE", "STATE", "GPUS", "GPU MEM", "UTIL 1H", "SHARDS", "FAULTS/" + overview.Ago(host.DefaultFaultWindow), "LINK MB/S", "RUNTIME", "AGE"},
+		Flex: 2, MinFlex: 8, Optional: []int{4, 8, 9, 7}}
 	for _, m := range s.cluster.Members {
 		age := "-"
 		if !m.StartedAt.IsZero() {
@@ -58,7 +75,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 			faults.Style = &st.Bad
 		}
 		nodes.Rows = append(nodes.Rows, []overview.Cell{overview.C(m.Name), stateCell(string(m.State), st), overview.C(gpuSummary(m.GPUs)), overview.C(gpuMemory(m.GPUs)),
-			overview.C(fmt.Sprint(len(m.Shards))), faults, overview.C(topLinks(m.Telemetry.Links)), overview.C(dash(m.Runtime)), overview.C(age)})
+			overview.C(sparkline(util[m.Name], slots, 100)), overview.C(fmt.Sprint(len(m.Shards))), faults, overview.C(topLinks(m.Telemetry.Links)), overview.C(dash(m.Runtime)), overview.C(age)})
 	}
 	fmt.Fprint(w, nodes.Render(width, "", st))
 	line("")
@@ -77,7 +94,8 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 	} else {
 		line(fmt.Sprintf("REQ/S and TTFB blank: %v", s.gatewayErr))
 	}
-	models := overview.Table{Head: []string{"MODEL", "READY", "REQ/S", "P50", "P99", "RUN", "WAIT", "KV", "HIT", "PROMPT/S", "GEN/S", "WHY"}, Flex: -1, MinFlex: 12}
+	models := overview.Table{Head: []string{"MODEL", "READY", "REQ/S", "REQ/S 1H", "P50", "P99", "RUN", "WAIT", "KV", "HIT", "PROMPT/S", "GEN/S", "WHY"}, Flex: -1, MinFlex: 12,
+		Optional: []int{3}}
 	for _, d := range s.models {
 		m := per[d.Name] // zero without readings
 		rate, p50, p99 := "-", "-", "-"
@@ -109,7 +127,7 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 		case d.Ready < d.Replicas:
 			readyCell.Style = &st.Warn
 		}
-		models.Rows = append(models.Rows, []overview.Cell{overview.C(d.Name), readyCell, overview.C(rate), overview.C(p50), overview.C(p99), overview.C(run), overview.C(wait),
+		models.Rows = append(models.Rows, []overview.Cell{overview.C(d.Name), readyCell, overview.C(rate), overview.C(sparkline(rates[d.Name], slots, 0)), overview.C(p50), overview.C(p99), overview.C(run), overview.C(wait),
 			overview.C(kv), overview.C(hit), overview.C(prompt), overview.C(gen), overview.C(dash(strings.Join(d.Why, "; ")))})
 	}
 	fmt.Fprint(w, models.Render(width, "", st))
@@ -140,6 +158,52 @@ func renderTop(w io.Writer, addr string, s topSnapshot, now time.Time, width int
 			overview.C(run), overview.C(wait), overview.C(kv), overview.C(gen), overview.C(age), overview.C(fmt.Sprint(sh.Restarts))})
 	}
 	fmt.Fprint(w, table.Render(width, "", st))
+}
+
+// sparkWidth is a sparkline's cells: five minutes each over an hour.
+const sparkWidth = 12
+
+// sparkBlocks are a sparkline's eight heights.
+const sparkBlocks = "▁▂▃▄▅▆▇█"
+
+// sparkline draws s, placed at the right of slots points (the newest at
+// the right edge), in sparkWidth cells, each the largest point of its
+// share; a blank cell has no reading. top is the scale's top (0: the
+// largest point). A dash when the series has no reading at all.
+func sparkline(s history.Series, slots int, top float64) string {
+	if s.Points() == 0 || slots <= 0 {
+		return "-"
+	}
+	cells := make([]float64, sparkWidth)
+	for i := range cells {
+		cells[i] = math.NaN()
+	}
+	off := slots - len(s)
+	for i, v := range s {
+		if math.IsNaN(v) {
+			continue
+		}
+		c := min((off+i)*sparkWidth/slots, sparkWidth-1)
+		if math.IsNaN(cells[c]) || v > cells[c] {
+			cells[c] = v
+		}
+		if top == 0 || v > top {
+			top = max(top, v)
+		}
+	}
+	blocks := []rune(sparkBlocks)
+	var b strings.Builder
+	for _, v := range cells {
+		switch {
+		case math.IsNaN(v):
+			b.WriteByte(' ')
+		case top <= 0:
+			b.WriteRune(blocks[0])
+		default:
+			b.WriteRune(blocks[min(int(v/top*float64(len(blocks)-1)+0.5), len(blocks)-1)])
+		}
+	}
+	return b.String()
 }
 
 // oneRowPerShard keeps, of the copies of one engine (a shard at one spec

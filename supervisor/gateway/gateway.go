@@ -335,6 +335,13 @@ func (g *Gateway) SetKeys(ks *KeySet) {
 // deployment.
 func (g *Gateway) Stats() []ModelStats { return g.stats.snapshot(g.clock.Now()) }
 
+// StatsOver is Stats over another window: the page's history samples
+// each of its steps. Past the last statsRing requests of a deployment
+// its window shrinks the same way.
+func (g *Gateway) StatsOver(window time.Duration) []ModelStats {
+	return g.stats.over(g.clock.Now(), window)
+}
+
 // rateWindow is how far back Rates looks: long enough that a steady rate
 // reads steady. rateRise is the short window it also reads, so that
 // traffic that starts at this door shows within seconds: while a rising

@@ -135,7 +135,10 @@ func (s *stats) published(now time.Time) map[string]float64 {
 	return out
 }
 
-func (s *stats) snapshot(now time.Time) []ModelStats {
+func (s *stats) snapshot(now time.Time) []ModelStats { return s.over(now, s.window) }
+
+// over is the traffic within window of now.
+func (s *stats) over(now time.Time, window time.Duration) []ModelStats {
 	s.mu.RLock()
 	names := make([]string, 0, len(s.models))
 	rings := make(map[string]*modelRing, len(s.models))
@@ -146,10 +149,10 @@ func (s *stats) snapshot(now time.Time) []ModelStats {
 	s.mu.RUnlock()
 	slices.Sort(names)
 	out := make([]ModelStats, 0, len(names))
-	from := now.Add(-s.window)
+	from := now.Add(-window)
 	for _, m := range names {
 		r := rings[m]
-		ms := ModelStats{Model: m, Window: s.window}
+		ms := ModelStats{Model: m, Window: window}
 		var ttfbs []time.Duration
 		oldest := now
 		r.mu.Lock()

@@ -191,21 +191,7 @@ func TestPageInChromium(t *testing.T) {
 	}
 	chrome := func(args ...string) (stdout, stderr string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		defer cancel()
-		var o, e bytes.Buffer
-		cmd := exec.CommandContext(ctx, bin, append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-			"--user-data-dir=" + t.TempDir(), "--enable-logging=stderr", "--v=0"}, append(args, url)...)...)
-		cmd.Stdout, cmd.Stderr = &o, &e
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("chromium %v: %v\n%s", args, err, e.String())
-		}
-		for _, line := range strings.Split(e.String(), "\n") {
-			if strings.Contains(line, ":CONSOLE") {
-				t.Errorf("console message: %s", line)
-			}
-		}
-		return o.String(), e.String()
+		return chromium(t, bin, url, args...)
 	}
 	dom, _ := chrome("--window-size=1400,1000", "--dump-dom")
 	doc, err := html.Parse(strings.NewReader(dom))
@@ -237,4 +223,26 @@ func TestPageInChromium(t *testing.T) {
 			t.Errorf("screenshot %s: %dx%d, %v; want %dx%d", file, cfg.Width, cfg.Height, err, w, h)
 		}
 	}
+}
+
+// chromium runs headless Chromium on url with args, failing the test on
+// any console message (the page has no scripts, so any message is a
+// script error or a refused resource).
+func chromium(t *testing.T, bin, url string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var o, e bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+		"--user-data-dir=" + t.TempDir(), "--enable-logging=stderr", "--v=0"}, append(args, url)...)...)
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %v: %v\n%s", args, err, e.String())
+	}
+	for _, line := range strings.Split(e.String(), "\n") {
+		if strings.Contains(line, ":CONSOLE") {
+			t.Errorf("console message: %s", line)
+		}
+	}
+	return o.String(), e.String()
 }

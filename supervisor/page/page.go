@@ -7,7 +7,10 @@
 //
 // The page is one self-contained HTML document (inline CSS, no scripts, no
 // external assets) that reloads itself every RefreshSeconds. Every value
-// goes through html/template.
+// goes through html/template. Charts of the last hour are inline SVG
+// drawn here from the node's history (supervisor/history): per
+// deployment, and for this node and the busiest few, never for every
+// node.
 package page
 
 import (
@@ -18,6 +21,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -58,7 +62,13 @@ type Options struct {
 	// Traffic reads this node's gateway's stats; nil when the node runs
 	// no gateway.
 	Traffic func() []Traffic
+	// History is this node's last hour, drawn as charts; nil: no charts.
+	History *history.Recorder
 }
+
+// chartNodes is how many nodes besides this one get GPU charts: the
+// busiest, so that the page stays small with 500 nodes.
+const chartNodes = 4
 
 // Register adds GET / (exactly; other paths stay 404) to mux.
 func Register(src Source, mux *http.ServeMux, opts Options) {
@@ -72,8 +82,14 @@ func Handler(src Source, opts Options) http.Handler {
 		if opts.Traffic != nil {
 			traffic = opts.Traffic()
 		}
+		d := build(src.Status(), src.Now(), traffic, opts.Traffic != nil)
+		if opts.History != nil {
+			v := opts.History.View(chartNodes)
+			c := buildCharts(v)
+			d.Charts = &c
+		}
 		var buf bytes.Buffer
-		if err := tmpl.Execute(&buf, build(src.Status(), src.Now(), traffic, opts.Traffic != nil)); err != nil {
+		if err := tmpl.Execute(&buf, d); err != nil {
 			http.Error(w, "draw the cluster page: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -102,6 +118,8 @@ type data struct {
 	// VersionsWarning says that versions have been mixed for longer than
 	// VersionsMixedWarnAfter (empty: they have not).
 	VersionsWarning string
+	// Charts are the last hour (nil: the node keeps no history).
+	Charts *charts
 }
 
 type summary struct {
