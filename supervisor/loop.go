@@ -146,6 +146,7 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 		}
 	}
 	gangViews(mine, plan, members, now, c.ttl)
+	failovers(mine, members, c.name, now, c.ttl)
 	// One read for the pass: its gangs render, and its snapshot shows,
 	// the same version.
 	active := c.cluster.ActiveVersion()

@@ -11,9 +11,10 @@
 //     to its Runner, and what runs here back into gossip.
 //   - leases.go: renewing this node's leases, noting each renewal on disk,
 //     and reclaiming what it holds once they lapsed (leaseKeeper).
-//   - view.go, handover.go, gang.go: the pure parts of a pass: placement's
-//     input with every lease judged, the settling of replacements, and the
-//     gang each member sees.
+//   - view.go, handover.go, gang.go, failover.go: the pure parts of a
+//     pass: placement's input with every lease judged, the settling of
+//     replacements, the gang each member sees, and the takeovers after a
+//     lapse (for the runner's traces).
 //   - isolation.go: whether this node hears its peers (isolation).
 //   - readmodel.go: what readers see, the snapshot of the last pass, and
 //     the wait that lets a writer read its own write back (readModel).

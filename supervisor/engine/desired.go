@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 )
@@ -19,6 +21,22 @@ type Desired struct {
 	// gateway dials it at the node's address, so it listens on every
 	// address. 0 (tests that leave it out): below V4.
 	ClusterVersion int
+	// Failover is set when this node takes the shard over from another
+	// node whose lease on it this node judged lapsed; nil otherwise. The
+	// runner traces the takeover (Config.Tracer) from the lapse until its
+	// engine is first ready.
+	Failover *Failover
+}
+
+// Failover is a takeover as the node that takes the shard sees it.
+type Failover struct {
+	// From is the node that held the shard.
+	From string
+	// At is when this node's judgement of From's lease turned to lapsed,
+	// by this node's clock, and Why what lapsed it (see supervisor's
+	// failovers).
+	At  time.Time
+	Why string
 }
 
 // Gang is one member's view of its gang in one reconcile pass: where the

@@ -23,6 +23,7 @@
 //	logs.go       engine log paths and capping
 //	hosttools.go  what the host tools (containers, engine_stacks) list
 //	claim.go      ClaimOnly, the runner that claims and runs nothing
+//	trace.go      startTrace: the spans of engine starts and failovers
 //
 // Locks: Runner.mu guards the table of engines and every engine's fields
 // (each managed shares it); Runner.logMu is taken before it, ports' own

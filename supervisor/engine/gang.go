@@ -229,6 +229,7 @@ func (r *Runner) checkGang(e *managed, w *watchState) {
 		return // still running: try again at the next poll
 	}
 	w.started = false
+	w.trace.fail(now, why)
 	if g.Rank == 0 {
 		e.setGangNote(why + "; gang restarting")
 		w.retryAt = r.policy.crashed(e, nil)

@@ -13,8 +13,9 @@ import (
 
 // managed is one shard's engine on this node, as the runner tracks it.
 //
-// id, stop, mu and changes are set before it joins the runner's table
-// (Runner.engines) and never change, so they are read without a lock.
+// id, stop, mu, changes and failover are set before it joins the runner's
+// table (Runner.engines) and never change, so they are read without a
+// lock.
 // Every other field is guarded by mu: written only under it, and read
 // under it, with one exception: the
 // engine's own watch goroutine reads without it the fields that only it
@@ -35,6 +36,11 @@ type managed struct {
 	// changes is the runner's Changes: a change of what e's record shows
 	// is announced there (see notify).
 	changes chan<- struct{}
+	// failover is the takeover the plan started this engine for (the
+	// Desired.Failover of the pass that made it), kept apart from
+	// desired, which every pass overwrites: the next pass, in which this
+	// node already holds the shard, may come before the watcher reads it.
+	failover *Failover
 
 	desired Desired
 	state   shardstate.State

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/internal/protocol"
@@ -113,6 +115,14 @@ type Config struct {
 	// poll at all. Default: clock.Real().
 	Clock clock.Clock
 	HTTP  *http.Client
+	// Tracer, when set, traces engine starts and failovers on this node
+	// (trace.go), stamped by Clock. Nil: nothing is traced.
+	Tracer trace.Tracer
+	// OTLPTracesEndpoint, when set, is the OTLP/HTTP URL (ending in
+	// /v1/traces) engines that trace themselves send their traces to
+	// (profile.Inputs.OTLPTracesEndpoint: vLLM's). A node setting, never
+	// part of a spec version.
+	OTLPTracesEndpoint string
 }
 
 // Runner runs this node's shards as engines through a runtime: it starts
@@ -312,7 +322,7 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 		}
 		now := r.cfg.Clock.Now()
 		cctx, cancel := context.WithCancel(context.Background())
-		e := &managed{id: id, mu: &r.mu, changes: r.changes, desired: d, planned: true, status: gossip.ShardStarting, stop: cancel,
+		e := &managed{id: id, mu: &r.mu, changes: r.changes, failover: d.Failover, desired: d, planned: true, status: gossip.ShardStarting, stop: cancel,
 			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
 				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
 					GPUIndices: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}

@@ -53,6 +53,8 @@ type watchState struct {
 	// scraped (buffered: the reader never waits for the watcher).
 	scraping bool
 	scraped  chan scrapeResult
+	// trace holds the spans of the engine's start (trace.go).
+	trace startTrace
 }
 
 // scrapeResult is one background /metrics read: the token counters, when
@@ -68,8 +70,11 @@ type scrapeResult struct {
 // the engine is stopped and forgotten.
 func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.wg.Done()
-	w := &watchState{started: adopted, scraped: make(chan scrapeResult, 1)}
+	w := &watchState{started: adopted, scraped: make(chan scrapeResult, 1), trace: startTrace{tracer: r.cfg.Tracer}}
 	now := r.cfg.Clock.Now()
+	if !adopted {
+		w.trace.beginFailover(r.cfg.Node, e)
+	}
 	w.clock.begin(now)
 	if adopted && e.isReady() {
 		// Judged ready at adoption: from now on by the rule, so a busy
@@ -88,6 +93,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 	defer r.gate.release(e.id)
 	for {
 		if ctx.Err() != nil {
+			w.trace.stop(r.cfg.Clock.Now())
 			r.gate.release(e.id)
 			r.finish(e)
 			return
@@ -114,18 +120,21 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		}
 		if mayStart {
 			w.everReady = false
-			err := r.start(ctx, e, gs)
+			w.trace.begin(r.cfg.Node, e, r.cfg.Clock.Now())
+			err := r.start(ctx, e, gs, &w.trace)
 			// The start timeout counts from here, after the image pull
 			// that start waited for: a 20 GB image on a slow link must not
 			// eat the engine's own time to load.
 			w.clock.begin(r.cfg.Clock.Now())
 			if err != nil {
 				if r.base.Err() != nil {
+					w.trace.detach(r.cfg.Clock.Now())
 					return // the agent is closing: not a crash
 				}
 				if ctx.Err() != nil {
 					continue // no longer wanted: not a crash; the loop's top stops it
 				}
+				w.trace.fail(r.cfg.Clock.Now(), err.Error())
 				r.log.Error("engine start failed", "shard", e.state.ShardID, "err", err)
 				e.setStartErr(err.Error())
 				w.retryAt = r.policy.crashed(e, nil)
@@ -148,6 +157,7 @@ func (r *Runner) watch(ctx context.Context, e *managed, adopted bool) {
 		case <-ctx.Done():
 		case <-tick.Chan():
 		case <-r.quit:
+			w.trace.detach(r.cfg.Clock.Now())
 			return
 		}
 	}
@@ -181,6 +191,7 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		} else {
 			r.log.Warn("engine exited; restarting after backoff", "shard", e.state.ShardID, "exit_code", code, "crashes_in_a_row", e.crashes+1)
 		}
+		w.trace.fail(r.cfg.Clock.Now(), exitedWhy(code))
 		// Remove the dead engine so its GPUs are free while we wait.
 		if err := r.cfg.Runtime.Stop(context.Background(), e.id, 0); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 			r.log.Warn("remove exited engine", "shard", e.state.ShardID, "err", err)
@@ -198,6 +209,9 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		w.unknowns = 0
 		if e.isMember() {
 			ready := e.memberReady()
+			if ready && !w.everReady {
+				w.trace.ready(r.cfg.Clock.Now())
+			}
 			w.everReady = w.everReady || ready
 			r.policy.setReady(e, ready, st.PID)
 			if !ready && !w.everReady && r.startExpired(e, w) {
@@ -221,6 +235,7 @@ func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, p
 	now := r.cfg.Clock.Now()
 	if ready {
 		w.everReady = true
+		w.trace.ready(now)
 		w.live.becameReady(now)
 		e.setNote("", time.Time{})
 		r.policy.setReady(e, true, pid)
@@ -269,6 +284,7 @@ func (r *Runner) restartStarting(e *managed, w *watchState, member bool) {
 		return
 	}
 	w.started = false
+	w.trace.fail(r.cfg.Clock.Now(), "not ready within the start timeout")
 	if member {
 		r.policy.memberStopped(e, w, "not ready within the start timeout; waiting for rank 0's next generation", nil)
 		return
@@ -363,8 +379,10 @@ func printableOnly(s string) string {
 	}, s)
 }
 
-// start starts e's engine; gs is its gang start (nil: not a gang).
-func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gang) error {
+// start starts e's engine; gs is its gang start (nil: not a gang), and
+// tr the attempt's spans, whose phases it opens: pull and start, then
+// ready, which the watcher ends.
+func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gang, tr *startTrace) error {
 	// Runtime calls end when the engine is no longer wanted or when the
 	// agent closes the runner.
 	ctx, cancel := context.WithCancel(r.base)
@@ -389,7 +407,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	st.Spec.Private = d.ClusterVersion >= protocol.V4
 	in := profile.Inputs{Port: st.Spec.HTTPPort, Self: r.cfg.Self, WeightsDir: r.cfg.WeightsDir, ShardIndex: shardIndex(d),
 		APIKey: r.cfg.engineKey(e.id), Gang: gangInputs(gs), StartTimeout: e.startTimeout(r.cfg.StartTimeout),
-		CacheDir: r.cfg.CacheDir}
+		CacheDir: r.cfg.CacheDir, OTLPTracesEndpoint: r.cfg.OTLPTracesEndpoint}
 	if st.Spec.Private {
 		in.Host = "127.0.0.1"
 	}
@@ -446,6 +464,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 		Gang: gs != nil, RDMADevices: in.RDMADevices,
 	}
 	st.Spec.Image, st.Spec.Command, st.Spec.GPUUUIDs = image, cmd, uuids
+	tr.image(image)
 	st.Gang = gs
 	// Container images are pulled before the engine starts (vLLM's are
 	// 12-28 GB; the runtime logs progress). The engine stays "starting"
@@ -463,6 +482,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 			e.setNote(fmt.Sprintf("pulling image %d%%", min(done*100/total, 99)), now)
 		}
 		e.setNote("pulling image", r.cfg.Clock.Now())
+		tr.enter("pull", r.cfg.Clock.Now())
 		err := p.EnsureImage(ctx, image, progress)
 		e.setNote("", time.Time{})
 		if err != nil {
@@ -471,6 +491,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	}
 	// The state file goes first: an agent that dies right after Start
 	// still finds what it started.
+	tr.enter("start", r.cfg.Clock.Now())
 	if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), st); err != nil {
 		return err
 	}
@@ -479,6 +500,7 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 		return fmt.Errorf("start %s: %w", e.id, err)
 	}
 	st.PID, st.StartedAt = eng.PID, r.cfg.Clock.Now()
+	tr.enter("ready", st.StartedAt)
 	st.Spec.ContainerID = eng.ContainerID
 	if err := shardstate.Save(r.cfg.DataDir.ShardsDir(), st); err != nil {
 		r.log.Error("save shard state", "err", err)

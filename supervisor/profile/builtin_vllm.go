@@ -27,6 +27,27 @@ const (
 	// that outlasts start_timeout while it progresses is ended by vLLM,
 	// not by llmgw.
 	vllmReadyTimeout = "{{if .StartTimeoutSeconds}}VLLM_ENGINE_READY_TIMEOUT_S={{.StartTimeoutSeconds}}{{end}}"
+	// vLLM's own traces (a span per request, continuing the gateway's
+	// traceparent), sent where the node sends its own when the operator
+	// opts in (llmgw node up --otlp-engines). Opt-in because the pinned
+	// image cannot: it is built by vLLM's docker/Dockerfile, whose openai
+	// stage installs no OpenTelemetry package, and requirements/common.txt
+	// names none, while vLLM refuses to start with --otlp-traces-endpoint
+	// when opentelemetry cannot be imported ("OpenTelemetry is not
+	// available": init_tracer in vllm/tracing.py, and in later trees the
+	// otlp_traces_endpoint validator of ObservabilityConfig,
+	// vllm/config/observability.py). An image with opentelemetry-sdk and
+	// opentelemetry-exporter-otlp-proto-http added can turn it on.
+	vllmOTLP = "{{if .OTLPTracesEndpoint}}--otlp-traces-endpoint={{.OTLPTracesEndpoint}}{{end}}"
+	// The exporter's protocol: vLLM defaults to gRPC
+	// (get_span_exporter in vllm/tracing.py reads
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "grpc" when unset), and the
+	// node's collector is the OTLP/HTTP one the node exports to.
+	vllmOTLPProtocol = "{{if .OTLPTracesEndpoint}}OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf{{end}}"
+	// The service its spans name (the OpenTelemetry SDK's resource reads
+	// OTEL_SERVICE_NAME; without it they come from "unknown_service"),
+	// beside the node's own "llmgw".
+	vllmOTLPService = "{{if .OTLPTracesEndpoint}}OTEL_SERVICE_NAME=vllm{{end}}"
 )
 
 // vllmProfile is the profile of vLLM.
@@ -56,8 +77,9 @@ func vllmProfile() Profile {
 			gang("master-addr", "MasterAddr"),
 			gang("master-port", "MasterPort"),
 			headless,
+			vllmOTLP,
 		},
-		Env:         slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache}, compileCaches, gangEnv),
+		Env:         slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache, vllmOTLPProtocol, vllmOTLPService}, compileCaches, gangEnv),
 		KeyEnv:      "VLLM_API_KEY",
 		HealthPath:  "/health",
 		ModelsPath:  "/v1/models",

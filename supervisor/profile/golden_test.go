@@ -24,15 +24,18 @@ var update = flag.Bool("update", false, "rewrite testdata/golden from the render
 
 // goldenInputs are fixed facts of a node and shard, so a golden file
 // changes only when a profile does: two 80 GiB GPUs with 79 GiB free each,
-// a key, caches under a data dir, an RDMA-capable node.
+// a key, caches under a data dir, an RDMA-capable node, and an OTLP
+// collector for the engines' traces (--otlp-engines: vLLM's files carry
+// its flag, and the others' show they take none).
 func goldenInputs() Inputs {
 	return Inputs{
 		Port: 8100, GPUMemoryTotal: 80 * gib, Self: "/llmgw",
 		WeightsDir: "/var/lib/llmgw/weights", CacheDir: "/var/lib/llmgw/cache", FilesDir: "/var/lib/llmgw/files/golden",
 		APIKey: "golden-key", HostIP: "10.0.0.2", NetIface: "eth1",
-		StartTimeout: 2 * time.Hour,
-		GPUFree:      []uint64{79 * gib, 79 * gib},
-		RDMADevices:  []string{"mlx5_0", "mlx5_1"},
+		StartTimeout:       2 * time.Hour,
+		GPUFree:            []uint64{79 * gib, 79 * gib},
+		RDMADevices:        []string{"mlx5_0", "mlx5_1"},
+		OTLPTracesEndpoint: "http://127.0.0.1:4318/v1/traces",
 	}
 }
 

@@ -189,6 +189,12 @@ type Inputs struct {
 	// (visible at the same path in a container); "" when the runner
 	// writes none, and a profile then falls back to what needs no file.
 	FilesDir string
+	// OTLPTracesEndpoint is the OTLP/HTTP URL (ending in /v1/traces) an
+	// engine that traces itself sends its spans to; "" when it traces
+	// nothing. A node setting (llmgw node up --otlp-engines), like the
+	// rest of Inputs: no spec version sees it, so turning it on restarts
+	// no engine that runs, and each start after that carries it.
+	OTLPTracesEndpoint string
 }
 
 // GangInputs is one member's place in its gang: the engines' own
@@ -264,6 +270,8 @@ type Data struct {
 	StartTimeoutSeconds int
 	// ClusterVersion is Inputs.ClusterVersion, 0 read as the newest.
 	ClusterVersion int
+	// OTLPTracesEndpoint is Inputs.OTLPTracesEndpoint.
+	OTLPTracesEndpoint string
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -341,6 +349,7 @@ func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
 		NNodes: 1, TPTotal: d.TensorParallel, HostIP: in.HostIP, NetIface: in.NetIface,
 		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
 		ClusterVersion:      cmp.Or(in.ClusterVersion, newestClusterVersion),
+		OTLPTracesEndpoint:  in.OTLPTracesEndpoint,
 	}
 	if d.PipelineParallel > 1 {
 		g := in.Gang

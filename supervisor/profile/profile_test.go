@@ -346,3 +346,54 @@ func TestBuiltinReadinessRules(t *testing.T) {
 		t.Errorf("vLLM's hang bound %s, want 31.5s (3 × (10s + 0.5s))", got)
 	}
 }
+
+// vLLM sends its own traces only when the node gives it an OTLP endpoint
+// (--otlp-engines): --otlp-traces-endpoint and the HTTP protocol, which
+// vLLM does not default to. SGLang and llama.cpp take nothing of it. The
+// endpoint is a node input: the deployment, so its spec version, is the
+// same either way (a node that turns it on restarts nothing that runs).
+func TestVLLMTracesOnlyWithTheNodesEndpoint(t *testing.T) {
+	const ep = "http://10.0.0.9:4318/v1/traces"
+	has := func(list []string, s string) bool { return slices.Contains(list, s) }
+	for _, engine := range []string{"vllm", "sglang", "llamacpp"} {
+		p, err := Lookup(engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := placement.Deployment{Name: "chat", Model: "org/model", Engine: engine}
+		if engine == "llamacpp" {
+			d.Model = "/w/model.gguf"
+		}
+		version := d.WithDefaults().SpecVersion()
+		offCmd, offEnv, _, err := Resolve(p, d, Inputs{Port: 8100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		onCmd, onEnv, _, err := Resolve(p, d, Inputs{Port: 8100, OTLPTracesEndpoint: ep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slices.Concat(offCmd, offEnv) {
+			if strings.Contains(strings.ToLower(s), "otlp") || strings.HasPrefix(s, "OTEL_") {
+				t.Errorf("%s without an endpoint renders %q", engine, s)
+			}
+		}
+		if engine != "vllm" {
+			if !slices.Equal(onCmd, offCmd) || !slices.Equal(onEnv, offEnv) {
+				t.Errorf("%s changed with an OTLP endpoint: %q %q, want %q %q", engine, onCmd, onEnv, offCmd, offEnv)
+			}
+			continue
+		}
+		if !has(onCmd, "--otlp-traces-endpoint="+ep) {
+			t.Errorf("vllm with an endpoint: argv %q lacks --otlp-traces-endpoint=%s", onCmd, ep)
+		}
+		for _, kv := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=vllm"} {
+			if !has(onEnv, kv) {
+				t.Errorf("vllm with an endpoint: env %q lacks %s", onEnv, kv)
+			}
+		}
+		if got := d.WithDefaults().SpecVersion(); got != version {
+			t.Errorf("spec version %s after rendering with the endpoint, was %s", got, version)
+		}
+	}
+}
