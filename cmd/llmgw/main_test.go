@@ -39,6 +39,9 @@ func run(t *testing.T, args ...string) (string, error) {
 }
 
 func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
+	// --otlp-engines is refused only when no endpoint is set anywhere.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
 	dir := t.TempDir()
 	shortKey := filepath.Join(dir, "short.key")
 	os.WriteFile(shortKey, []byte("c2hvcnQ=\n"), 0o600) // "short": 5 bytes
@@ -68,6 +71,7 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--bind", "localhost:7946"}, []string{"--bind", "IP address"}},
 		{[]string{"--otlp-endpoint", "collector:4318"}, []string{"--otlp-endpoint", "http://"}},
 		{[]string{"--otlp-sample-ratio", "1.5"}, []string{"--otlp-sample-ratio", "0 to 1"}},
+		{[]string{"--otlp-engines"}, []string{"--otlp-engines", "--otlp-endpoint"}},
 		{[]string{"--advertise", "not-an-ip"}, []string{"--advertise"}},
 		{[]string{"--advertise", "10.0.0.1:99999"}, []string{"--advertise", "0-65535"}},
 		{[]string{"--lease-ttl", "10ms"}, []string{"--lease-ttl"}},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
@@ -244,9 +245,15 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 	if histStep < 100*time.Millisecond {
 		return usageError(fromEnv(fmt.Sprintf("--history-step %s: want at least 100ms", histStep)))
 	}
-	var stopTracing func()
-	if gws.tracer, stopTracing, err = tr.tracer(ctx, cfg.Name); err != nil {
+	tp, stopTracing, err := tr.provider(ctx, cfg.Name)
+	if err != nil {
 		return failure(err.Error())
+	}
+	var engineTraces trace.Tracer
+	if tp != nil {
+		// One provider: the gateway's spans and the runner's (engine
+		// starts, failovers) go out through the same exporter.
+		gws.tracer, engineTraces = tp.Tracer(gatewayTracer), tp.Tracer(engineTracer)
 	}
 	// After the gateway's drain (deferred later, run earlier): its last
 	// spans are flushed.
@@ -259,7 +266,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		stopDebug := serveDebug(debugLn, log)
 		defer stopDebug()
 	}
-	runner, err := newRunner(ctx, c, cfg, log)
+	runner, err := newRunner(ctx, c, cfg, log, engineTraces, tr.engines)
 	if err != nil {
 		return failure(err.Error())
 	}
@@ -511,7 +518,9 @@ func parsePortRange(v string) (int, int, error) {
 
 // newRunner builds the engine runner for --runtime; nil for none. cfg.Token
 // must be loaded: every engine is started with a key derived from it.
-func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger) (*engine.Runner, error) {
+// tracer traces its engine starts and failovers (nil: off), and
+// otlpEngines is where vLLM engines send their own traces ("": nowhere).
+func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *slog.Logger, tracer trace.Tracer, otlpEngines string) (*engine.Runner, error) {
 	rt, err := openRuntime(ctx, c, cfg, log)
 	if err != nil || rt == nil {
 		return nil, err
@@ -545,6 +554,7 @@ func newRunner(ctx context.Context, c *cli.Command, cfg supervisor.Config, log *
 		},
 		GPUFree:     gpuFree(probe),
 		RDMADevices: rdmaDevices(cfg.Name),
+		Tracer:      tracer, OTLPTracesEndpoint: otlpEngines,
 	})
 }
 
