@@ -452,6 +452,14 @@ func (c *Cluster) Local() NodeRecord {
 	return c.local
 }
 
+// StampAfter is a stamp of this node later than s and than every stamp
+// it issued or saw: a decider that takes over writes its target after
+// its predecessor's, whatever their clocks say.
+func (c *Cluster) StampAfter(s Stamp) Stamp {
+	c.hlc.Witness(s)
+	return c.hlc.Now()
+}
+
 // UpdateLocal changes this node's record through fn, bumps its version and
 // sends it to the cluster.
 func (c *Cluster) UpdateLocal(fn func(r *NodeRecord)) NodeRecord {

@@ -240,6 +240,43 @@ type NodeRecord struct {
 	// leave event does not say whether a node left or died (the Node it
 	// passes carries a stale State), so the record says it.
 	Leaving bool `json:"leaving,omitempty"`
+	// Scale are the replica targets this node decided for the autoscaled
+	// deployments it is the decider of (protocol 5; see ScaleTargetFor).
+	Scale []ScaleTarget `json:"scale,omitempty"`
+}
+
+// ScaleTarget is an autoscaled deployment's replica count as its decider
+// chose it, for the deployment record of stamp Spec: a target for an
+// older spec (placed again since) counts for nothing.
+type ScaleTarget struct {
+	Deployment string `json:"deployment"`
+	Spec       Stamp  `json:"spec"`
+	Replicas   int    `json:"replicas"`
+	// At orders targets of one spec: the newest counts, whoever wrote it
+	// (two nodes that each believe they decide, briefly, agree by it).
+	At Stamp `json:"at"`
+	// Reason is the rule's word for the target, shown by llmgw models.
+	Reason string `json:"reason,omitempty"`
+}
+
+// ScaleTargetFor is the target in force for the autoscaled deployment d:
+// of the targets for d's current spec in any member's record, the newest
+// by At; false when there is none (the spec's replicas stand). Every node
+// that holds the same records chooses the same one.
+func ScaleTargetFor(members []Member, d DeploymentRecord) (ScaleTarget, bool) {
+	var best ScaleTarget
+	found := false
+	for _, m := range members {
+		if m.Record == nil {
+			continue
+		}
+		for _, t := range m.Record.Scale {
+			if t.Deployment == d.Name && t.Spec == d.Stamp && (!found || best.At.Less(t.At)) {
+				best, found = t, true
+			}
+		}
+	}
+	return best, found
 }
 
 // DeploymentRecord is one deployment's replicated state: the spec, or a

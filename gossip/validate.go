@@ -163,6 +163,20 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 			return bad("gateway_rates", "%s: %v requests/s, want 0 to %g", dep, rate, float64(maxGatewayRate))
 		}
 	}
+	if len(r.Scale) > maxScaleTargets {
+		return bad("scale", "%d targets, at most %d", len(r.Scale), maxScaleTargets)
+	}
+	for _, t := range r.Scale {
+		if err := placement.ValidateName(t.Deployment); err != nil {
+			return bad("scale", "%q: %v", t.Deployment, err)
+		}
+		if t.Replicas < 0 || t.Replicas > maxScaleReplicas {
+			return bad("scale", "%s: %d replicas, want 0 to %d", t.Deployment, t.Replicas, maxScaleReplicas)
+		}
+		if len(t.Reason) > maxScaleReason {
+			return bad("scale", "%s: a reason of %d bytes, at most %d", t.Deployment, len(t.Reason), maxScaleReason)
+		}
+	}
 	if len(r.GPUs) > maxNodeGPUs {
 		return bad("gpus", "%d GPUs, at most %d", len(r.GPUs), maxNodeGPUs)
 	}
@@ -393,6 +407,14 @@ func ValidateNodeName(name string) error {
 const (
 	maxGatewayRates = 1024
 	maxGatewayRate  = 1e6
+)
+
+// Bounds on a record's scale targets: one per deployment, as many
+// replicas as a spec may ask for, a line of reason.
+const (
+	maxScaleTargets  = 1024
+	maxScaleReplicas = 1000
+	maxScaleReason   = 256
 )
 
 // Bounds on a record's cached models: what one weights scan may report.

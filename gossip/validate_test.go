@@ -284,6 +284,13 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 				r.GatewayRates[fmt.Sprint("d", i)] = 1
 			}
 		})},
+		{"a target of no valid deployment", "scale", rec(func(r *NodeRecord) { r.Scale = []ScaleTarget{{Deployment: "Chat!", Replicas: 1}} })},
+		{"a negative target", "scale", rec(func(r *NodeRecord) { r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: -1}} })},
+		{"a target above any spec", "scale", rec(func(r *NodeRecord) { r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: maxScaleReplicas + 1}} })},
+		{"a target's reason too long", "scale", rec(func(r *NodeRecord) {
+			r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: 1, Reason: strings.Repeat("x", maxScaleReason+1)}}
+		})},
+		{"too many targets", "scale", rec(func(r *NodeRecord) { r.Scale = make([]ScaleTarget, maxScaleTargets+1) })},
 		{"a negative fault count", "probes", rec(func(r *NodeRecord) { r.Probes.DriverFaultsRecent = -1 })},
 		{"a fault line with an escape", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = "NVRM: \x1b[2J" })},
 		{"a fault line too long", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = strings.Repeat("x", MaxFaultLine+1) })},

@@ -133,6 +133,8 @@ func init() {
 		deploymentFields[name] = deploymentField{index: f.Index, want: describeJSONType(f.Type)}
 		deploymentFieldNames = append(deploymentFieldNames, name)
 	}
+	// Taken out before the struct's fields (takeAutoscale).
+	deploymentFieldNames = append(deploymentFieldNames, "target_inflight", "scale_down_delay")
 }
 
 func describeJSONType(t reflect.Type) string {
@@ -141,6 +143,8 @@ func describeJSONType(t reflect.Type) string {
 		return `a size such as "70GiB" or a number of bytes`
 	case t == reflect.TypeFor[Duration]():
 		return `a duration such as "2h" or "90m"`
+	case t == reflect.TypeFor[*Autoscale]():
+		return `an object {"min": N, "max": M, "target_inflight": T, "scale_down_delay": "5m"}`
 	case t.Kind() == reflect.String:
 		return "a string"
 	case t.Kind() == reflect.Int:
@@ -205,6 +209,14 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		d.TensorParallelAuto = true
 		delete(raw, "tensor_parallel")
 	}
+	// replicas: {min: N, max: M} is the autoscaled form of replicas, and
+	// target_inflight and scale_down_delay go with it; all are stored in
+	// Autoscale (the "autoscale" object a stored spec shows, which is
+	// accepted as it is too), replicas keeping a number, the start.
+	ranged, err := takeAutoscale(raw)
+	if err != nil {
+		return invalid(err)
+	}
 	dv := reflect.ValueOf(&d).Elem()
 	for _, name := range sortedKeys(raw) {
 		f, ok := deploymentFields[name]
@@ -222,7 +234,19 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	// given: the field is in the spec with a value (null is absent). Only
 	// here can an absent field be told from an explicit 0.
 	given := func(name string) bool { v, ok := raw[name]; return ok && string(v) != "null" }
-	if !given("replicas") {
+	if ranged.autoscale != nil {
+		if d.Autoscale != nil {
+			return invalid(&DuplicateFieldError{Field: "autoscale (replicas: {min, max} says the same)"})
+		}
+		d.Autoscale = ranged.autoscale
+	}
+	if err := ranged.apply(&d); err != nil {
+		return invalid(err)
+	}
+	switch {
+	case !given("replicas") && d.Autoscale != nil:
+		d.Replicas = d.Autoscale.Min // an autoscaled deployment starts at its min
+	case !given("replicas"):
 		d.Replicas = 1
 	}
 	// WithDefaults turns a zero tensor_parallel or pipeline_parallel into
@@ -262,6 +286,109 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		return invalid(err)
 	}
 	return d, nil
+}
+
+// autoscaleFields are what takeAutoscale took out of a spec's raw fields.
+type autoscaleFields struct {
+	// autoscale is from replicas: {min, max} (nil: replicas was a number
+	// or absent).
+	autoscale *Autoscale
+	// targetInflight and scaleDownDelay are the top-level fields, when
+	// given.
+	targetInflight *int
+	scaleDownDelay *Duration
+}
+
+// takeAutoscale takes replicas: {min, max}, target_inflight and
+// scale_down_delay out of raw.
+func takeAutoscale(raw map[string]json.RawMessage) (autoscaleFields, error) {
+	var out autoscaleFields
+	if v, ok := raw["replicas"]; ok && len(bytes.TrimSpace(v)) > 0 && bytes.TrimSpace(v)[0] == '{' {
+		want := "a number of replicas, or {min: N, max: M} for the cluster to choose within"
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(v, &m); err != nil {
+			return out, &FieldError{Field: "replicas", Value: clip(string(v), 64), Want: want}
+		}
+		a := &Autoscale{}
+		for _, k := range sortedKeys(m) {
+			var dst *int
+			switch k {
+			case "min":
+				dst = &a.Min
+			case "max":
+				dst = &a.Max
+			default:
+				return out, &UnknownFieldError{Field: "replicas." + k, Valid: []string{"min", "max"}}
+			}
+			if err := json.Unmarshal(m[k], dst); err != nil {
+				return out, &FieldError{Field: "replicas." + k, Value: clip(string(m[k]), 64), Want: "an integer"}
+			}
+		}
+		for _, k := range []string{"min", "max"} {
+			if _, ok := m[k]; !ok {
+				return out, &FieldError{Field: "replicas." + k, Value: "(missing)", Want: "given: replicas: {min: N, max: M} needs both"}
+			}
+		}
+		out.autoscale = a
+		delete(raw, "replicas")
+	}
+	if v, ok := raw["target_inflight"]; ok && string(v) != "null" {
+		var n int
+		if err := json.Unmarshal(v, &n); err != nil || n == 0 {
+			return out, &FieldError{Field: "target_inflight", Value: clip(string(v), 64), Want: "from 1 to 65536 requests per replica (or leave it out: max_num_seqs, else 8)"}
+		}
+		out.targetInflight = &n
+	}
+	delete(raw, "target_inflight")
+	if v, ok := raw["scale_down_delay"]; ok && string(v) != "null" {
+		var d Duration
+		if err := json.Unmarshal(v, &d); err != nil || d == 0 {
+			return out, &FieldError{Field: "scale_down_delay", Value: clip(string(v), 64), Want: "a duration from 1s to 24h (or leave it out: 5m)"}
+		}
+		out.scaleDownDelay = &d
+	}
+	delete(raw, "scale_down_delay")
+	return out, nil
+}
+
+// apply puts the top-level scaling fields into d's Autoscale, which must
+// exist: alone they would scale nothing.
+func (f autoscaleFields) apply(d *Deployment) error {
+	for _, g := range []struct {
+		name, value string
+		given       bool
+		set         func(a *Autoscale) bool // false: already set in autoscale
+	}{
+		{"target_inflight", fmt.Sprint(deref(f.targetInflight)), f.targetInflight != nil, func(a *Autoscale) bool {
+			ok := a.TargetInflight == 0
+			a.TargetInflight = *f.targetInflight
+			return ok
+		}},
+		{"scale_down_delay", deref(f.scaleDownDelay).String(), f.scaleDownDelay != nil, func(a *Autoscale) bool {
+			ok := a.ScaleDownDelay == 0
+			a.ScaleDownDelay = *f.scaleDownDelay
+			return ok
+		}},
+	} {
+		if !g.given {
+			continue
+		}
+		if d.Autoscale == nil {
+			return &FieldError{Field: g.name, Value: g.value, Want: "only with replicas: {min: N, max: M}: a fixed replica count does not scale"}
+		}
+		if !g.set(d.Autoscale) {
+			return &DuplicateFieldError{Field: g.name + " (also in autoscale)"}
+		}
+	}
+	return nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // normalize drops empty maps and lists, so a decoded spec equals itself

@@ -81,7 +81,31 @@ type Deployment struct {
 	// field drops it from the copy it relays; see gossip's supersedes for
 	// why newer nodes keep theirs.
 	StartTimeout Duration `json:"start_timeout,omitempty"`
+	// Autoscale, when set, lets the cluster choose the replica count
+	// within [Min, Max] by the load its engines report; Replicas is then
+	// where it starts (and, placed again, where it stands). A spec says it
+	// as replicas: {min: N, max: M}; a plain replicas: N leaves it nil,
+	// a fixed count. Like Replicas and StartTimeout it stays out of the
+	// spec version: scaling rolls no engine. Its fields need cluster
+	// protocol 5 (fieldVersions).
+	Autoscale *Autoscale `json:"autoscale,omitempty"`
 }
+
+// Autoscale is how an autoscaled deployment's replica count moves.
+type Autoscale struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+	// TargetInflight is the running plus waiting requests per replica
+	// aimed at (0: max_num_seqs when set, else 8).
+	TargetInflight int `json:"target_inflight,omitempty"`
+	// ScaleDownDelay is how long demand must stay low before a replica
+	// goes (0: 5 min).
+	ScaleDownDelay Duration `json:"scale_down_delay,omitempty"`
+}
+
+// MaxScaleDownDelay is the longest scale_down_delay a deployment may ask
+// for.
+const MaxScaleDownDelay = 24 * time.Hour
 
 // MaxStartTimeout is the longest start_timeout a deployment may ask for.
 const MaxStartTimeout = 7 * 24 * time.Hour
@@ -191,6 +215,11 @@ func (d Deployment) Validate() error {
 	if d.StartTimeout < 0 || time.Duration(d.StartTimeout) > MaxStartTimeout {
 		return bad("start_timeout", d.StartTimeout.String(), "a duration above 0 and at most 168h (7 days), such as 2h (or unset: 2h)")
 	}
+	if a := d.Autoscale; a != nil {
+		if err := a.validate(d.Replicas); err != nil {
+			return err
+		}
+	}
 	if d.Fit != nil {
 		if err := d.Fit.validate(); err != nil {
 			return err
@@ -239,7 +268,7 @@ func (d Deployment) SpecVersion() string {
 	d = d.WithDefaults()
 	// How a version is replaced does not change how it runs: switching
 	// to recreate must not itself recreate everything.
-	d.Replicas, d.Update, d.StartTimeout = 0, "", 0
+	d.Replicas, d.Update, d.StartTimeout, d.Autoscale = 0, "", 0, nil
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
 	if err != nil {
@@ -300,6 +329,35 @@ type Fit struct {
 	SeqsChosen bool `json:"seqs_chosen,omitempty"`
 }
 
+// validate checks the autoscaling fields against the replicas a spec
+// starts at; the errors name the fields as a spec writes them.
+func (a Autoscale) validate(replicas int) error {
+	bad := func(field string, value int, want string) error {
+		return &FieldError{Field: field, Value: strconv.Itoa(value), Want: want}
+	}
+	switch {
+	case a.Min == 0:
+		// Scale from zero needs the gateway to hold requests while a
+		// replica starts, which it does not do yet: at zero a request
+		// would find nothing.
+		return bad("replicas.min", a.Min, "at least 1 (scaling to zero is not supported yet)")
+	case a.Min < 0 || a.Min > 1000:
+		return bad("replicas.min", a.Min, "an integer from 1 to 1000")
+	case a.Max < 1 || a.Max > 1000:
+		return bad("replicas.max", a.Max, "an integer from 1 to 1000")
+	case a.Min > a.Max:
+		return bad("replicas.min", a.Min, fmt.Sprintf("at most replicas.max (%d)", a.Max))
+	case a.TargetInflight < 0 || a.TargetInflight > 1<<16:
+		return bad("target_inflight", a.TargetInflight, "from 1 to 65536 requests per replica (or leave it out: max_num_seqs, else 8)")
+	case replicas < a.Min || replicas > a.Max:
+		return bad("replicas", replicas, fmt.Sprintf("within replicas.min and replicas.max (%d to %d) on an autoscaled deployment", a.Min, a.Max))
+	}
+	if a.ScaleDownDelay < 0 || time.Duration(a.ScaleDownDelay) > MaxScaleDownDelay {
+		return &FieldError{Field: "scale_down_delay", Value: a.ScaleDownDelay.String(), Want: "a duration from 1s to 24h (or leave it out: 5m)"}
+	}
+	return nil
+}
+
 func (f Fit) validate() error {
 	if len(f.Source) > 256 || strings.ContainsAny(f.Source, "\x00\n") {
 		return &FieldError{Field: "fit.source", Value: f.Source, Want: "at most 256 characters on one line"}
@@ -340,6 +398,7 @@ func fieldVersions() []fieldVersion {
 	return []fieldVersion{
 		{FieldVersion{Field: "start_timeout", Protocol: 2}, func(d Deployment) bool { return d.StartTimeout != 0 }},
 		{FieldVersion{Field: "fit.seqs_chosen", Protocol: 3}, func(d Deployment) bool { return d.Fit != nil && d.Fit.SeqsChosen }},
+		{FieldVersion{Field: "autoscale", Protocol: 5}, func(d Deployment) bool { return d.Autoscale != nil }},
 	}
 }
 

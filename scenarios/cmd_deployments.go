@@ -54,7 +54,27 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 			spec[field] = v
 		}
 	}
-	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout"} {
+	// min-replicas and max-replicas are sent as replicas: {min, max};
+	// target-inflight and scale-down-delay go with them.
+	if d.has("min-replicas") || d.has("max-replicas") {
+		rng := map[string]any{}
+		for key, field := range map[string]string{"min-replicas": "min", "max-replicas": "max"} {
+			v, err := d.integer(key, 0)
+			if err != nil {
+				return "", time.Time{}, err
+			}
+			rng[field] = v
+		}
+		spec["replicas"] = rng
+	}
+	if d.has("target-inflight") {
+		v, err := d.integer("target-inflight", 0)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		spec["target_inflight"] = v
+	}
+	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout", "scale-down-delay": "scale_down_delay"} {
 		if d.has(key) {
 			if spec[field], err = d.str(key, ""); err != nil {
 				return "", time.Time{}, err

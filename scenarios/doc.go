@@ -125,10 +125,11 @@
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
 //	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate]
-//	      [start-timeout=2h] [via=NODE]
+//	      [start-timeout=2h] [min-replicas=N max-replicas=M [target-inflight=T] [scale-down-delay=5m]] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply. start-timeout is
-//	    sent as start_timeout, a duration string. engine=vllm and
+//	    sent as start_timeout, a duration string; min-replicas and
+//	    max-replicas as replicas: {min, max} (autoscaled). engine=vllm and
 //	    engine=sglang run the fake engine's personalities through the real
 //	    profiles' command lines (see Engines).
 //	weights NODE family=F [model=NAME]

@@ -38,6 +38,16 @@ func (n *Node) Place(ctx context.Context, spec placement.Deployment) (status.Dep
 		return status.DeploymentInfo{}, fmt.Errorf("%w: %w", placement.ErrInvalidDeployment, err)
 	}
 	old, known := n.cluster.Deployment(spec.Name)
+	if a := spec.Autoscale; a != nil && known && !old.Deleted && old.Spec != nil {
+		// Placed again, an autoscaled deployment starts where it stands:
+		// the new spec's stamp voids the old targets, and its start
+		// replicas are what every node places until its decider writes.
+		for _, d := range n.Status().Deployments(n.clock.Now()) {
+			if d.Name == spec.Name {
+				spec.Replicas = min(max(d.Replicas, a.Min), a.Max)
+			}
+		}
+	}
 	change := changeOf(old, known, spec)
 	rec, err := n.cluster.PutDeployment(spec)
 	if err != nil {

@@ -52,7 +52,15 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 		if d.Deleted || d.Spec == nil {
 			continue
 		}
-		v.Deployments = append(v.Deployments, *d.Spec)
+		spec := *d.Spec
+		if a := spec.Autoscale; a != nil {
+			// The decider's target, where one for this spec is out;
+			// until then the spec's replicas (its start).
+			if t, ok := gossip.ScaleTargetFor(members, d); ok {
+				spec.Replicas = min(max(t.Replicas, a.Min), a.Max)
+			}
+		}
+		v.Deployments = append(v.Deployments, spec)
 	}
 	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].Name < v.Nodes[j].Name })
 	return v

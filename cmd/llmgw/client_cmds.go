@@ -167,6 +167,10 @@ func placeCommand() *cli.Command {
 		waitFlag(),
 		&cli.StringFlag{Name: "update", Usage: "how a new version replaces the old: surge (default: beside it, the old serving until the new is ready) or recreate (the old stops first: a planned gap, for replicas too large to surge)"},
 		&cli.DurationFlag{Name: "start-timeout", Usage: "how long an engine may start (after its image pull) without becoming ready and without progress (its log or the weights cache growing); default 2h; changing it restarts nothing"},
+		&cli.IntFlag{Name: "min-replicas", Usage: "autoscale: the fewest replicas (with --max-replicas; instead of --replicas); the cluster chooses within them by load"},
+		&cli.IntFlag{Name: "max-replicas", Usage: "autoscale: the most replicas (with --min-replicas)"},
+		&cli.IntFlag{Name: "target-inflight", Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
+		&cli.DurationFlag{Name: "scale-down-delay", Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -184,7 +188,8 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		}
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
-		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout"} {
+		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout",
+			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -241,6 +246,9 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 			return nil, "", fmt.Errorf("--%s %d: want 1 or more (or leave it out)", f, c.Int(f))
 		}
 	}
+	if err := autoscaleFlags(c, &d); err != nil {
+		return nil, "", err
+	}
 	d.GPUMemoryAuto = c.String("gpu-memory") == "auto"
 	if d.TensorParallelAuto && !d.GPUMemoryAuto {
 		return nil, "", fmt.Errorf("--tp auto chooses the split from the model's size: add --gpu-memory auto")
@@ -260,6 +268,35 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		return nil, "", err
 	}
 	return autoBody(d)
+}
+
+// autoscaleFlags puts --min-replicas, --max-replicas, --target-inflight
+// and --scale-down-delay in d; the node checks the values (and names the
+// fields), this checks what only the flags can get wrong.
+func autoscaleFlags(c *cli.Command, d *placement.Deployment) error {
+	minSet, maxSet := c.IsSet("min-replicas"), c.IsSet("max-replicas")
+	if !minSet && !maxSet {
+		for _, f := range []string{"target-inflight", "scale-down-delay"} {
+			if c.IsSet(f) {
+				return fmt.Errorf("--%s: only with --min-replicas and --max-replicas (a fixed --replicas does not scale)", f)
+			}
+		}
+		return nil
+	}
+	switch {
+	case c.IsSet("replicas"):
+		return fmt.Errorf("--replicas: not with --min-replicas/--max-replicas; give a fixed count or a range, not both")
+	case !minSet || !maxSet:
+		return fmt.Errorf("--min-replicas and --max-replicas: give both (the range the cluster chooses within)")
+	case c.IsSet("target-inflight") && c.Int("target-inflight") < 1:
+		return fmt.Errorf("--target-inflight %d: want 1 or more requests per replica (or leave it out)", c.Int("target-inflight"))
+	case c.IsSet("scale-down-delay") && c.Duration("scale-down-delay") <= 0:
+		return fmt.Errorf("--scale-down-delay %s: want a duration above 0, such as 5m (or leave it out)", c.Duration("scale-down-delay"))
+	}
+	d.Autoscale = &placement.Autoscale{Min: int(c.Int("min-replicas")), Max: int(c.Int("max-replicas")),
+		TargetInflight: int(c.Int("target-inflight")), ScaleDownDelay: placement.Duration(c.Duration("scale-down-delay"))}
+	d.Replicas = d.Autoscale.Min
+	return nil
 }
 
 // autoBody writes d as the API reads it: "auto" where d says so, which
@@ -357,7 +394,19 @@ func modelsCommand() *cli.Command {
 				if nodes == "" {
 					nodes = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", d.Name, d.Model, d.Engine, d.Placed, d.Replicas, d.Ready, nodes, why)
+				replicas := fmt.Sprintf("%d/%d", d.Placed, d.Replicas)
+				if a, sc := d.Autoscale, d.Scale; a != nil && sc != nil {
+					// The target and the range it moves in; the rule's
+					// word for it when nothing else is wrong.
+					replicas += fmt.Sprintf(" (auto %d-%d)", a.Min, a.Max)
+					if why == "-" && sc.Reason != "" {
+						why = "autoscale: " + sc.Reason
+						if sc.Decider != "" {
+							why += " (decided by " + sc.Decider + ")"
+						}
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Name, d.Model, d.Engine, replicas, d.Ready, nodes, why)
 			}
 			return tw.Flush()
 		},

@@ -445,3 +445,41 @@ func TestLogsSendsTheToken(t *testing.T) {
 		t.Fatalf("without a token: %v, want the node's answer", err)
 	}
 }
+
+// --min-replicas and --max-replicas send an autoscaled spec that the
+// node's decoder reads back as it was meant; what only flags can get
+// wrong is refused naming the flag, and nothing is sent.
+func TestPlaceAutoscaleFlags(t *testing.T) {
+	srv, paths, body := recorder(t)
+	_, err := run(t, "place", "chat", "--model", "m", "--addr", srv.URL, "--token", "0123456789abcdef0123",
+		"--min-replicas", "2", "--max-replicas", "6", "--target-inflight", "4", "--scale-down-delay", "90s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := placement.DecodeDeployment(*body)
+	if err != nil {
+		t.Fatalf("the node would refuse %s: %v", *body, err)
+	}
+	if a := d.Autoscale; a == nil || *a != (placement.Autoscale{Min: 2, Max: 6, TargetInflight: 4, ScaleDownDelay: placement.Duration(90 * time.Second)}) || d.Replicas != 2 {
+		t.Errorf("sent %s", *body)
+	}
+	sent := len(*paths)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--replicas", "3", "--min-replicas", "1", "--max-replicas", "4"}, "--replicas: not with --min-replicas/--max-replicas"},
+		{[]string{"--min-replicas", "1"}, "--min-replicas and --max-replicas: give both"},
+		{[]string{"--target-inflight", "4"}, "--target-inflight: only with --min-replicas and --max-replicas"},
+		{[]string{"--min-replicas", "1", "--max-replicas", "4", "--target-inflight", "0"}, "--target-inflight 0: want 1 or more"},
+		{[]string{"--min-replicas", "1", "--max-replicas", "4", "--scale-down-delay", "-1m"}, "--scale-down-delay -1m0s: want a duration above 0"},
+	} {
+		_, err := run(t, append([]string{"place", "chat", "--model", "m", "--addr", srv.URL, "--token", "0123456789abcdef0123"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+	if len(*paths) != sent {
+		t.Errorf("a refused place was sent: %v", (*paths)[sent:])
+	}
+}

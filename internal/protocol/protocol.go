@@ -41,6 +41,14 @@ const (
 	// Below V4 an older gateway dials the engine URL of the record, so
 	// engines keep listening on every address.
 	V4 = 4
+	// V5: autoscaled deployments. A spec may carry autoscale (replicas:
+	// {min, max}); each such deployment's decider, chosen by rendezvous
+	// among alive nodes, publishes its target in its own node record
+	// (scale), and every node places the newest target for the
+	// deployment's current spec instead of its replicas. A V4 node would
+	// place the spec's replicas and relay the spec without autoscale, so
+	// below V5 a place that sets it is refused.
+	V5 = 5
 )
 
 // Min and Max bound the versions this build speaks. Min rises only when a
@@ -48,7 +56,7 @@ const (
 // cluster's active version is refused by it.
 const (
 	Min = V1
-	Max = V4
+	Max = V5
 )
 
 // Range is the span of versions one build speaks.

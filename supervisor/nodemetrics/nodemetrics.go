@@ -78,7 +78,7 @@ var (
 	descDeployments = prometheus.NewDesc("llmgw_deployments",
 		"Deployments the cluster is asked to run (tombstones excluded).", nil, nil)
 	descReplicas = prometheus.NewDesc("llmgw_deployment_replicas",
-		"Replicas of each deployment: wanted (the spec), placed (in the plan), ready (every shard holds a valid lease).",
+		"Replicas of each deployment: wanted (the spec's, or an autoscaled deployment's target in force), placed (in the plan), ready (every shard holds a valid lease); min and max bound an autoscaled deployment's target.",
 		[]string{"deployment", "kind"}, nil)
 	descShards = prometheus.NewDesc("llmgw_shards",
 		"Shards in this node's view by engine status (pending, starting, ready, crashed, backoff, stopping, unplaced) and lease (starting, valid, lapsed, none).",
@@ -192,6 +192,10 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, descReplicas, float64(d.Replicas), d.Name, "wanted")
 		gauge(ch, descReplicas, float64(d.Placed), d.Name, "placed")
 		gauge(ch, descReplicas, float64(d.Ready), d.Name, "ready")
+		if a := d.Autoscale; a != nil {
+			gauge(ch, descReplicas, float64(a.Min), d.Name, "min")
+			gauge(ch, descReplicas, float64(a.Max), d.Name, "max")
+		}
 	}
 
 	type sl struct{ status, lease string }

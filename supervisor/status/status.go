@@ -230,12 +230,28 @@ func (s *Snapshot) buildDeployments(in Input) {
 	for _, u := range in.Plan.Unplaced {
 		unplaced[u.Deployment] = append(unplaced[u.Deployment], u.ShardID+": "+u.Reason)
 	}
+	// An autoscaled deployment's replicas are its decider's target, as
+	// the view placed them.
+	placedReplicas := map[string]int{}
+	for _, d := range in.View.Deployments {
+		placedReplicas[d.Name] = d.Replicas
+	}
 	for _, rec := range in.Deployments {
 		if rec.Deleted || rec.Spec == nil {
 			continue
 		}
 		d := rec.Spec.WithDefaults()
-		dep := deployment{info: DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}}}
+		var scale *ScaleInfo
+		if d.Autoscale != nil {
+			if r, ok := placedReplicas[d.Name]; ok {
+				d.Replicas = r
+			}
+			scale = &ScaleInfo{Target: d.Replicas, Reason: "no target decided yet: the spec's replicas stand"}
+			if t, ok := gossip.ScaleTargetFor(in.Members, rec); ok {
+				scale.Decider, scale.Reason, scale.DecidedAt = t.At.Origin, t.Reason, time.UnixMilli(t.At.Wall).UTC()
+			}
+		}
+		dep := deployment{info: DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}, Scale: scale}}
 		info := &dep.info
 		placed := map[string]bool{}
 		nodes := map[string]bool{}

@@ -175,3 +175,34 @@ func TestGateways(t *testing.T) {
 		t.Errorf("no members: %#v, want an empty list (JSON [])", g)
 	}
 }
+
+// An autoscaled deployment reads, wherever it is shown, the target the
+// view placed (the decider's), with who decided it and why; a fixed one
+// has no scale part.
+func TestAutoscaledDeploymentShowsItsTarget(t *testing.T) {
+	spec := placement.Deployment{Name: "chat", Model: "m", Engine: "fake", Replicas: 1, Autoscale: &placement.Autoscale{Min: 1, Max: 4}}.WithDefaults()
+	stamp := gossip.Stamp{Wall: t0.UnixMilli(), Origin: "n1"}
+	placed := spec
+	placed.Replicas = 3
+	members := []gossip.Member{{Name: "n2", State: gossip.StateAlive, SeenAt: t0, Record: &gossip.NodeRecord{Name: "n2",
+		Scale: []gossip.ScaleTarget{{Deployment: "chat", Spec: stamp, Replicas: 3, At: gossip.Stamp{Wall: t0.UnixMilli() + 5000, Origin: "n2"}, Reason: "scaling up: 20 in flight"}}}}}
+	fixed := placement.Deployment{Name: "other", Model: "m", Engine: "fake", Replicas: 2}.WithDefaults()
+	snap := Build(Input{Self: "n1", Now: t0, TTL: ttl, Members: members,
+		View:        placement.View{Deployments: []placement.Deployment{placed, fixed}},
+		Deployments: []gossip.DeploymentRecord{{Name: "chat", Spec: &spec, Stamp: stamp}, {Name: "other", Spec: &fixed, Stamp: stamp}}})
+	ds := snap.Deployments(t0)
+	if len(ds) != 2 {
+		t.Fatalf("%d deployments", len(ds))
+	}
+	chat, other := ds[0], ds[1]
+	if chat.Name != "chat" {
+		chat, other = other, chat
+	}
+	if chat.Replicas != 3 || chat.Scale == nil || chat.Scale.Target != 3 || chat.Scale.Decider != "n2" || chat.Scale.Reason != "scaling up: 20 in flight" ||
+		!chat.Scale.DecidedAt.Equal(t0.Add(5*time.Second)) {
+		t.Errorf("chat = replicas %d, scale %+v", chat.Replicas, chat.Scale)
+	}
+	if other.Replicas != 2 || other.Scale != nil {
+		t.Errorf("the fixed deployment = replicas %d, scale %+v", other.Replicas, other.Scale)
+	}
+}

@@ -76,6 +76,19 @@ type DeploymentInfo struct {
 	// the spec the cluster held (ChangeNew, ChangeChanged, ChangeScaled,
 	// ChangeSettings, ChangeUnchanged).
 	Change string `json:"change,omitempty"`
+	// Scale is an autoscaled deployment's target (nil: a fixed count);
+	// Replicas is then the target in force.
+	Scale *ScaleInfo `json:"scale,omitempty"`
+}
+
+// ScaleInfo is the target in force of an autoscaled deployment: who
+// decided it, when and why (empty decider: none yet, the spec's replicas
+// stand).
+type ScaleInfo struct {
+	Target    int       `json:"target"`
+	Decider   string    `json:"decider,omitempty"`
+	DecidedAt time.Time `json:"decided_at,omitzero"`
+	Reason    string    `json:"reason,omitempty"`
 }
 
 // LeaseNone is the lease of a shard that nobody holds: planned on a node

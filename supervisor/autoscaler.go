@@ -1,0 +1,232 @@
+package supervisor
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/autoscale"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// AutoscaleInterval is how often a node decides for the autoscaled
+// deployments it is the decider of. Engine load reaches the records at
+// most every 15 s, so this only bounds how late a publication is acted on.
+const AutoscaleInterval = 5 * time.Second
+
+// autoscaler is the decider loop (see docs/architecture.md, "Autoscaling").
+// For each autoscaled deployment one node decides: the alive node with the
+// highest rendezvous hash of (deployment, node). It reads the load its
+// read model holds, runs the rule (supervisor/autoscale), and publishes
+// the target in its own record; every node places the newest target for
+// the deployment's current spec (gossip.ScaleTargetFor, read by BuildView).
+// What only the decider holds is the rule's memory of the last
+// scale-down delay; a node that takes over starts without it and so
+// scales down only after a delay of its own readings.
+type autoscaler struct {
+	self    string
+	clock   clock.Clock
+	log     *slog.Logger
+	cluster scaleCluster
+	reads   *readModel
+	settled *atomic.Bool
+	// deciders is the rule's memory per deployment spec this node decides.
+	deciders map[scaleKey]*autoscale.Decider
+}
+
+// scaleCluster is what the autoscaler reads and writes of the gossip
+// state (*gossip.Cluster).
+type scaleCluster interface {
+	Members() []gossip.Member
+	Deployments() []gossip.DeploymentRecord
+	Local() gossip.NodeRecord
+	UpdateLocal(fn func(r *gossip.NodeRecord)) gossip.NodeRecord
+	StampAfter(s gossip.Stamp) gossip.Stamp
+}
+
+type scaleKey struct {
+	name string
+	spec gossip.Stamp
+}
+
+func (a *autoscaler) run(ctx context.Context) {
+	t := a.clock.NewTicker(AutoscaleInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+			a.pass()
+		}
+	}
+}
+
+// pass decides once for every autoscaled deployment this node decides,
+// and publishes the targets that changed. A node that has not heard the
+// cluster yet decides nothing: its view of the load is empty.
+func (a *autoscaler) pass() {
+	if !a.settled.Load() {
+		return
+	}
+	deps := a.cluster.Deployments()
+	if !slices.ContainsFunc(deps, autoscaled) && len(a.cluster.Local().Scale) == 0 {
+		return // the common case: nothing autoscaled, nothing published
+	}
+	members := a.cluster.Members()
+	alive := aliveDeciders(members)
+	snap := a.reads.load()
+	now := a.clock.Now()
+	mine := map[string]gossip.ScaleTarget{}
+	for _, t := range a.cluster.Local().Scale {
+		mine[t.Deployment] = t
+	}
+	var out []gossip.ScaleTarget
+	keep := map[scaleKey]bool{}
+	for _, d := range deps {
+		if !autoscaled(d) {
+			continue
+		}
+		cur, has := gossip.ScaleTargetFor(members, d)
+		if decider(d.Name, alive) != a.self {
+			// Not ours (any more): our last target stays out only while
+			// it is the one in force, so that the deployment never falls
+			// back to its spec's replicas between two deciders.
+			if t, ok := mine[d.Name]; ok && has && t.Spec == d.Stamp && t.At == cur.At {
+				out = append(out, t)
+			}
+			continue
+		}
+		key := scaleKey{d.Name, d.Stamp}
+		keep[key] = true
+		dec := a.deciders[key]
+		if dec == nil {
+			dec = &autoscale.Decider{}
+			a.deciders[key] = dec
+		}
+		current := d.Spec.Replicas
+		if has {
+			current = cur.Replicas
+		}
+		got := dec.Decide(scaleSettings(*d.Spec), scaleReading(snap, *d.Spec, now, current))
+		if has && cur.At.Origin == a.self && cur.Replicas == got.Target {
+			out = append(out, cur) // in force and unchanged: no new record
+			continue
+		}
+		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: clipReason(got.Reason)}
+		if !has || cur.Replicas != got.Target {
+			a.log.Info("autoscale", "deployment", d.Name, "from", current, "to", got.Target, "why", got.Reason)
+		}
+		out = append(out, t)
+	}
+	for k := range a.deciders {
+		if !keep[k] {
+			delete(a.deciders, k)
+		}
+	}
+	if !slices.Equal(out, a.cluster.Local().Scale) {
+		a.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Scale = out })
+	}
+}
+
+func autoscaled(d gossip.DeploymentRecord) bool {
+	return !d.Deleted && d.Spec != nil && d.Spec.Autoscale != nil
+}
+
+// aliveDeciders are the nodes that may decide: alive (or suspect, as
+// placement counts them) and not leaving, by name.
+func aliveDeciders(members []gossip.Member) []string {
+	var out []string
+	for _, m := range members {
+		if (m.State == gossip.StateAlive || m.State == gossip.StateSuspect) && m.Record != nil && !m.Record.Leaving {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
+// decider is the node of alive with the highest rendezvous hash of
+// (deployment, node): every node that sees the same alive set names the
+// same one, and a node's death moves only its own deployments.
+func decider(deployment string, alive []string) string {
+	best, bestHash := "", uint64(0)
+	for _, n := range alive {
+		h := fnv.New64a()
+		h.Write([]byte(deployment))
+		h.Write([]byte{0})
+		h.Write([]byte(n))
+		if v := h.Sum64(); best == "" || v > bestHash || (v == bestHash && n < best) {
+			best, bestHash = n, v
+		}
+	}
+	return best
+}
+
+// scaleSettings are d's scaling fields with their defaults.
+func scaleSettings(d placement.Deployment) autoscale.Settings {
+	a := d.Autoscale
+	s := autoscale.Settings{Min: a.Min, Max: a.Max, TargetInflight: float64(a.TargetInflight), ScaleDownDelay: time.Duration(a.ScaleDownDelay)}
+	if s.TargetInflight == 0 {
+		s.TargetInflight = autoscale.DefaultTargetInflight
+		if d.MaxNumSeqs > 0 {
+			s.TargetInflight = float64(d.MaxNumSeqs)
+		}
+	}
+	if s.ScaleDownDelay == 0 {
+		s.ScaleDownDelay = autoscale.DefaultScaleDownDelay
+	}
+	return s
+}
+
+// scaleReading is deployment d as the read model holds it: its replicas
+// of the current spec by state, the running and waiting requests their
+// engines last reported, and, when a replica waits for room, how many
+// are placed. Replicas being drained away are left out: their requests
+// are finishing, not demand.
+func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, current int) autoscale.Reading {
+	r := autoscale.Reading{Now: now, Current: current, Fits: -1}
+	version := d.WithDefaults().SpecVersion()
+	ready, starting, placed := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for _, s := range snap.Shards(now) {
+		if s.Deployment != d.Name || s.SpecVersion != version || s.Draining || s.Node == "" {
+			continue
+		}
+		placed[s.ReplicaID] = true
+		switch {
+		case s.Lease == placement.LeaseValid && s.Status == gossip.ShardReady:
+			ready[s.ReplicaID] = true
+		case s.Lease == placement.LeaseStarting || s.Status == gossip.ShardStarting:
+			starting[s.ReplicaID] = true
+		}
+		if l := s.Load; !l.ScrapedAt.IsZero() && l.Error == "" {
+			r.Demand += l.Running + l.Waiting
+			r.Readings++
+		}
+	}
+	for id := range starting {
+		delete(ready, id) // a gang half started is starting
+	}
+	r.Ready, r.Starting = len(ready), len(starting)
+	for _, u := range snap.Plan().Unplaced {
+		if u.Deployment == d.Name {
+			r.Fits = len(placed)
+			break
+		}
+	}
+	return r
+}
+
+// clipReason keeps a reason within what records accept.
+func clipReason(s string) string {
+	const max = 200
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "…"
+}

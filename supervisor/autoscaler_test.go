@@ -1,0 +1,181 @@
+package supervisor
+
+import (
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/placement"
+	"github.com/llmgw/llmgw/supervisor/autoscale"
+	"github.com/llmgw/llmgw/supervisor/status"
+)
+
+// scaleWorld is the gossip state of a few nodes as one of them holds it.
+type scaleWorld struct {
+	self    string
+	members []gossip.Member
+	deps    []gossip.DeploymentRecord
+	wall    int64
+	updates int
+}
+
+func (w *scaleWorld) Members() []gossip.Member               { return w.members }
+func (w *scaleWorld) Deployments() []gossip.DeploymentRecord { return w.deps }
+
+func (w *scaleWorld) record(name string) *gossip.NodeRecord {
+	for _, m := range w.members {
+		if m.Name == name {
+			return m.Record
+		}
+	}
+	return nil
+}
+
+func (w *scaleWorld) Local() gossip.NodeRecord { return *w.record(w.self) }
+
+func (w *scaleWorld) UpdateLocal(fn func(r *gossip.NodeRecord)) gossip.NodeRecord {
+	w.updates++
+	fn(w.record(w.self))
+	return *w.record(w.self)
+}
+
+func (w *scaleWorld) StampAfter(s gossip.Stamp) gossip.Stamp {
+	w.wall = max(w.wall, s.Wall) + 1
+	return gossip.Stamp{Wall: w.wall, Origin: w.self}
+}
+
+func newScaleWorld(self string, names ...string) *scaleWorld {
+	w := &scaleWorld{self: self, wall: 1000}
+	for _, n := range names {
+		w.members = append(w.members, gossip.Member{Name: n, State: gossip.StateAlive, Record: &gossip.NodeRecord{Name: n}})
+	}
+	spec := placement.Deployment{Name: "chat", Model: "m", Engine: "fake", Replicas: 2, Autoscale: &placement.Autoscale{Min: 1, Max: 4}}
+	w.deps = []gossip.DeploymentRecord{{Name: "chat", Spec: &spec, Stamp: gossip.Stamp{Wall: 500, Origin: "n1"}}}
+	return w
+}
+
+func scalerOn(w *scaleWorld) *autoscaler {
+	var settled atomic.Bool
+	settled.Store(true)
+	clk := clock.NewFake(time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC))
+	first := status.Build(status.Input{Self: w.self, Now: clk.Now(), TTL: 3 * time.Second})
+	return &autoscaler{self: w.self, clock: clk, log: slog.New(slog.DiscardHandler), cluster: w,
+		reads: newReadModel(clk, first, make(chan struct{}), newWakeup()), settled: &settled, deciders: map[scaleKey]*autoscale.Decider{}}
+}
+
+// The decider is the same for everyone who sees the same alive nodes, and
+// a node's death moves only the deployments it decided.
+func TestDeciderIsRendezvous(t *testing.T) {
+	all := []string{"n1", "n2", "n3", "n4"}
+	moved := 0
+	for i := range 40 {
+		dep := "d" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		d := decider(dep, all)
+		if again := decider(dep, []string{"n4", "n3", "n2", "n1"}); again != d {
+			t.Fatalf("%s: %s in one order, %s in another", dep, d, again)
+		}
+		var without []string
+		for _, n := range all {
+			if n != "n2" {
+				without = append(without, n)
+			}
+		}
+		if after := decider(dep, without); after != d {
+			moved++
+			if d != "n2" {
+				t.Errorf("%s moved from %s to %s when n2 died", dep, d, after)
+			}
+		}
+	}
+	if moved == 0 || moved == 40 {
+		t.Errorf("n2's death moved %d of 40 deployments", moved)
+	}
+}
+
+// The decider writes a target even when it keeps the spec's count, so the
+// count stands when the spec's replicas would not (its own record is the
+// one in force); an unchanged target is not written again; a node that is
+// not the decider writes nothing.
+func TestDeciderPublishesAndOthersDoNot(t *testing.T) {
+	names := []string{"n1", "n2", "n3"}
+	dec := decider("chat", names)
+	var other string
+	for _, n := range names {
+		if n != dec {
+			other = n
+		}
+	}
+	w := newScaleWorld(dec, names...)
+	a := scalerOn(w)
+	a.pass()
+	got := w.record(dec).Scale
+	if len(got) != 1 || got[0].Replicas != 2 || got[0].Spec != w.deps[0].Stamp || got[0].Reason != "no load reading yet: target kept" {
+		t.Fatalf("decider %s published %+v, want chat at its spec's 2", dec, got)
+	}
+	a.pass()
+	if w.updates != 1 {
+		t.Errorf("an unchanged target was written again: %d updates", w.updates)
+	}
+	ow := newScaleWorld(other, names...)
+	scalerOn(ow).pass()
+	if len(ow.record(other).Scale) != 0 || ow.updates != 0 {
+		t.Errorf("%s, not the decider, published %+v", other, ow.record(other).Scale)
+	}
+}
+
+// A former decider keeps its target while it is the one in force (the
+// new decider has not written yet: dropping it would put the spec's
+// replicas back for a moment), and drops it once a newer one is out.
+func TestFormerDeciderHandsOver(t *testing.T) {
+	names := []string{"n1", "n2", "n3"}
+	dec := decider("chat", names)
+	var former string
+	for _, n := range names {
+		if n != dec {
+			former = n
+		}
+	}
+	w := newScaleWorld(former, names...)
+	mine := gossip.ScaleTarget{Deployment: "chat", Spec: w.deps[0].Stamp, Replicas: 3, At: gossip.Stamp{Wall: 900, Origin: former}}
+	w.record(former).Scale = []gossip.ScaleTarget{mine}
+	a := scalerOn(w)
+	a.pass()
+	if got := w.record(former).Scale; len(got) != 1 || got[0] != mine {
+		t.Fatalf("the former decider dropped the target in force: %+v", got)
+	}
+	if v := BuildView(w.members, w.deps, time.Now(), time.Hour); v.Deployments[0].Replicas != 3 {
+		t.Errorf("the view places %d replicas, want the target 3", v.Deployments[0].Replicas)
+	}
+	w.record(dec).Scale = []gossip.ScaleTarget{{Deployment: "chat", Spec: w.deps[0].Stamp, Replicas: 3, At: gossip.Stamp{Wall: 950, Origin: dec}}}
+	a.pass()
+	if got := w.record(former).Scale; len(got) != 0 {
+		t.Errorf("the former decider kept %+v after %s's newer target", got, dec)
+	}
+	// A target beyond the range (an operator narrowed it) is clamped; one
+	// for an older spec is ignored.
+	w.deps[0].Spec.Autoscale.Max = 2
+	if v := BuildView(w.members, w.deps, time.Now(), time.Hour); v.Deployments[0].Replicas != 2 {
+		t.Errorf("a target of 3 with max 2: the view places %d", v.Deployments[0].Replicas)
+	}
+	w.deps[0].Stamp = gossip.Stamp{Wall: 2000, Origin: "n1"}
+	if v := BuildView(w.members, w.deps, time.Now(), time.Hour); v.Deployments[0].Replicas != 2 {
+		t.Errorf("after a new place, a target for the old spec counts: the view places %d, want the spec's 2", v.Deployments[0].Replicas)
+	}
+}
+
+// An autoscaled spec is refused until the cluster runs protocol 5: a
+// protocol 4 node would place its replicas and relay it without the range.
+func TestAutoscaleNeedsProtocol5(t *testing.T) {
+	spec := placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Autoscale: &placement.Autoscale{Min: 1, Max: 3}}
+	err := knownToCluster(spec, 4)
+	if err == nil || !strings.Contains(err.Error(), "autoscale needs cluster protocol 5") || !strings.Contains(err.Error(), "the cluster runs protocol 4") {
+		t.Errorf("at protocol 4: %v", err)
+	}
+	if err := knownToCluster(spec, 5); err != nil {
+		t.Errorf("at protocol 5: %v", err)
+	}
+}
