@@ -257,6 +257,9 @@ type ScaleTarget struct {
 	At Stamp `json:"at"`
 	// Reason is the rule's word for the target, shown by llmgw models.
 	Reason string `json:"reason,omitempty"`
+	// ColdStartMs is how long the deployment's last wake from zero took,
+	// the decider's wake to a ready replica, in milliseconds (0: none).
+	ColdStartMs int64 `json:"cold_start_ms,omitempty"`
 }
 
 // ScaleTargetFor is the target in force for the autoscaled deployment d:

@@ -173,6 +173,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if t.Replicas < 0 || t.Replicas > maxScaleReplicas {
 			return bad("scale", "%s: %d replicas, want 0 to %d", t.Deployment, t.Replicas, maxScaleReplicas)
 		}
+		if t.ColdStartMs < 0 || t.ColdStartMs > 7*24*3600*1000 {
+			return bad("scale", "%s: a cold start of %d ms, want 0 to a week", t.Deployment, t.ColdStartMs)
+		}
 		if len(t.Reason) > maxScaleReason {
 			return bad("scale", "%s: a reason of %d bytes, at most %d", t.Deployment, len(t.Reason), maxScaleReason)
 		}

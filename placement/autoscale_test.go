@@ -47,11 +47,25 @@ func sameDeployment(a, b Deployment) bool {
 	return string(ja) == string(jb)
 }
 
+// A deployment that may scale to zero starts at one replica, and its
+// idle window is stored with the range.
+func TestScaleToZeroSpec(t *testing.T) {
+	d, err := DecodeDeployment([]byte(`{"name":"chat","model":"m","replicas":{"min":0,"max":2},"idle_window":"2m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Replicas != 1 || d.Autoscale.Min != 0 || d.Autoscale.IdleWindow != Duration(2*time.Minute) {
+		t.Errorf("decoded replicas %d, autoscale %+v", d.Replicas, d.Autoscale)
+	}
+}
+
 // Bad scaling input is refused naming the field and what it takes.
 func TestAutoscaleBadInput(t *testing.T) {
 	for body, want := range map[string]string{
 		`"replicas":{"min":3,"max":2}`:                               `replicas.min: invalid value "3": at most replicas.max (2)`,
-		`"replicas":{"min":0,"max":2}`:                               `replicas.min: invalid value "0": at least 1 (scaling to zero is not supported yet)`,
+		`"replicas":{"min":-1,"max":2}`:                              `replicas.min: invalid value "-1": an integer from 0 to 1000`,
+		`"replicas":{"min":1,"max":2},"idle_window":"5m"`:            `idle_window: invalid value "5m0s": only with replicas.min 0`,
+		`"replicas":{"min":0,"max":2},"idle_window":"-5m"`:           `idle_window: invalid value "-5m0s": a duration from 1s to 24h`,
 		`"replicas":{"min":1}`:                                       `replicas.max: invalid value "(missing)"`,
 		`"replicas":{"min":1,"max":2,"step":1}`:                      `unknown field "replicas.step"; valid fields are min, max`,
 		`"replicas":{"min":1,"max":2000}`:                            `replicas.max: invalid value "2000": an integer from 1 to 1000`,

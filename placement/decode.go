@@ -134,7 +134,7 @@ func init() {
 		deploymentFieldNames = append(deploymentFieldNames, name)
 	}
 	// Taken out before the struct's fields (takeAutoscale).
-	deploymentFieldNames = append(deploymentFieldNames, "target_inflight", "scale_down_delay")
+	deploymentFieldNames = append(deploymentFieldNames, "target_inflight", "scale_down_delay", "idle_window")
 }
 
 func describeJSONType(t reflect.Type) string {
@@ -144,7 +144,7 @@ func describeJSONType(t reflect.Type) string {
 	case t == reflect.TypeFor[Duration]():
 		return `a duration such as "2h" or "90m"`
 	case t == reflect.TypeFor[*Autoscale]():
-		return `an object {"min": N, "max": M, "target_inflight": T, "scale_down_delay": "5m"}`
+		return `an object {"min": N, "max": M, "target_inflight": T, "scale_down_delay": "5m", "idle_window": "10m"}`
 	case t.Kind() == reflect.String:
 		return "a string"
 	case t.Kind() == reflect.Int:
@@ -245,7 +245,9 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	}
 	switch {
 	case !given("replicas") && d.Autoscale != nil:
-		d.Replicas = d.Autoscale.Min // an autoscaled deployment starts at its min
+		// An autoscaled deployment starts at its min, and one that may
+		// scale to zero at one replica: it falls to zero once idle.
+		d.Replicas = min(max(d.Autoscale.Min, 1), d.Autoscale.Max)
 	case !given("replicas"):
 		d.Replicas = 1
 	}
@@ -297,6 +299,7 @@ type autoscaleFields struct {
 	// given.
 	targetInflight *int
 	scaleDownDelay *Duration
+	idleWindow     *Duration
 }
 
 // takeAutoscale takes replicas: {min, max}, target_inflight and
@@ -348,6 +351,14 @@ func takeAutoscale(raw map[string]json.RawMessage) (autoscaleFields, error) {
 		out.scaleDownDelay = &d
 	}
 	delete(raw, "scale_down_delay")
+	if v, ok := raw["idle_window"]; ok && string(v) != "null" {
+		var d Duration
+		if err := json.Unmarshal(v, &d); err != nil || d == 0 {
+			return out, &FieldError{Field: "idle_window", Value: clip(string(v), 64), Want: "a duration from 1s to 24h (or leave it out: 10m)"}
+		}
+		out.idleWindow = &d
+	}
+	delete(raw, "idle_window")
 	return out, nil
 }
 
@@ -367,6 +378,11 @@ func (f autoscaleFields) apply(d *Deployment) error {
 		{"scale_down_delay", deref(f.scaleDownDelay).String(), f.scaleDownDelay != nil, func(a *Autoscale) bool {
 			ok := a.ScaleDownDelay == 0
 			a.ScaleDownDelay = *f.scaleDownDelay
+			return ok
+		}},
+		{"idle_window", deref(f.idleWindow).String(), f.idleWindow != nil, func(a *Autoscale) bool {
+			ok := a.IdleWindow == 0
+			a.IdleWindow = *f.idleWindow
 			return ok
 		}},
 	} {

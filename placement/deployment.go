@@ -101,6 +101,11 @@ type Autoscale struct {
 	// ScaleDownDelay is how long demand must stay low before a replica
 	// goes (0: 5 min).
 	ScaleDownDelay Duration `json:"scale_down_delay,omitempty"`
+	// IdleWindow is, with Min 0, how long the deployment must see no
+	// request at any gateway and none running or waiting in its engines
+	// before its last replica goes (0: 10 min). It governs that last step,
+	// not ScaleDownDelay.
+	IdleWindow Duration `json:"idle_window,omitempty"`
 }
 
 // MaxScaleDownDelay is the longest scale_down_delay a deployment may ask
@@ -336,13 +341,8 @@ func (a Autoscale) validate(replicas int) error {
 		return &FieldError{Field: field, Value: strconv.Itoa(value), Want: want}
 	}
 	switch {
-	case a.Min == 0:
-		// Scale from zero needs the gateway to hold requests while a
-		// replica starts, which it does not do yet: at zero a request
-		// would find nothing.
-		return bad("replicas.min", a.Min, "at least 1 (scaling to zero is not supported yet)")
 	case a.Min < 0 || a.Min > 1000:
-		return bad("replicas.min", a.Min, "an integer from 1 to 1000")
+		return bad("replicas.min", a.Min, "an integer from 0 to 1000 (0: scaled to zero when idle, woken by a request)")
 	case a.Max < 1 || a.Max > 1000:
 		return bad("replicas.max", a.Max, "an integer from 1 to 1000")
 	case a.Min > a.Max:
@@ -354,6 +354,12 @@ func (a Autoscale) validate(replicas int) error {
 	}
 	if a.ScaleDownDelay < 0 || time.Duration(a.ScaleDownDelay) > MaxScaleDownDelay {
 		return &FieldError{Field: "scale_down_delay", Value: a.ScaleDownDelay.String(), Want: "a duration from 1s to 24h (or leave it out: 5m)"}
+	}
+	if a.IdleWindow < 0 || time.Duration(a.IdleWindow) > MaxScaleDownDelay {
+		return &FieldError{Field: "idle_window", Value: a.IdleWindow.String(), Want: "a duration from 1s to 24h (or leave it out: 10m)"}
+	}
+	if a.IdleWindow != 0 && a.Min > 0 {
+		return &FieldError{Field: "idle_window", Value: a.IdleWindow.String(), Want: "only with replicas.min 0: it is how long an idle deployment waits before its last replica goes"}
 	}
 	return nil
 }

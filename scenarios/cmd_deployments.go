@@ -74,7 +74,7 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 		}
 		spec["target_inflight"] = v
 	}
-	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout", "scale-down-delay": "scale_down_delay"} {
+	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout", "scale-down-delay": "scale_down_delay", "idle-window": "idle_window"} {
 		if d.has(key) {
 			if spec[field], err = d.str(key, ""); err != nil {
 				return "", time.Time{}, err

@@ -37,7 +37,15 @@ type autoscaler struct {
 	reads   *readModel
 	settled *atomic.Bool
 	// deciders is the rule's memory per deployment spec this node decides.
-	deciders map[scaleKey]*autoscale.Decider
+	deciders map[scaleKey]*deciding
+}
+
+// deciding is what the decider of one deployment spec remembers: the
+// rule's memory, and when it last woke the deployment from zero (zero:
+// no wake under way), to time the cold start.
+type deciding struct {
+	autoscale.Decider
+	wokeAt time.Time
 }
 
 // scaleCluster is what the autoscaler reads and writes of the gossip
@@ -107,19 +115,33 @@ func (a *autoscaler) pass() {
 		keep[key] = true
 		dec := a.deciders[key]
 		if dec == nil {
-			dec = &autoscale.Decider{}
+			dec = &deciding{}
 			a.deciders[key] = dec
 		}
 		current := d.Spec.Replicas
 		if has {
 			current = cur.Replicas
 		}
-		got := dec.Decide(scaleSettings(*d.Spec), scaleReading(snap, *d.Spec, now, current))
-		if has && cur.At.Origin == a.self && cur.Replicas == got.Target {
+		reading := scaleReading(snap, *d.Spec, now, current)
+		got := dec.Decide(scaleSettings(*d.Spec), reading)
+		coldStart := cur.ColdStartMs
+		switch {
+		case current == 0 && got.Target > 0:
+			dec.wokeAt = now
+		case got.Target == 0:
+			dec.wokeAt = time.Time{}
+		case !dec.wokeAt.IsZero() && reading.Ready > 0:
+			// Woken and ready: the cold start as the decider saw it, from
+			// its wake to its first reading with a ready replica.
+			coldStart, dec.wokeAt = now.Sub(dec.wokeAt).Milliseconds(), time.Time{}
+			a.log.Info("autoscale: woke from zero", "deployment", d.Name, "cold_start", time.Duration(coldStart)*time.Millisecond)
+		}
+		if has && cur.At.Origin == a.self && cur.Replicas == got.Target && cur.ColdStartMs == coldStart {
 			out = append(out, cur) // in force and unchanged: no new record
 			continue
 		}
-		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: clipReason(got.Reason)}
+		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: clipReason(got.Reason),
+			ColdStartMs: coldStart}
 		if !has || cur.Replicas != got.Target {
 			a.log.Info("autoscale", "deployment", d.Name, "from", current, "to", got.Target, "why", got.Reason)
 		}
@@ -181,6 +203,10 @@ func scaleSettings(d placement.Deployment) autoscale.Settings {
 	if s.ScaleDownDelay == 0 {
 		s.ScaleDownDelay = autoscale.DefaultScaleDownDelay
 	}
+	s.IdleWindow = time.Duration(a.IdleWindow)
+	if s.IdleWindow == 0 {
+		s.IdleWindow = autoscale.DefaultIdleWindow
+	}
 	return s
 }
 
@@ -213,6 +239,13 @@ func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, 
 		delete(ready, id) // a gang half started is starting
 	}
 	r.Ready, r.Starting = len(ready), len(starting)
+	// The gateways' published rates: requests they sent or hold, which
+	// wake a deployment at zero and keep one from idling there.
+	for _, m := range snap.Members() {
+		if m.State == gossip.StateAlive || m.State == gossip.StateSuspect {
+			r.Requests += m.GatewayRates[d.Name]
+		}
+	}
 	for _, u := range snap.Plan().Unplaced {
 		if u.Deployment == d.Name {
 			r.Fits = len(placed)

@@ -10,7 +10,6 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor/autoscale"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -64,7 +63,7 @@ func scalerOn(w *scaleWorld) *autoscaler {
 	clk := clock.NewFake(time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC))
 	first := status.Build(status.Input{Self: w.self, Now: clk.Now(), TTL: 3 * time.Second})
 	return &autoscaler{self: w.self, clock: clk, log: slog.New(slog.DiscardHandler), cluster: w,
-		reads: newReadModel(clk, first, make(chan struct{}), newWakeup()), settled: &settled, deciders: map[scaleKey]*autoscale.Decider{}}
+		reads: newReadModel(clk, first, make(chan struct{}), newWakeup()), settled: &settled, deciders: map[scaleKey]*deciding{}}
 }
 
 // The decider is the same for everyone who sees the same alive nodes, and

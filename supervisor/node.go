@@ -60,7 +60,6 @@ import (
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/host"
-	"github.com/llmgw/llmgw/supervisor/autoscale"
 	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/publish"
@@ -345,7 +344,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.loops.Go(func() { n.gpus.run(lctx, cluster) })
 	n.loops.Go(func() { n.weights.run(lctx, cluster) })
 	scaler := &autoscaler{self: cfg.Name, clock: cfg.Clock, log: log, cluster: cluster, reads: n.reads, settled: &n.join.settled,
-		deciders: map[scaleKey]*autoscale.Decider{}}
+		deciders: map[scaleKey]*deciding{}}
 	n.loops.Go(func() { scaler.run(lctx) })
 	log.Info("node up", "api", n.APIAddr(), "gossip", cluster.Address(), "profile", cfg.Profile.Name, "gpus", len(snap.GPUs), "lease_ttl", cfg.LeaseTTL)
 	return n, nil

@@ -171,6 +171,7 @@ func placeCommand() *cli.Command {
 		&cli.IntFlag{Name: "max-replicas", Usage: "autoscale: the most replicas (with --min-replicas)"},
 		&cli.IntFlag{Name: "target-inflight", Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
 		&cli.DurationFlag{Name: "scale-down-delay", Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
+		&cli.DurationFlag{Name: "idle-window", Usage: "autoscale with --min-replicas 0: how long without any request before the last replica goes (default 10m); a request at any gateway wakes it"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -189,7 +190,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
 		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout",
-			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay"} {
+			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -276,7 +277,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 func autoscaleFlags(c *cli.Command, d *placement.Deployment) error {
 	minSet, maxSet := c.IsSet("min-replicas"), c.IsSet("max-replicas")
 	if !minSet && !maxSet {
-		for _, f := range []string{"target-inflight", "scale-down-delay"} {
+		for _, f := range []string{"target-inflight", "scale-down-delay", "idle-window"} {
 			if c.IsSet(f) {
 				return fmt.Errorf("--%s: only with --min-replicas and --max-replicas (a fixed --replicas does not scale)", f)
 			}
@@ -292,10 +293,15 @@ func autoscaleFlags(c *cli.Command, d *placement.Deployment) error {
 		return fmt.Errorf("--target-inflight %d: want 1 or more requests per replica (or leave it out)", c.Int("target-inflight"))
 	case c.IsSet("scale-down-delay") && c.Duration("scale-down-delay") <= 0:
 		return fmt.Errorf("--scale-down-delay %s: want a duration above 0, such as 5m (or leave it out)", c.Duration("scale-down-delay"))
+	case c.IsSet("idle-window") && c.Duration("idle-window") <= 0:
+		return fmt.Errorf("--idle-window %s: want a duration above 0, such as 10m (or leave it out)", c.Duration("idle-window"))
 	}
 	d.Autoscale = &placement.Autoscale{Min: int(c.Int("min-replicas")), Max: int(c.Int("max-replicas")),
-		TargetInflight: int(c.Int("target-inflight")), ScaleDownDelay: placement.Duration(c.Duration("scale-down-delay"))}
-	d.Replicas = d.Autoscale.Min
+		TargetInflight: int(c.Int("target-inflight")), ScaleDownDelay: placement.Duration(c.Duration("scale-down-delay")),
+		IdleWindow: placement.Duration(c.Duration("idle-window"))}
+	// As the node's decoder does: a deployment that may scale to zero
+	// starts at one replica, and falls to zero once idle.
+	d.Replicas = min(max(d.Autoscale.Min, 1), max(d.Autoscale.Max, 1))
 	return nil
 }
 
@@ -399,6 +405,12 @@ func modelsCommand() *cli.Command {
 					// The target and the range it moves in; the rule's
 					// word for it when nothing else is wrong.
 					replicas += fmt.Sprintf(" (auto %d-%d)", a.Min, a.Max)
+					if why == "-" && d.Replicas == 0 {
+						why = "scaled to zero, wakes on request"
+						if sc.LastColdStart > 0 {
+							why += fmt.Sprintf(" (last cold start %s)", sc.LastColdStart.Round(100*time.Millisecond))
+						}
+					}
 					if why == "-" && sc.Reason != "" {
 						why = "autoscale: " + sc.Reason
 						if sc.Decider != "" {

@@ -473,6 +473,8 @@ func TestPlaceAutoscaleFlags(t *testing.T) {
 		{[]string{"--target-inflight", "4"}, "--target-inflight: only with --min-replicas and --max-replicas"},
 		{[]string{"--min-replicas", "1", "--max-replicas", "4", "--target-inflight", "0"}, "--target-inflight 0: want 1 or more"},
 		{[]string{"--min-replicas", "1", "--max-replicas", "4", "--scale-down-delay", "-1m"}, "--scale-down-delay -1m0s: want a duration above 0"},
+		{[]string{"--min-replicas", "0", "--max-replicas", "4", "--idle-window", "0s"}, "--idle-window 0s: want a duration above 0"},
+		{[]string{"--idle-window", "5m"}, "--idle-window: only with --min-replicas and --max-replicas"},
 	} {
 		_, err := run(t, append([]string{"place", "chat", "--model", "m", "--addr", srv.URL, "--token", "0123456789abcdef0123"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

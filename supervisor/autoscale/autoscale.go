@@ -24,6 +24,12 @@
 //	          (Kubernetes' stabilisation window), so one quiet reading
 //	          never removes a replica
 //	no input  no replica had a reading: the target stays
+//	zero      with min 0 the load takes the count down to one, never to
+//	          zero: that step is the idle window's. Once a whole window of
+//	          this decider's readings saw no request at any gateway and
+//	          none in any engine, and no replica is starting, the target
+//	          is 0; at 0, any request (a gateway's published rate, which
+//	          counts the requests it holds) wakes it to 1 at once.
 package autoscale
 
 import (
@@ -45,11 +51,17 @@ const DefaultScaleDownDelay = 5 * time.Minute
 // current replicas hold before the target moves.
 const Tolerance = 0.1
 
+// DefaultIdleWindow is how long a deployment that may scale to zero must
+// see no request before its last replica goes.
+const DefaultIdleWindow = 10 * time.Minute
+
 // Settings are a deployment's scaling fields, defaults filled in.
 type Settings struct {
 	Min, Max       int
 	TargetInflight float64
 	ScaleDownDelay time.Duration
+	// IdleWindow governs the step to zero (Min 0 only).
+	IdleWindow time.Duration
 }
 
 // Reading is one look at a deployment from the decider's read model.
@@ -64,6 +76,9 @@ type Reading struct {
 	// replicas with a reading, and Readings how many had one.
 	Demand   float64
 	Readings int
+	// Requests is the requests/s the gateways published for the
+	// deployment, requests they hold for it (at zero) included.
+	Requests float64
 	// Fits is how many replicas placement could place right now: the
 	// placed ones when some are unplaced for lack of room, else -1
 	// (unknown: no replica is waiting for room).
@@ -85,6 +100,10 @@ type recommendation struct {
 // delay. The zero value is a decider that has seen nothing.
 type Decider struct {
 	recs []recommendation
+	// first is this decider's first reading, lastBusy its last one with
+	// a request anywhere: the step to zero needs a whole idle window of
+	// its own readings.
+	first, lastBusy time.Time
 }
 
 // Decide returns the target for r under s, and remembers r's
@@ -94,6 +113,18 @@ func (d *Decider) Decide(s Settings, r Reading) Decision {
 		s.TargetInflight = DefaultTargetInflight
 	}
 	cur := min(max(r.Current, s.Min), s.Max)
+	idle := r.Demand == 0 && r.Requests == 0
+	if d.first.IsZero() || r.Now.Before(d.first) {
+		d.first, d.lastBusy = r.Now, time.Time{}
+	}
+	if !idle {
+		d.lastBusy = r.Now
+	}
+	if s.Min == 0 {
+		if got, ok := d.zero(s, r, cur, idle); ok {
+			return got
+		}
+	}
 	if r.Readings == 0 {
 		if r.Ready+r.Starting > 0 || cur > 0 {
 			return Decision{Target: cur, Reason: "no load reading yet: target kept"}
@@ -105,10 +136,8 @@ func (d *Decider) Decide(s Settings, r Reading) Decision {
 			raw = cur
 		}
 	}
-	if r.Demand > 0 {
-		raw = max(raw, 1)
-	}
-	raw = min(max(raw, s.Min), s.Max)
+	// Down to one by the load; the step to zero is the idle window's.
+	raw = min(max(raw, s.Min, 1), s.Max)
 	d.remember(r.Now, raw, s.ScaleDownDelay)
 	load := fmt.Sprintf("%.0f in flight over %d replicas with a reading, %g per replica wanted", r.Demand, r.Readings, s.TargetInflight)
 	switch {
@@ -130,6 +159,26 @@ func (d *Decider) Decide(s Settings, r Reading) Decision {
 		return Decision{Target: cur, Reason: fmt.Sprintf("would scale down to %d once demand stayed low for %s", raw, s.ScaleDownDelay)}
 	}
 	return Decision{Target: cur, Reason: "steady: " + load}
+}
+
+// zero decides the steps to and from zero of a deployment with Min 0:
+// woken (to one) by any request at a gateway or in an engine, taken to
+// zero once a whole idle window of this decider's readings saw none and
+// no replica is starting. ok is false when the ordinary rule decides.
+func (d *Decider) zero(s Settings, r Reading, cur int, idle bool) (Decision, bool) {
+	window := s.IdleWindow
+	if window <= 0 {
+		window = DefaultIdleWindow
+	}
+	switch {
+	case cur == 0 && !idle:
+		return Decision{Target: min(1, s.Max), Reason: fmt.Sprintf("waking: %.2g requests/s at the gateways", r.Requests)}, true
+	case cur == 0:
+		return Decision{Target: 0, Reason: fmt.Sprintf("scaled to zero: no request for %s, wakes on request", window)}, true
+	case idle && r.Starting == 0 && !r.Now.Before(d.first.Add(window)) && (d.lastBusy.IsZero() || !r.Now.Before(d.lastBusy.Add(window))):
+		return Decision{Target: 0, Reason: fmt.Sprintf("scaled to zero: no request for %s, wakes on request", window)}, true
+	}
+	return Decision{}, false
 }
 
 // remember adds a recommendation and forgets those older than the delay,

@@ -167,3 +167,50 @@ func TestDecidersOnePublicationApartAgree(t *testing.T) {
 		t.Errorf("after the ramp down: %d and %d, want both at min 1", curA, curB)
 	}
 }
+
+// With min 0: one quiet reading takes nothing to zero, nor does the
+// scale-down delay; a whole idle window of this decider's readings with
+// no request anywhere does. A request at a gateway wakes it to one at
+// once; a decider that just took over waits a whole window of its own.
+func TestScaleToZeroAndWake(t *testing.T) {
+	s := settings()
+	s.Min, s.ScaleDownDelay, s.IdleWindow = 0, 10*time.Second, time.Minute
+	var d Decider
+	r := reading(0, 1, 0)
+	r.Requests = 0.5
+	if got := d.Decide(s, r); got.Target != 1 {
+		t.Fatalf("busy at one: %+v", got)
+	}
+	for at := 10 * time.Second; at < 60*time.Second; at += 10 * time.Second {
+		if got := d.Decide(s, reading(at, 1, 0)); got.Target != 1 {
+			t.Fatalf("at %s, idle for less than the window: %+v, want 1 (the scale-down delay does not take the last replica)", at, got)
+		}
+	}
+	got := d.Decide(s, reading(60*time.Second, 1, 0))
+	if got.Target != 0 || !strings.HasPrefix(got.Reason, "scaled to zero: no request for 1m0s") {
+		t.Fatalf("idle for the window: %+v, want 0", got)
+	}
+	if got := d.Decide(s, reading(80*time.Second, 0, 0)); got.Target != 0 {
+		t.Errorf("at zero, idle: %+v", got)
+	}
+	r = reading(90*time.Second, 0, 0)
+	r.Requests = 0.1 // a request held at a gateway
+	if got := d.Decide(s, r); got.Target != 1 || !strings.HasPrefix(got.Reason, "waking") {
+		t.Errorf("a request at zero: %+v, want 1", got)
+	}
+	var fresh Decider
+	if got := fresh.Decide(s, reading(time.Hour, 1, 0)); got.Target != 1 {
+		t.Errorf("a new decider's first idle reading: %+v, want 1 kept", got)
+	}
+	if got := fresh.Decide(s, reading(time.Hour+time.Minute, 1, 0)); got.Target != 0 {
+		t.Errorf("a new decider after its own idle window: %+v, want 0", got)
+	}
+	// A replica starting (woken, loading) is not idle for the window.
+	r = reading(3*time.Hour, 1, 0)
+	r.Ready, r.Starting = 0, 1
+	var waking Decider
+	waking.Decide(s, reading(2*time.Hour, 1, 0))
+	if got := waking.Decide(s, r); got.Target != 1 {
+		t.Errorf("starting, idle past the window: %+v, want 1", got)
+	}
+}

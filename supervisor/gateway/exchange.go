@@ -35,8 +35,12 @@ type exchange struct {
 	resolved bool
 	status   int
 	gone     bool // the client went away
-	ttfb     time.Duration
-	entry    logEntry
+	// held: the request waited for its deployment to start from zero as
+	// a stream, whose status and headers went out then (wake.go): from
+	// then on every answer is an event of that stream.
+	held  bool
+	ttfb  time.Duration
+	entry logEntry
 	// key is the client's API key when the gateway has keys; its usage is
 	// then read from the answers and counted under its name.
 	key *apiKey
@@ -108,6 +112,16 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		x.fail(err)
 		return
 	}
+	if e.Wakes && !hasCandidate(rt.routes[e.Name], nil, g.clock.Now()) {
+		rt, e, byID, err = x.awaitWake(p.model, e, p.stream, len(body))
+		if x.gone {
+			return
+		}
+		if err != nil {
+			x.fail(err)
+			return
+		}
+	}
 	x.model, x.resolved = e.Name, true
 	if byID {
 		// The engine serves the deployment name only.
@@ -171,11 +185,17 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 	}
 }
 
-// fail answers with the gateway's own error.
+// fail answers with the gateway's own error: as a final error event when
+// the stream's status already went out (a held stream).
 func (x *exchange) fail(e *apiError) {
+	x.status, x.entry.err = e.status, e.code
+	if x.held {
+		_ = x.write(sseError(e.code, e.message))
+		_ = x.rc.Flush()
+		return
+	}
 	x.g.closing(x.w)
 	e.write(x.w)
-	x.status, x.entry.err = e.status, e.code
 }
 
 // clientGone notes that the client went away before its answer ended:

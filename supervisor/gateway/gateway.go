@@ -94,6 +94,13 @@ type Config struct {
 	// SettleHold bounds how long a request waits for its node to settle
 	// (DefaultSettleHold when zero): see Gateway.Update.
 	SettleHold time.Duration
+	// WakeHold bounds how long a request for a deployment starting from
+	// zero is held for a replica (DefaultWakeHold when zero); WakeQueue
+	// bounds the requests held per deployment and WakeBytes their bodies'
+	// bytes in all (DefaultWakeQueue, DefaultWakeBytes). See wake.go.
+	WakeHold  time.Duration
+	WakeQueue int
+	WakeBytes int
 }
 
 // Defaults of Config.
@@ -143,8 +150,10 @@ type Gateway struct {
 	stopping  atomic.Bool
 	draining  chan struct{}
 	drainOnce sync.Once
-	idle      chan struct{}
-	stopOnce  sync.Once
+	// wakes holds the requests for deployments starting from zero.
+	wakes    wakes
+	idle     chan struct{}
+	stopOnce sync.Once
 
 	// states carries each engine's live state across table rebuilds, by
 	// route key.
@@ -220,6 +229,15 @@ func New(cfg Config) *Gateway {
 	}
 	if cfg.StatsWindow <= 0 {
 		cfg.StatsWindow = time.Minute
+	}
+	if cfg.WakeHold <= 0 {
+		cfg.WakeHold = DefaultWakeHold
+	}
+	if cfg.WakeQueue <= 0 {
+		cfg.WakeQueue = DefaultWakeQueue
+	}
+	if cfg.WakeBytes <= 0 {
+		cfg.WakeBytes = DefaultWakeBytes
 	}
 	if cfg.SettleHold <= 0 {
 		cfg.SettleHold = DefaultSettleHold
@@ -360,7 +378,16 @@ const (
 // (gossip.NodeRecord.GatewayRates), and the other gateways weigh by it how
 // much of a replica's unseen load may be this one's (Table.Others), which
 // divides by this gateway's own figure, measured alike.
-func (g *Gateway) Rates() map[string]float64 { return g.stats.published(g.clock.Now()) }
+//
+// Requests held for a deployment starting from zero count too, as a rate
+// of one per rateWindow each: they are what wakes it (wake.go).
+func (g *Gateway) Rates() map[string]float64 {
+	out := g.stats.published(g.clock.Now())
+	for d, n := range g.wakes.counts() {
+		out[d] = max(out[d], float64(n)/rateWindow.Seconds())
+	}
+	return out
+}
 
 // StatsWindow is the window Stats reports over (Config.StatsWindow).
 func (g *Gateway) StatsWindow() time.Duration { return g.cfg.StatsWindow }
@@ -524,9 +551,23 @@ type modelCard struct {
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
 	Root    string `json:"root,omitempty"`
+	// State is ready (a replica is routable), or, for a deployment that
+	// scales to zero, scaled_to_zero (none runs; a request wakes it) or
+	// waking (a replica is starting). llmgw's field: OpenAI's clients
+	// ignore it.
+	State string `json:"state"`
 }
 
-// models lists the deployments with at least one routable replica now.
+// Model states in /v1/models.
+const (
+	StateReady        = "ready"
+	StateScaledToZero = "scaled_to_zero"
+	StateWaking       = "waking"
+)
+
+// models lists the deployments with at least one routable replica now,
+// and those that scale from zero (a request to them is held, not
+// refused), with their state.
 func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		g.refuse(w, r, errMethod(r.Method, "GET"), "")
@@ -539,13 +580,23 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 	now := g.clock.Now()
 	cards := []modelCard{}
 	for _, name := range rt.table.names {
+		e := rt.table.entries[name]
+		state := ""
 		for _, lr := range rt.routes[name] {
 			if lr.live(now) {
-				e := rt.table.entries[name]
-				cards = append(cards, modelCard{ID: name, Object: "model", Created: e.Created, OwnedBy: "llmgw", Root: e.Model})
+				state = StateReady
 				break
 			}
 		}
+		switch {
+		case state == "" && e.Wakes && e.Replicas == 0:
+			state = StateScaledToZero
+		case state == "" && e.Wakes:
+			state = StateWaking
+		case state == "":
+			continue // listed once it serves, as before
+		}
+		cards = append(cards, modelCard{ID: name, Object: "model", Created: e.Created, OwnedBy: "llmgw", Root: e.Model, State: state})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {

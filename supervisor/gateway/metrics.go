@@ -28,6 +28,8 @@ type metrics struct {
 	keyLimited     *prometheus.CounterVec
 	logDropped     prometheus.Counter
 	scrapeErrors   prometheus.Counter
+	wakeHeld       *prometheus.CounterVec
+	wakeWait       *prometheus.HistogramVec
 }
 
 // descInflight is read from the replicas' own counters at scrape time, so
@@ -92,11 +94,20 @@ func newMetrics() *metrics {
 			Name: "llmgw_gateway_load_scrape_errors_total",
 			Help: "Failed scrapes of an engine's /metrics by the gateway; the gossiped load is used meanwhile.",
 		}),
+		wakeHeld: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_wake_held_total",
+			Help: "Requests the gateway held for a deployment starting from zero (autoscaled with min 0, no replica routable), by deployment.",
+		}, []string{"model"}),
+		wakeWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_wake_wait_seconds",
+			Help:    "How long a held request waited for a replica of a deployment starting from zero (the cold start as a client saw it), by deployment.",
+			Buckets: []float64{.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600},
+		}, []string{"model"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors}
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors, m.wakeHeld, m.wakeWait}
 }
 
 // Describe implements prometheus.Collector.

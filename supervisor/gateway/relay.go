@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -43,6 +44,15 @@ var errAborted = errors.New("gateway: the answer broke off after its status went
 func (x *exchange) relay(a *attempt, resp *http.Response, out *outcome) error {
 	defer resp.Body.Close()
 	resp.Body = &watchedBody{ReadCloser: resp.Body, a: a}
+	if x.held && (resp.StatusCode != http.StatusOK || !isEventStream(resp.Header)) {
+		// A held stream's 200 went out already: the engine's refusal
+		// (a 4xx, say) is its final error event.
+		x.commit(a, resp)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		_ = x.write(sseError("upstream_"+strconv.Itoa(resp.StatusCode), fmt.Sprintf("the engine answered %d: %s", resp.StatusCode, bytes.TrimSpace(b))))
+		_ = x.rc.Flush()
+		return nil
+	}
 	if isEventStream(resp.Header) {
 		x.commit(a, resp)
 		x.entry.stream = true
@@ -57,6 +67,10 @@ func (x *exchange) relay(a *attempt, resp *http.Response, out *outcome) error {
 // commit sends the engine's status and headers to the client.
 func (x *exchange) commit(a *attempt, resp *http.Response) {
 	a.committed = true
+	if x.held {
+		x.status = resp.StatusCode // the stream's own 200 went out while it waited
+		return
+	}
 	lr := a.lr
 	h := x.w.Header()
 	for k, vs := range cleanHeader(resp.Header) {

@@ -79,6 +79,11 @@ type Entry struct {
 	// Why says, when Routes is empty, why nothing is routable: placement's
 	// reasons and the state of the shards it placed.
 	Why string
+	// Wakes: the deployment may scale to zero (autoscaled, min 0), so a
+	// request that finds no routable replica is held until one is
+	// (wake.go); Replicas is its target in force, 0 when scaled to zero.
+	Wakes    bool
+	Replicas int
 }
 
 // Table is the routing table of one view: every deployment with its
@@ -209,7 +214,8 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	}
 
 	for _, d := range snap.Deployments(now) {
-		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000}
+		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000,
+			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas}
 		for k, g := range groups[d.Name] {
 			size := d.PipelineParallel
 			if k.spec != d.SpecVersion {

@@ -249,6 +249,7 @@ func (s *Snapshot) buildDeployments(in Input) {
 			scale = &ScaleInfo{Target: d.Replicas, Reason: "no target decided yet: the spec's replicas stand"}
 			if t, ok := gossip.ScaleTargetFor(in.Members, rec); ok {
 				scale.Decider, scale.Reason, scale.DecidedAt = t.At.Origin, t.Reason, time.UnixMilli(t.At.Wall).UTC()
+				scale.LastColdStart = time.Duration(t.ColdStartMs) * time.Millisecond
 			}
 		}
 		dep := deployment{info: DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}, Scale: scale}}

@@ -89,6 +89,9 @@ type ScaleInfo struct {
 	Decider   string    `json:"decider,omitempty"`
 	DecidedAt time.Time `json:"decided_at,omitzero"`
 	Reason    string    `json:"reason,omitempty"`
+	// LastColdStart is how long the deployment's last wake from zero
+	// took, from the decider's wake to a ready replica (zero: none seen).
+	LastColdStart time.Duration `json:"last_cold_start_ns,omitempty"`
 }
 
 // LeaseNone is the lease of a shard that nobody holds: planned on a node
