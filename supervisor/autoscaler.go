@@ -95,6 +95,7 @@ func (a *autoscaler) pass() {
 	for _, t := range a.cluster.Local().Scale {
 		mine[t.Deployment] = t
 	}
+	rates := gatewayRates(snap)
 	var out []gossip.ScaleTarget
 	keep := map[scaleKey]bool{}
 	for _, d := range deps {
@@ -123,6 +124,7 @@ func (a *autoscaler) pass() {
 			current = cur.Replicas
 		}
 		reading := scaleReading(snap, *d.Spec, now, current)
+		reading.Requests = rates[d.Name]
 		got := dec.Decide(scaleSettings(*d.Spec), reading)
 		coldStart := cur.ColdStartMs
 		switch {
@@ -213,7 +215,7 @@ func scaleSettings(d placement.Deployment) autoscale.Settings {
 // scaleReading is deployment d as the read model holds it: its replicas
 // of the current spec by state, the running and waiting requests their
 // engines last reported, and, when a replica waits for room, how many
-// are placed. Replicas being drained away are left out: their requests
+// are placed (the gateways' rates are the caller's: gatewayRates). Replicas being drained away are left out: their requests
 // are finishing, not demand.
 func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, current int) autoscale.Reading {
 	r := autoscale.Reading{Now: now, Current: current, Fits: -1}
@@ -239,13 +241,6 @@ func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, 
 		delete(ready, id) // a gang half started is starting
 	}
 	r.Ready, r.Starting = len(ready), len(starting)
-	// The gateways' published rates: requests they sent or hold, which
-	// wake a deployment at zero and keep one from idling there.
-	for _, m := range snap.Members() {
-		if m.State == gossip.StateAlive || m.State == gossip.StateSuspect {
-			r.Requests += m.GatewayRates[d.Name]
-		}
-	}
 	for _, u := range snap.Plan().Unplaced {
 		if u.Deployment == d.Name {
 			r.Fits = len(placed)
@@ -253,6 +248,21 @@ func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, 
 		}
 	}
 	return r
+}
+
+// gatewayRates sums, per deployment, the rates the live gateways
+// published: requests they sent or hold, which wake a deployment at zero
+// and keep one from idling there. Once per pass, for every deployment.
+func gatewayRates(snap *status.Snapshot) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range snap.Members() {
+		if m.State == gossip.StateAlive || m.State == gossip.StateSuspect {
+			for d, r := range m.GatewayRates {
+				out[d] += r
+			}
+		}
+	}
+	return out
 }
 
 // clipReason keeps a reason within what records accept.

@@ -178,3 +178,50 @@ func TestAutoscaleNeedsProtocol5(t *testing.T) {
 		t.Errorf("at protocol 5: %v", err)
 	}
 }
+
+// At zero, a gateway's published rate for the deployment wakes it to one;
+// its first ready replica ends the cold start, which the decider times
+// and publishes with the target.
+func TestWakeFromZeroIsTimed(t *testing.T) {
+	w := newScaleWorld("n1", "n1")
+	spec := w.deps[0].Spec
+	spec.Autoscale.Min, spec.Replicas = 0, 0
+	a := scalerOn(w)
+	clk := a.clock.(*clock.Fake)
+	snapshot := func(rate float64, ready bool) *status.Snapshot {
+		now := clk.Now()
+		placed := *spec
+		placed.Replicas = 0
+		rec := &gossip.NodeRecord{Name: "n1", Gateway: "127.0.0.1:8000", GatewayRates: map[string]float64{"chat": rate}}
+		var view placement.View
+		var plan placement.Plan
+		node := placement.Node{Name: "n1", Alive: true}
+		if ready {
+			placed.Replicas = 1
+			ver := spec.WithDefaults().SpecVersion()
+			rec.Shards = []gossip.ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, GPUs: []int{0},
+				Status: gossip.ShardReady, Ready: true, URL: "http://127.0.0.1:8100"}}
+			node.Shards = []placement.HeldShard{{ShardID: "chat-0", SpecVersion: ver, Lease: placement.LeaseValid}}
+			plan.Assignments = []placement.Assignment{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, Node: "n1", GPUs: []int{0}}}
+		}
+		view.Nodes, view.Deployments = []placement.Node{node}, []placement.Deployment{placed}
+		return status.Build(status.Input{Self: "n1", Now: now, TTL: time.Hour, View: view, Plan: plan, Settled: true,
+			Members: []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: rec}}, Deployments: w.deps})
+	}
+	a.reads.snap.Store(snapshot(0, false))
+	a.pass()
+	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 0 {
+		t.Fatalf("idle at zero: %+v", got)
+	}
+	a.reads.snap.Store(snapshot(0.1, false))
+	a.pass()
+	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 1 || !strings.HasPrefix(got[0].Reason, "waking") {
+		t.Fatalf("a request at a gateway: %+v, want woken to 1", got)
+	}
+	clk.Advance(7 * time.Second)
+	a.reads.snap.Store(snapshot(0.1, true))
+	a.pass()
+	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 1 || got[0].ColdStartMs != 7000 {
+		t.Errorf("ready 7 s after the wake: %+v, want a cold start of 7000 ms", got)
+	}
+}

@@ -19,6 +19,9 @@
 //   - readmodel.go: what readers see, the snapshot of the last pass, and
 //     the wait that lets a writer read its own write back (readModel).
 //   - gpuloop.go: the GPU and driver-fault tick (gpuLoop).
+//   - autoscaler.go: the decider loop of autoscaled deployments
+//     (autoscaler), publishing their targets; the rule is
+//     supervisor/autoscale.
 //   - weights.go: the weights probe's loop (weightsLoop), and asking a peer
 //     for a model's headers.
 //   - place.go, autofit.go: Place and Unplace, the one way in for every

@@ -171,3 +171,30 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
 }
+
+// An autoscaled deployment shows its target with its range, and the
+// decider's last word when nothing else is wrong; one at zero says a
+// request wakes it, with its last cold start.
+func TestModelsShowsAutoscaling(t *testing.T) {
+	srv := standIn(t, map[string]any{
+		"/v1/cluster": status.ClusterInfo{Self: "n1", Members: []status.MemberInfo{{Name: "n1", State: gossip.StateAlive, Gateway: "10.0.0.1:8000"}}},
+		"/v1/deployments": []status.DeploymentInfo{
+			{Deployment: placement.Deployment{Name: "chat", Model: "m/tiny", Engine: "fake", Replicas: 3, Autoscale: &placement.Autoscale{Min: 1, Max: 4}},
+				Placed: 3, Ready: 2, Nodes: []string{"n1"}, Scale: &status.ScaleInfo{Target: 3, Decider: "n2", Reason: "scaling up: 20 in flight"}},
+			{Deployment: placement.Deployment{Name: "idle", Model: "m/tiny", Engine: "fake", Replicas: 0, Autoscale: &placement.Autoscale{Min: 0, Max: 2}},
+				Scale: &status.ScaleInfo{Decider: "n1", Reason: "scaled to zero", LastColdStart: 6500 * time.Millisecond}},
+		},
+	})
+	out, err := run(t, "models", "--addr", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^chat\s+m/tiny\s+fake\s+3/3 \(auto 1-4\)\s+2\s+n1\s+autoscale: scaling up: 20 in flight \(decided by n2\)$`),
+		regexp.MustCompile(`(?m)^idle\s+m/tiny\s+fake\s+0/0 \(auto 0-2\)\s+0\s+-\s+scaled to zero, wakes on request \(last cold start 6.5s\)$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("models lacks %s:\n%s", want, out)
+		}
+	}
+}

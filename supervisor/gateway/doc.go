@@ -41,6 +41,10 @@
 //   - holding, until the node has settled (status.Snapshot.Settled), a
 //     request its partial view cannot route, rather than answer 404 for a
 //     model it has not heard of yet (settle.go); /health says 503 then.
+//   - holding, within bounds, a request for a deployment that scales
+//     from zero and has no replica, until one is routable: counted in the
+//     published rates, which wake it; a stream gets its 200 and comments
+//     meanwhile (wake.go).
 //   - stopping without closing a connection under a request (Server:
 //     Drain, then the listener, then idle connections after a grace, all
 //     within the drain's bound; server.go).
@@ -79,7 +83,8 @@
 //     flight, cut when it leaves routing).
 //   - scan.go: the JSON scanners every request body goes through;
 //     request.go reads a body with them, prefix.go keys a prompt.
-//   - settle.go: holding requests until the node settles; server.go: the
+//   - settle.go: holding requests until the node settles; wake.go, until
+//     a deployment at zero wakes; server.go: the
 //     http.Server, its connections, and the stop (Server.Shutdown).
 //   - policy.go, prefix.go: the policies; table.go: the routing table;
 //     scrape.go: load scrapes; limits.go, keys.go: per-key limits and the

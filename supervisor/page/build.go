@@ -140,6 +140,17 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 		if dep.Fit != nil {
 			r.Shape += fmt.Sprintf(" (auto: %s; %d × %d tokens)", dep.Fit, max(dep.MaxNumSeqs, 1), dep.MaxModelLen)
 		}
+		if a, sc := dep.Autoscale, dep.Scale; a != nil && sc != nil {
+			// The count is the decider's: say the range and why.
+			r.Scale = fmt.Sprintf("auto %d-%d", a.Min, a.Max)
+			switch {
+			case dep.Replicas == 0:
+				r.Scale += ": scaled to zero, wakes on request"
+			case sc.Reason != "":
+				r.Scale += ": " + sc.Reason
+			}
+			r.Scale = clip(r.Scale, maxReason).Text
+		}
 		switch {
 		case dep.Ready == dep.Replicas:
 			r.Class = "ok"

@@ -58,3 +58,26 @@ func TestDeploymentLoadTotalsAndReadingAge(t *testing.T) {
 		t.Errorf("without a gateway: traffic %q, note %q", d.Deployments[0].Traffic, d.TrafficNote)
 	}
 }
+
+// An autoscaled deployment's row says its range and its decider's last
+// word; at zero, that a request wakes it.
+func TestAutoscaledDeploymentRow(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	spec := placement.Deployment{Name: "chat", Model: "m", Engine: "fake", Replicas: 1, Autoscale: &placement.Autoscale{Min: 0, Max: 3}}.WithDefaults()
+	stamp := gossip.Stamp{Wall: now.UnixMilli(), Origin: "n1"}
+	rows := func(target int, reason string) depRow {
+		placed := spec
+		placed.Replicas = target
+		members := []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: &gossip.NodeRecord{Name: "n1",
+			Scale: []gossip.ScaleTarget{{Deployment: "chat", Spec: stamp, Replicas: target, At: stamp, Reason: reason}}}}}
+		snap := status.Build(status.Input{Self: "n1", Now: now, TTL: 10 * time.Second, View: placement.View{Deployments: []placement.Deployment{placed}},
+			Members: members, Deployments: []gossip.DeploymentRecord{{Name: "chat", Spec: &spec, Stamp: stamp}}})
+		return build(snap, now, nil, false).Deployments[0]
+	}
+	if r := rows(2, "scaling up: 12 in flight"); r.Wanted != 2 || r.Scale != "auto 0-3: scaling up: 12 in flight" {
+		t.Errorf("at 2: wanted %d, scale %q", r.Wanted, r.Scale)
+	}
+	if r := rows(0, "scaled to zero: no request for 10m0s, wakes on request"); r.Wanted != 0 || r.Scale != "auto 0-3: scaled to zero, wakes on request" {
+		t.Errorf("at 0: wanted %d, scale %q", r.Wanted, r.Scale)
+	}
+}

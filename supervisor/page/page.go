@@ -191,9 +191,12 @@ type linkRow struct {
 type depRow struct {
 	Name, Model, Engine   string
 	Wanted, Placed, Ready int
-	Shape                 string
-	Nodes                 string
-	Class                 string
+	// Scale is an autoscaled deployment's range and its decider's last
+	// word ("" for a fixed count).
+	Scale string
+	Shape string
+	Nodes string
+	Class string
 	// Load sums the engines' last readings; Traffic is this node's
 	// gateway's requests for it.
 	Load, Traffic string
