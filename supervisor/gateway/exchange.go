@@ -112,7 +112,9 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		x.fail(err)
 		return
 	}
-	if e.Wakes && !hasCandidate(rt.routes[e.Name], nil, g.clock.Now()) {
+	// Held only when nothing of it is routable at all (at zero, or
+	// waking): a replica that is there but failing answers as before.
+	if e.Wakes && len(rt.routes[e.Name]) == 0 {
 		rt, e, byID, err = x.awaitWake(p.model, e, p.stream, len(body))
 		if x.gone {
 			return

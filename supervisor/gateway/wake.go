@@ -8,7 +8,8 @@ import (
 )
 
 // Scale from zero. A deployment that may scale to zero (autoscaled, min
-// 0) and has no routable replica keeps its requests here, each for at
+// 0) and has no replica in the routing table (at zero, or waking) keeps
+// its requests here, each for at
 // most WakeHold, instead of answering 503: they count as requests to it in
 // the rates the node publishes (Gateway.Rates), which is what its decider
 // wakes it on, and each is sent once a replica is routable. A streaming
@@ -104,8 +105,8 @@ func (x *exchange) awaitWake(model string, e *Entry, stream bool, size int) (*ro
 		switch {
 		case rerr != nil:
 			return nil, nil, false, rerr // removed while it woke
-		case hasCandidate(rt.routes[e2.Name], nil, g.clock.Now()):
-			return rt, e2, byID, nil
+		case len(rt.routes[e2.Name]) > 0:
+			return rt, e2, byID, nil // a replica is routable: sent as any request
 		case !e2.Wakes:
 			why := e2.Why
 			if why == "" {
