@@ -167,11 +167,11 @@ func placeCommand() *cli.Command {
 		waitFlag(),
 		&cli.StringFlag{Name: "update", Usage: "how a new version replaces the old: surge (default: beside it, the old serving until the new is ready) or recreate (the old stops first: a planned gap, for replicas too large to surge)"},
 		&cli.DurationFlag{Name: "start-timeout", Usage: "how long an engine may start (after its image pull) without becoming ready and without progress (its log or the weights cache growing); default 2h; changing it restarts nothing"},
-		&cli.IntFlag{Name: "min-replicas", Usage: "autoscale: the fewest replicas (with --max-replicas; instead of --replicas); the cluster chooses within them by load"},
-		&cli.IntFlag{Name: "max-replicas", Usage: "autoscale: the most replicas (with --min-replicas)"},
-		&cli.IntFlag{Name: "target-inflight", Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
-		&cli.DurationFlag{Name: "scale-down-delay", Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
-		&cli.DurationFlag{Name: "idle-window", Usage: "autoscale with --min-replicas 0: how long without any request before the last replica goes (default 10m); a request at any gateway wakes it"},
+		&cli.IntFlag{Name: "min-replicas", HideDefault: true, Usage: "autoscale: the fewest replicas (with --max-replicas; instead of --replicas); the cluster chooses within them by load"},
+		&cli.IntFlag{Name: "max-replicas", HideDefault: true, Usage: "autoscale: the most replicas (with --min-replicas)"},
+		&cli.IntFlag{Name: "target-inflight", HideDefault: true, Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
+		&cli.DurationFlag{Name: "scale-down-delay", HideDefault: true, Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
+		&cli.DurationFlag{Name: "idle-window", HideDefault: true, Usage: "autoscale with --min-replicas 0: how long without any request before the last replica goes (default 10m); a request at any gateway wakes it"},
 	)
 	return &cli.Command{
 		Name:      "place",
