@@ -66,7 +66,7 @@ func changeWords(change string) string {
 	case status.ChangeScaled:
 		return "replicas changed, same spec: replicas that serve keep running"
 	case status.ChangeSettings:
-		return "settings changed (update or start_timeout), same spec: no replica restarts"
+		return "settings changed (update, start_timeout or the autoscaling range), same spec: no replica restarts"
 	case status.ChangeUnchanged:
 		return "unchanged: the cluster already had this spec and replica count"
 	}

@@ -5,6 +5,9 @@
 // per node, its GPUs' memory and utilisation. The page draws them as
 // charts and `llmgw top` as sparklines, both from GET /v1/history.
 //
+// Per deployment it also keeps its replicas ready and wanted, so an
+// autoscaled deployment's moves show beside the load that made them.
+//
 // Every node keeps its own, in rings of fixed size sampled every Step, so
 // a node's memory for it does not grow with time, and with the cluster
 // only by two bytes per node per point (percentages are stored as bytes).
@@ -99,6 +102,9 @@ const missingPct = math.MaxUint8
 
 type depRing struct {
 	rate, p50, p99, running, waiting, kv []float32
+	// ready and wanted are the replicas serving and asked for (an
+	// autoscaled deployment's target): autoscaling over the hour.
+	ready, wanted []float32
 }
 
 type nodeRing struct {
@@ -172,12 +178,14 @@ func (r *Recorder) Sample() {
 			}
 		}
 		ring.rate[i], ring.p50[i], ring.p99[i], ring.running[i], ring.waiting[i], ring.kv[i] = rate, p50, p99, run, wait, kv
+		ring.ready[i], ring.wanted[i] = float32(d.Ready), float32(d.Replicas)
 	}
 	// A deployment removed keeps its ring until a whole window passed
 	// without it: its last hour is still worth a look.
 	for name, ring := range r.deps {
 		if !seen[name] {
 			ring.rate[i], ring.p50[i], ring.p99[i], ring.running[i], ring.waiting[i], ring.kv[i] = nan, nan, nan, nan, nan, nan
+			ring.ready[i], ring.wanted[i] = nan, nan
 			if allNaN(ring.rate) && allNaN(ring.running) && allNaN(ring.kv) {
 				delete(r.deps, name)
 			}
@@ -214,7 +222,8 @@ var nan = float32(math.NaN())
 
 func (r *Recorder) newDepRing() *depRing {
 	p := r.cfg.Points
-	return &depRing{rate: filled(p, nan), p50: filled(p, nan), p99: filled(p, nan), running: filled(p, nan), waiting: filled(p, nan), kv: filled(p, nan)}
+	return &depRing{rate: filled(p, nan), p50: filled(p, nan), p99: filled(p, nan), running: filled(p, nan), waiting: filled(p, nan), kv: filled(p, nan),
+		ready: filled(p, nan), wanted: filled(p, nan)}
 }
 
 func filled[T any](n int, v T) []T {
@@ -293,6 +302,10 @@ type DeploymentHistory struct {
 	Running      Series `json:"running"`
 	Waiting      Series `json:"waiting"`
 	KVCacheUsage Series `json:"kv_cache_usage"`
+	// Ready and Wanted are its replicas serving and asked for (an
+	// autoscaled deployment's target in force), as this node judged.
+	Ready  Series `json:"replicas_ready"`
+	Wanted Series `json:"replicas_wanted"`
 }
 
 // NodeHistory is one node's GPU series, in percent.
@@ -375,7 +388,8 @@ func (r *Recorder) View(busiest int) View {
 	slices.Sort(names)
 	for _, name := range names {
 		ring := r.deps[name]
-		d := DeploymentHistory{Name: name, Running: r.floats(ring.running), Waiting: r.floats(ring.waiting), KVCacheUsage: r.floats(ring.kv)}
+		d := DeploymentHistory{Name: name, Running: r.floats(ring.running), Waiting: r.floats(ring.waiting), KVCacheUsage: r.floats(ring.kv),
+			Ready: r.floats(ring.ready), Wanted: r.floats(ring.wanted)}
 		if r.cfg.Traffic != nil {
 			d.RequestsPerS, d.TTFBP50, d.TTFBP99 = r.floats(ring.rate), r.floats(ring.p50), r.floats(ring.p99)
 		}

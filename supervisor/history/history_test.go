@@ -83,7 +83,7 @@ var x = math.NaN()
 // JSON), and a deployment without requests has a zero rate, not a gap.
 func TestSamplesFollowTheReadModelAndTheGateway(t *testing.T) {
 	clk := clock.NewFake(t0)
-	w := &world{deps: []status.DeploymentInfo{{Deployment: placement.Deployment{Name: "chat"}}}, members: []status.MemberInfo{gpuNode("n1", 40, 50, 70)}}
+	w := &world{deps: []status.DeploymentInfo{{Deployment: placement.Deployment{Name: "chat", Replicas: 2}, Ready: 1}}, members: []status.MemberInfo{gpuNode("n1", 40, 50, 70)}}
 	var traffic []Traffic
 	r := New(Config{Self: "n1", Clock: clk, Points: 4, Status: func() Reading { return w },
 		Traffic: func(window time.Duration) []Traffic {
@@ -116,6 +116,8 @@ func TestSamplesFollowTheReadModelAndTheGateway(t *testing.T) {
 		{"running", d.Running, Series{x, 3}},
 		{"waiting", d.Waiting, Series{x, 1}},
 		{"kv", d.KVCacheUsage, Series{x, 0.25}},
+		{"replicas ready", d.Ready, Series{1, 1}},
+		{"replicas wanted", d.Wanted, Series{2, 2}},
 		{"n1 memory", v.Nodes[0].MemoryPct, Series{50, 75}},
 		{"n1 utilisation", v.Nodes[0].UtilPct, Series{60, 95}},
 	} {

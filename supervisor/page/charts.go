@@ -85,7 +85,8 @@ func buildCharts(v history.View) charts {
 		}
 		dc.Charts = append(dc.Charts,
 			lineChart("running · waiting", or(empty, noneIf(d.Running, "no engine reading")), slots, countText, false, d.Running, d.Waiting),
-			lineChart("KV cache", or(empty, noneIf(d.KVCacheUsage, "no engine exports it")), slots, fractionText, true, d.KVCacheUsage))
+			lineChart("KV cache", or(empty, noneIf(d.KVCacheUsage, "no engine exports it")), slots, fractionText, true, d.KVCacheUsage),
+			lineChart("replicas ready · wanted", or(empty, noneIf(d.Wanted, "no reading")), slots, countText, false, d.Ready, d.Wanted))
 		c.Deployments = append(c.Deployments, dc)
 	}
 	for _, n := range v.Nodes {

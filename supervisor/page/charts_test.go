@@ -34,7 +34,14 @@ type chartWorld struct {
 }
 
 func (w *chartWorld) Deployments(time.Time) []status.DeploymentInfo {
-	return []status.DeploymentInfo{{Deployment: placement.Deployment{Name: "chat"}}, {Deployment: placement.Deployment{Name: "tiny-cpp"}}}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// chat autoscales: its target steps between 1 and 3, and its
+	// replicas follow a step later.
+	wanted := 1 + (w.step/30)%3
+	ready := 1 + (max(w.step-1, 0)/30)%3
+	return []status.DeploymentInfo{{Deployment: placement.Deployment{Name: "chat", Replicas: wanted}, Ready: ready},
+		{Deployment: placement.Deployment{Name: "tiny-cpp", Replicas: 1}, Ready: 1}}
 }
 
 func (w *chartWorld) Shards(now time.Time) []status.ShardInfo {
@@ -184,7 +191,8 @@ func fetchPage(t *testing.T, url string) *html.Node {
 func checkCharts(t *testing.T, doc *html.Node, points int) {
 	t.Helper()
 	_, deps := chartsIn(t, doc, "charts")
-	want := map[string][]string{"chat": {"requests/s", "TTFB p50 · p99", "running · waiting", "KV cache"}, "tiny-cpp": {"requests/s", "TTFB p50 · p99", "running · waiting", "KV cache"}}
+	titles := []string{"requests/s", "TTFB p50 · p99", "running · waiting", "KV cache", "replicas ready · wanted"}
+	want := map[string][]string{"chat": titles, "tiny-cpp": titles}
 	for dep, titles := range want {
 		cs := deps[dep]
 		if len(cs) != len(titles) {
@@ -249,8 +257,8 @@ func TestChartsOfANodeJustStartedSayCollecting(t *testing.T) {
 			}
 		}
 	}
-	if n != 2*4+3*2 {
-		t.Errorf("%d charts, want 14 (two deployments, three nodes)", n)
+	if n != 2*5+3*2 {
+		t.Errorf("%d charts, want 16 (two deployments, three nodes)", n)
 	}
 }
 

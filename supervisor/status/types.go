@@ -121,7 +121,7 @@ const (
 	// replicas that serve keep serving.
 	ChangeScaled = "scaled"
 	// ChangeSettings: the same spec version and replicas, another value
-	// of a field that restarts no engine (update, start_timeout): stored,
+	// of a field that restarts no engine (update, start_timeout, autoscale): stored,
 	// and no replica rolls.
 	ChangeSettings = "settings"
 	// ChangeUnchanged: the same spec and replicas.
