@@ -12,6 +12,7 @@ import (
 	"github.com/llmgw/llmgw/internal/clock"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/autoscale"
+	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
@@ -19,6 +20,10 @@ import (
 // deployments it is the decider of. Engine load reaches the records at
 // most every 15 s, so this only bounds how late a publication is acted on.
 const AutoscaleInterval = 5 * time.Second
+
+// maxReason is where a published reason is cut: under the 256 bytes a
+// record's scale target may carry, the ellipsis included.
+const maxReason = 200
 
 // autoscaler is the decider loop (see docs/architecture.md, "Autoscaling").
 // For each autoscaled deployment one node decides: the alive node with the
@@ -84,7 +89,8 @@ func (a *autoscaler) pass() {
 		return
 	}
 	deps := a.cluster.Deployments()
-	if !slices.ContainsFunc(deps, autoscaled) && len(a.cluster.Local().Scale) == 0 {
+	published := a.cluster.Local().Scale
+	if !slices.ContainsFunc(deps, autoscaled) && len(published) == 0 {
 		return // the common case: nothing autoscaled, nothing published
 	}
 	members := a.cluster.Members()
@@ -92,8 +98,15 @@ func (a *autoscaler) pass() {
 	snap := a.reads.load()
 	now := a.clock.Now()
 	mine := map[string]gossip.ScaleTarget{}
-	for _, t := range a.cluster.Local().Scale {
+	for _, t := range published {
 		mine[t.Deployment] = t
+	}
+	// Once per pass, for every deployment: the shards (a copy of the
+	// snapshot's), the deployments waiting for room and the rates.
+	shards := snap.Shards(now)
+	waiting := map[string]bool{}
+	for _, u := range snap.Plan().Unplaced {
+		waiting[u.Deployment] = true
 	}
 	rates := gatewayRates(snap)
 	var out []gossip.ScaleTarget
@@ -123,7 +136,7 @@ func (a *autoscaler) pass() {
 		if has {
 			current = cur.Replicas
 		}
-		reading := scaleReading(snap, *d.Spec, now, current)
+		reading := scaleReading(shards, waiting[d.Name], *d.Spec, now, current)
 		reading.Requests = rates[d.Name]
 		got := dec.Decide(scaleSettings(*d.Spec), reading)
 		coldStart := cur.ColdStartMs
@@ -142,7 +155,7 @@ func (a *autoscaler) pass() {
 			out = append(out, cur) // in force and unchanged: no new record
 			continue
 		}
-		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: clipReason(got.Reason),
+		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: engine.Clip(got.Reason, maxReason),
 			ColdStartMs: coldStart}
 		if !has || cur.Replicas != got.Target {
 			a.log.Info("autoscale", "deployment", d.Name, "from", current, "to", got.Target, "why", got.Reason)
@@ -154,7 +167,7 @@ func (a *autoscaler) pass() {
 			delete(a.deciders, k)
 		}
 	}
-	if !slices.Equal(out, a.cluster.Local().Scale) {
+	if !slices.Equal(out, published) {
 		a.cluster.UpdateLocal(func(r *gossip.NodeRecord) { r.Scale = out })
 	}
 }
@@ -212,16 +225,17 @@ func scaleSettings(d placement.Deployment) autoscale.Settings {
 	return s
 }
 
-// scaleReading is deployment d as the read model holds it: its replicas
-// of the current spec by state, the running and waiting requests their
-// engines last reported, and, when a replica waits for room, how many
-// are placed (the gateways' rates are the caller's: gatewayRates). Replicas being drained away are left out: their requests
+// scaleReading is deployment d as the read model's shards hold it: its
+// replicas of the current spec by state, the running and waiting requests
+// their engines last reported, and, when a replica waits for room
+// (waitsForRoom: placement left one unplaced), how many are placed. The
+// gateways' rates are the caller's (gatewayRates). Replicas being drained away are left out: their requests
 // are finishing, not demand.
-func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, current int) autoscale.Reading {
+func scaleReading(shards []status.ShardInfo, waitsForRoom bool, d placement.Deployment, now time.Time, current int) autoscale.Reading {
 	r := autoscale.Reading{Now: now, Current: current, Fits: -1}
 	version := d.WithDefaults().SpecVersion()
 	ready, starting, placed := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, s := range snap.Shards(now) {
+	for _, s := range shards {
 		if s.Deployment != d.Name || s.SpecVersion != version || s.Draining || s.Node == "" {
 			continue
 		}
@@ -241,11 +255,8 @@ func scaleReading(snap *status.Snapshot, d placement.Deployment, now time.Time, 
 		delete(ready, id) // a gang half started is starting
 	}
 	r.Ready, r.Starting = len(ready), len(starting)
-	for _, u := range snap.Plan().Unplaced {
-		if u.Deployment == d.Name {
-			r.Fits = len(placed)
-			break
-		}
+	if waitsForRoom {
+		r.Fits = len(placed)
 	}
 	return r
 }
@@ -263,13 +274,4 @@ func gatewayRates(snap *status.Snapshot) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// clipReason keeps a reason within what records accept.
-func clipReason(s string) string {
-	const max = 200
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "…"
 }

@@ -3,9 +3,6 @@ package supervisor
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -13,14 +10,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
-	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/engine"
-	"github.com/llmgw/llmgw/supervisor/runtime/process"
 )
 
 // A shard planned here that another node held, and whose lease this node
@@ -68,36 +62,6 @@ func TestFailoversNameThePreviousHolderAndTheLapse(t *testing.T) {
 	}
 }
 
-// tracedRunner is processRunner for node name, tracing with tracer.
-func tracedRunner(t *testing.T, dir, name string, tracer trace.Tracer) *engine.Runner {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dd := datadir.New(dir)
-	rt, err := process.New(dd.RuntimeDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		engines, _ := rt.List(context.Background(), "")
-		for _, x := range engines {
-			_ = rt.Stop(context.Background(), x.ID, time.Second)
-		}
-	})
-	r, err := engine.NewRunner(context.Background(), engine.Config{
-		Node: name, Runtime: rt, DataDir: dd, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
-		PortMin: 22100, PortMax: 22999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tracer: tracer,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
-	return r
-}
-
 // Two nodes with engine runners: when the holder of a shard dies, the
 // other takes the shard over, and its runner exports a span "failover"
 // naming the dead holder, from no earlier than the death until the new
@@ -114,7 +78,7 @@ func TestTakeoverAfterALapseIsTracedAsAFailover(t *testing.T) {
 			join = []string{h.gossipAddr("a")}
 		}
 		cfg := h.config(name, join...)
-		runners[name], recorders[name] = tracedRunner(t, t.TempDir(), name, tp.Tracer("test")), sr
+		runners[name], recorders[name] = processRunnerAs(t, t.TempDir(), name, tp.Tracer("test")), sr
 		cfg.Runner = runners[name]
 		h.cfgs[name] = cfg
 		h.start(name, join...)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/internal/testwait"
@@ -33,6 +34,13 @@ func TestMain(m *testing.M) {
 // an agent (re)start would, running the fake engine from this test binary.
 func processRunner(t *testing.T, dir string) *engine.Runner {
 	t.Helper()
+	return processRunnerAs(t, dir, "a", nil)
+}
+
+// processRunnerAs is processRunner for node name, tracing with tracer
+// (nil: no traces).
+func processRunnerAs(t *testing.T, dir, name string, tracer trace.Tracer) *engine.Runner {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -49,11 +57,11 @@ func processRunner(t *testing.T, dir string) *engine.Runner {
 		}
 	})
 	r, err := engine.NewRunner(context.Background(), engine.Config{
-		Node: "a", Runtime: rt, DataDir: dd, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
+		Node: name, Runtime: rt, DataDir: dd, Host: "127.0.0.1", Self: self, SimulatedGPUs: true,
 		// A range of its own: the engine package's tests, run beside these,
 		// take 20100-20999.
 		PortMin: 22100, PortMax: 22999, Poll: 50 * time.Millisecond, Grace: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tracer: tracer,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -25,18 +25,7 @@ import (
 // the gateway's address in `llmgw models`. A node with --gateway "" answers
 // the stats with 404 saying so, and top leaves the columns blank.
 func TestGatewayStatsThroughARealNode(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "n1")
-	stopEngines(t, dir)
-	n := startNode(t, "n1", dir, "--runtime", "process", "--engine-ports", "23100-23199", "--gateway-access-log=false")
-	tok, err := os.ReadFile(datadir.New(dir).TokenFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := strings.TrimSpace(string(tok))
-	if out, err := run(t, "place", "chat", "--model", "m/tiny", "--engine", "fake", "--addr", n.api, "--token", token); err != nil {
-		t.Fatalf("place: %v\n%s", err, out)
-	}
-	self := publishedGateway(t, n)
+	n, token, self := nodeWithChat(t, "23100-23199")
 	gw := self.GatewayURL()
 	if !strings.HasPrefix(gw, "http://127.0.0.1:") || self.GatewayTLS {
 		t.Fatalf("published gateway %q (tls %v), want http://127.0.0.1:port", gw, self.GatewayTLS)
@@ -120,6 +109,26 @@ func TestGatewayStatsThroughARealNode(t *testing.T) {
 	if err != nil || !strings.Contains(out, "REQ/S and TTFB blank: 404 Not Found: node off runs no gateway (--gateway is empty)") {
 		t.Errorf("top against a node without a gateway: %v\n%s", err, out)
 	}
+}
+
+// nodeWithChat starts node n1 (the process runtime, engine ports in
+// ports, no access log, and extra flags) and places chat on it with the
+// fake engine; it hands back the node, the cluster token and the node's
+// published record, once that names its gateway.
+func nodeWithChat(t *testing.T, ports string, extra ...string) (*testNode, string, status.MemberInfo) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "n1")
+	stopEngines(t, dir)
+	n := startNode(t, "n1", dir, append([]string{"--runtime", "process", "--engine-ports", ports, "--gateway-access-log=false"}, extra...)...)
+	tok, err := os.ReadFile(datadir.New(dir).TokenFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := strings.TrimSpace(string(tok))
+	if out, err := run(t, "place", "chat", "--model", "m/tiny", "--engine", "fake", "--addr", n.api, "--token", token); err != nil {
+		t.Fatalf("place: %v\n%s", err, out)
+	}
+	return n, token, publishedGateway(t, n)
 }
 
 // stopEngines stops, when the test ends, every engine the process runtime

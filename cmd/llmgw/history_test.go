@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/testwait"
-	"github.com/llmgw/llmgw/supervisor/datadir"
 	"github.com/llmgw/llmgw/supervisor/history"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
@@ -27,18 +24,8 @@ import (
 // utilisation, and the chart says so. The page draws chat's charts and
 // `llmgw top` its sparkline.
 func TestHistoryThroughARealNode(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "n1")
-	stopEngines(t, dir)
-	n := startNode(t, "n1", dir, "--runtime", "process", "--engine-ports", "23400-23499", "--gateway-access-log=false", "--history-step", "200ms")
-	tok, err := os.ReadFile(datadir.New(dir).TokenFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := strings.TrimSpace(string(tok))
-	if out, err := run(t, "place", "chat", "--model", "m/tiny", "--engine", "fake", "--addr", n.api, "--token", token); err != nil {
-		t.Fatalf("place: %v\n%s", err, out)
-	}
-	gw := publishedGateway(t, n).GatewayURL()
+	n, token, self := nodeWithChat(t, "23400-23499", "--history-step", "200ms")
+	gw := self.GatewayURL()
 	testwait.Until(t, 30*time.Second, "chat ready", func() (bool, string) {
 		var shards []status.ShardInfo
 		err := getJSON(n.api+"/v1/shards", &shards)

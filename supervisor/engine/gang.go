@@ -322,7 +322,7 @@ func (n gangNode) recordLocked(e *managed) *gossip.GangRecord {
 			out.Members = slices.Clone(st.Members)
 		}
 	}
-	out.Note = clipError(e.gangNote, 290)
+	out.Note = Clip(e.gangNote, 290)
 	return &out
 }
 

@@ -137,7 +137,7 @@ func TestStartClock(t *testing.T) {
 func TestClipKeepsUTF8Whole(t *testing.T) {
 	long := strings.Repeat("é", 200) // 400 bytes, two each
 	for _, n := range []int{299, 300, 301} {
-		got := clipError(long, n)
+		got := Clip(long, n)
 		if !utf8.ValidString(got) || len(got) > n+len("…") {
 			t.Fatalf("clip to %d: %d bytes, valid UTF-8 %v", n, len(got), utf8.ValidString(got))
 		}

@@ -133,7 +133,7 @@ func (e *managed) profile() (profile.Profile, error) {
 // no republication every poll (a move of at alone waits for the next
 // record the engine's other changes send, or is sent when 15 s old).
 func (e *managed) setNote(note string, at time.Time) {
-	note = clipError(printableOnly(note), 300)
+	note = Clip(printableOnly(note), 300)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.note == note && (at.Sub(e.noteAt) < noteRefresh) {
@@ -152,7 +152,7 @@ const noteRefresh = 15 * time.Second
 func (e *managed) setStartErr(why string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.startErr = clipError(why, 300)
+	e.startErr = Clip(why, 300)
 }
 
 // startTimeout is e's deployment's start_timeout, or def (the runner's).

@@ -290,7 +290,7 @@ func (r *Runner) restartStarting(e *managed, w *watchState, member bool) {
 		return
 	}
 	e.mu.Lock()
-	e.startErr = clipError(fmt.Sprintf("not ready within the start timeout (%s without progress)", e.startTimeoutLocked(r.cfg.StartTimeout)), 300)
+	e.startErr = Clip(fmt.Sprintf("not ready within the start timeout (%s without progress)", e.startTimeoutLocked(r.cfg.StartTimeout)), 300)
 	e.mu.Unlock()
 	w.retryAt = r.policy.crashed(e, nil)
 }
@@ -530,10 +530,11 @@ func shardIndex(d Desired) int {
 	return j
 }
 
-// clipError keeps an error message short enough for a node record, cut
-// at a character's start: half a UTF-8 sequence would make the record's
-// note unprintable, and peers refuse a record with one.
-func clipError(s string, n int) string {
+// Clip keeps a text short enough for a node record (an error, a note, an
+// autoscaling reason), cut at a character's start: half a UTF-8 sequence
+// would make the record's text unprintable, and peers refuse a record
+// with one.
+func Clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -20,6 +20,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -381,12 +382,7 @@ func (r *Recorder) View(busiest int) View {
 	defer r.mu.Unlock()
 	v := View{Node: r.cfg.Self, StepSeconds: r.cfg.Step.Seconds(), Points: r.cfg.Points, End: r.last, Since: r.started, Collecting: r.n < MinPoints,
 		Deployments: []DeploymentHistory{}, Nodes: []NodeHistory{}}
-	names := make([]string, 0, len(r.deps))
-	for name := range r.deps {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(r.deps)) {
 		ring := r.deps[name]
 		d := DeploymentHistory{Name: name, Running: r.floats(ring.running), Waiting: r.floats(ring.waiting), KVCacheUsage: r.floats(ring.kv),
 			Ready: r.floats(ring.ready), Wanted: r.floats(ring.wanted)}

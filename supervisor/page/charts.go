@@ -71,7 +71,7 @@ func buildCharts(v history.View) charts {
 	}
 	slots := min(max(taken, minSpan), max(v.Points, 2))
 	step := time.Duration(v.StepSeconds * float64(time.Second))
-	c := charts{Note: fmt.Sprintf("the last %s as %s saw it, a point every %s", spanText(time.Duration(slots)*step), v.Node, step)}
+	c := charts{Note: fmt.Sprintf("the last %s as %s saw it, a point every %s", duration(time.Duration(slots)*step), v.Node, step)}
 	empty := ""
 	if v.Collecting {
 		empty = "collecting since " + v.Since.UTC().Format("15:04:05Z")
@@ -96,18 +96,6 @@ func buildCharts(v history.View) charts {
 		}})
 	}
 	return c
-}
-
-// spanText is a chart's span: "1h", "10m", "12m30s".
-func spanText(d time.Duration) string {
-	s := d.Round(time.Second).String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 func or(a, b string) string {

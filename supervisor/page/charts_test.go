@@ -298,14 +298,6 @@ func TestChartsInChromium(t *testing.T) {
 	}
 }
 
-func TestSpanText(t *testing.T) {
-	for d, want := range map[time.Duration]string{time.Hour: "1h", 10 * time.Minute: "10m", 12*time.Minute + 30*time.Second: "12m30s", 90 * time.Minute: "1h30m", 40 * time.Second: "40s"} {
-		if got := spanText(d); got != want {
-			t.Errorf("spanText(%s) = %q, want %q", d, got, want)
-		}
-	}
-}
-
 // A gap in a series breaks its line, and a point alone between gaps is
 // drawn as a dot; the newest point is at the right edge.
 func TestPathBreaksAtGaps(t *testing.T) {

@@ -364,7 +364,9 @@ func TestVLLMTracesOnlyWithTheNodesEndpoint(t *testing.T) {
 		if engine == "llamacpp" {
 			d.Model = "/w/model.gguf"
 		}
-		version := d.WithDefaults().SpecVersion()
+		// The endpoint is a node input (Inputs), not a field of the
+		// deployment, so it cannot enter the spec version: no engine rolls
+		// when a node turns it on.
 		offCmd, offEnv, _, err := Resolve(p, d, Inputs{Port: 8100})
 		if err != nil {
 			t.Fatal(err)
@@ -391,9 +393,6 @@ func TestVLLMTracesOnlyWithTheNodesEndpoint(t *testing.T) {
 			if !has(onEnv, kv) {
 				t.Errorf("vllm with an endpoint: env %q lacks %s", onEnv, kv)
 			}
-		}
-		if got := d.WithDefaults().SpecVersion(); got != version {
-			t.Errorf("spec version %s after rendering with the endpoint, was %s", got, version)
 		}
 	}
 }
