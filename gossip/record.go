@@ -260,6 +260,13 @@ type ScaleTarget struct {
 	// ColdStartMs is how long the deployment's last wake from zero took,
 	// the decider's wake to a ready replica, in milliseconds (0: none).
 	ColdStartMs int64 `json:"cold_start_ms,omitempty"`
+	// Idle and LastRequest are the deployment's use as its decider saw it
+	// (protocol 6): no request anywhere for its yield window, and the
+	// Unix minute of its last request (0: none seen). Placement's GPU
+	// sharing reads them (placement.Usage); a minute, not a time, so that
+	// the record changes at most once a minute for them.
+	Idle        bool  `json:"idle,omitempty"`
+	LastRequest int64 `json:"last_request_minute,omitempty"`
 }
 
 // ScaleTargetFor is the target in force for the autoscaled deployment d:

@@ -163,6 +163,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 			return bad("gateway_rates", "%s: %v requests/s, want 0 to %g", dep, rate, float64(maxGatewayRate))
 		}
 	}
+	// A Unix minute in the year 9999 at the latest: anything later is a
+	// broken clock or a forged record, and would sort last forever.
+	const maxUnixMinute = 253402300799 / 60
 	if len(r.Scale) > maxScaleTargets {
 		return bad("scale", "%d targets, at most %d", len(r.Scale), maxScaleTargets)
 	}
@@ -175,6 +178,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		}
 		if t.ColdStartMs < 0 || t.ColdStartMs > 7*24*3600*1000 {
 			return bad("scale", "%s: a cold start of %d ms, want 0 to a week", t.Deployment, t.ColdStartMs)
+		}
+		if t.LastRequest < 0 || t.LastRequest > maxUnixMinute {
+			return bad("scale", "%s: last request minute %d, want 0 to %d", t.Deployment, t.LastRequest, int64(maxUnixMinute))
 		}
 		if len(t.Reason) > maxScaleReason {
 			return bad("scale", "%s: a reason of %d bytes, at most %d", t.Deployment, len(t.Reason), maxScaleReason)

@@ -290,6 +290,8 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a target's reason too long", "scale", rec(func(r *NodeRecord) {
 			r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: 1, Reason: strings.Repeat("x", maxScaleReason+1)}}
 		})},
+		{"a last request before 1970", "scale", rec(func(r *NodeRecord) { r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: 1, LastRequest: -1}} })},
+		{"a last request after 9999", "scale", rec(func(r *NodeRecord) { r.Scale = []ScaleTarget{{Deployment: "chat", Replicas: 1, LastRequest: 1 << 40}} })},
 		{"too many targets", "scale", rec(func(r *NodeRecord) { r.Scale = make([]ScaleTarget, maxScaleTargets+1) })},
 		{"a negative fault count", "probes", rec(func(r *NodeRecord) { r.Probes.DriverFaultsRecent = -1 })},
 		{"a fault line with an escape", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = "NVRM: \x1b[2J" })},

@@ -22,12 +22,27 @@ import (
 //     replica's kept shards too, or none of them.
 //  4. Explain every shard left unplaced.
 func Compute(v View) Plan {
-	p := &planner{}
+	p := newPlanner(v, nil)
+	plan := p.plan()
+	if v.Share {
+		plan = share(v, p, plan)
+	}
+	return plan
+}
+
+// newPlanner runs steps 1 to 3 for v. evicted, when set, names replicas
+// GPU sharing takes GPUs from (share.go), each with its reason: they are
+// neither kept nor placed.
+func newPlanner(v View, evicted map[string]string) *planner {
+	p := &planner{evicted: evicted}
+	if v.Share {
+		p.usage = v.Usage
+	}
 	p.readNodes(v.Nodes)
 	p.readDeployments(v.Deployments)
 	p.judgeHeld()
 	p.placeAll()
-	return p.plan()
+	return p
 }
 
 // planner holds one Compute call's working state.
@@ -36,6 +51,11 @@ type planner struct {
 	deps    []*depState  // valid deployments, by name
 	invalid []Unplaced
 	shards  map[string]*shardState
+
+	// GPU sharing (share.go): the deciders' usage (nil: no sharing) and
+	// the replicas it evicts, by replica ID, with their reasons.
+	usage   map[string]Usage
+	evicted map[string]string
 
 	// Interned inputs of the capacity index.
 	labelKeys []string           // label keys deployments ask about, sorted
@@ -67,52 +87,84 @@ type gang struct {
 // placeAll places gangs, larger first (pipeline × tensor parallel × memory
 // per GPU), then by deployment name and replica index. All gangs of one
 // deployment are therefore placed one after the other, which lets the
-// per-deployment scratch (spread counts, candidate list) be set up once.
+// per-deployment scratch (spread counts, candidate list) be set up once
+// (twice for a deployment some of whose replicas yield).
 func (p *planner) placeAll() {
-	var order []*depState
-	gangs := map[*depState][]gang{}
+	var runs []run
 	for _, d := range p.deps {
+		var now, later []gang
 		for _, r := range d.replicas {
+			if p.evicted[r.id] != "" {
+				continue // its GPUs go to a deployment with demand
+			}
 			var missing []*shardState
 			for _, s := range r.shards {
 				if !s.kept.ok() {
 					missing = append(missing, s)
 				}
 			}
-			if len(missing) > 0 {
-				gangs[d] = append(gangs[d], gang{rep: r, missing: missing})
+			if len(missing) == 0 {
+				continue
+			}
+			if p.yields(r) {
+				later = append(later, gang{rep: r, missing: missing})
+			} else {
+				now = append(now, gang{rep: r, missing: missing})
 			}
 		}
-		if len(gangs[d]) > 0 {
-			order = append(order, d)
+		if len(now) > 0 {
+			runs = append(runs, run{d: d, gangs: now})
+		}
+		if len(later) > 0 {
+			runs = append(runs, run{d: d, gangs: later, yields: true})
 		}
 	}
-	if len(order) == 0 {
+	if len(runs) == 0 {
 		return // everything is kept: no index needed
 	}
 	p.ensureIndex()
-	for _, d := range order {
+	for _, d := range p.deps {
 		mem := uint64(d.d.GPUMemory)
 		if mem == 0 {
 			mem = max(p.idx.largestGPU, 1) // a whole GPU weighs as much as the largest
 		}
 		d.weightHi, d.weightLo = bits.Mul64(uint64(d.d.PipelineParallel*d.d.TensorParallel), mem)
 	}
-	slices.SortStableFunc(order, func(a, b *depState) int {
-		if c := cmp.Compare(b.weightHi, a.weightHi); c != 0 {
+	// Replicas that yield (idle, above their min, with sharing on) come
+	// after every other, so that what they would take is offered first
+	// to deployments with demand: see share.go.
+	slices.SortStableFunc(runs, func(a, b run) int {
+		if a.yields != b.yields {
+			return cmpBool(a.yields, b.yields)
+		}
+		if c := cmp.Compare(b.d.weightHi, a.d.weightHi); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(b.weightLo, a.weightLo); c != 0 {
+		if c := cmp.Compare(b.d.weightLo, a.d.weightLo); c != 0 {
 			return c
 		}
-		return strings.Compare(a.d.Name, b.d.Name)
+		return strings.Compare(a.d.d.Name, b.d.d.Name)
 	})
-	for _, d := range order {
-		p.beginDeployment(d)
-		for _, g := range gangs[d] {
-			p.placeGang(d, g)
+	nextSeq := int32(len(p.deps))
+	for _, r := range runs {
+		if r.yields && len(r.d.penalized) > 0 {
+			// The deployment's other replicas were placed in an earlier
+			// run: a fresh stamp sets its scratch up anew.
+			nextSeq++
+			r.d.seq = nextSeq
+		}
+		p.beginDeployment(r.d)
+		for _, g := range r.gangs {
+			p.placeGang(r.d, g)
 		}
 	}
+}
+
+// run is gangs of one deployment placed one after the other.
+type run struct {
+	d      *depState
+	gangs  []gang
+	yields bool
 }
 
 // placeGang finds a distinct node for every missing shard of a replica, or

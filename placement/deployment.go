@@ -89,7 +89,20 @@ type Deployment struct {
 	// spec version: scaling rolls no engine. Its fields need cluster
 	// protocol 5 (fieldVersions).
 	Autoscale *Autoscale `json:"autoscale,omitempty"`
+	// Priority orders deployments for GPU sharing (share.go): when a
+	// deployment with demand does not fit, idle replicas of autoscaled
+	// deployments above their min give their GPUs up, lowest priority
+	// first. From MinPriority to MaxPriority, 0 when unset. Like Replicas
+	// it stays out of the spec version (it restarts nothing); it needs
+	// cluster protocol 6.
+	Priority int `json:"priority,omitempty"`
 }
+
+// The bounds of Deployment.Priority.
+const (
+	MinPriority = -1000
+	MaxPriority = 1000
+)
 
 // Autoscale is how an autoscaled deployment's replica count moves.
 type Autoscale struct {
@@ -220,6 +233,9 @@ func (d Deployment) Validate() error {
 	if d.StartTimeout < 0 || time.Duration(d.StartTimeout) > MaxStartTimeout {
 		return bad("start_timeout", d.StartTimeout.String(), "a duration above 0 and at most 168h (7 days), such as 2h (or unset: 2h)")
 	}
+	if d.Priority < MinPriority || d.Priority > MaxPriority {
+		return bad("priority", strconv.Itoa(d.Priority), fmt.Sprintf("an integer from %d to %d (higher keeps its GPUs longer when the cluster shares them; or leave it out: 0)", MinPriority, MaxPriority))
+	}
 	if a := d.Autoscale; a != nil {
 		if err := a.validate(d.Replicas); err != nil {
 			return err
@@ -273,7 +289,7 @@ func (d Deployment) SpecVersion() string {
 	d = d.WithDefaults()
 	// How a version is replaced does not change how it runs: switching
 	// to recreate must not itself recreate everything.
-	d.Replicas, d.Update, d.StartTimeout, d.Autoscale = 0, "", 0, nil
+	d.Replicas, d.Update, d.StartTimeout, d.Autoscale, d.Priority = 0, "", 0, nil, 0
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
 	if err != nil {
@@ -405,6 +421,7 @@ func fieldVersions() []fieldVersion {
 		{FieldVersion{Field: "start_timeout", Protocol: 2}, func(d Deployment) bool { return d.StartTimeout != 0 }},
 		{FieldVersion{Field: "fit.seqs_chosen", Protocol: 3}, func(d Deployment) bool { return d.Fit != nil && d.Fit.SeqsChosen }},
 		{FieldVersion{Field: "autoscale", Protocol: 5}, func(d Deployment) bool { return d.Autoscale != nil }},
+		{FieldVersion{Field: "priority", Protocol: 6}, func(d Deployment) bool { return d.Priority != 0 }},
 	}
 }
 

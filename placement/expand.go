@@ -309,6 +309,7 @@ func (p *planner) judgeHeld() {
 			p.judgeOne(h)
 		}
 	}
+	p.evict()
 	p.moveFailingGangs()
 	// A current-version copy on a faulted GPU drains only while no healthy
 	// copy of its shard serves: beside a kept copy with a valid lease (a
@@ -412,6 +413,24 @@ func (p *planner) judgeOne(h holder) {
 		}
 	}
 	r.drains = append(r.drains, h)
+}
+
+// evict lets go of the replicas GPU sharing takes GPUs from (share.go):
+// none of their shards is kept, so their holders stop them, and each is
+// explained by its reason.
+func (p *planner) evict() {
+	for _, d := range p.deps {
+		for _, r := range d.replicas {
+			why := p.evicted[r.id]
+			if why == "" {
+				continue
+			}
+			r.drains = nil
+			for _, s := range r.shards {
+				s.kept, s.failing, s.reason = holder{}, holder{}, why
+			}
+		}
+	}
 }
 
 // onFaultedGPU reports whether a held shard sits on a GPU its node marks

@@ -18,7 +18,8 @@ func SameInputs(a, b View) bool {
 	return slices.EqualFunc(a.Nodes, b.Nodes, sameNode) &&
 		// Deployments are few and change rarely; their specs hold maps and
 		// nested settings, compared whole.
-		reflect.DeepEqual(a.Deployments, b.Deployments)
+		reflect.DeepEqual(a.Deployments, b.Deployments) &&
+		a.Share == b.Share && maps.Equal(a.Usage, b.Usage)
 }
 
 func sameNode(a, b Node) bool {

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"maps"
 	"reflect"
 	"testing"
 
@@ -62,7 +63,7 @@ func TestSameInputsSeesEveryOtherChange(t *testing.T) {
 
 // cloneView copies v deeply enough that changing the copy leaves v alone.
 func cloneView(v View) View {
-	out := View{Deployments: append([]Deployment(nil), v.Deployments...)}
+	out := View{Deployments: append([]Deployment(nil), v.Deployments...), Share: v.Share, Usage: maps.Clone(v.Usage)}
 	for _, n := range v.Nodes {
 		n.GPUs = append([]GPU(nil), n.GPUs...)
 		n.Shards = append([]HeldShard(nil), n.Shards...)
@@ -118,4 +119,22 @@ func TestSameInputsSeesEveryField(t *testing.T) {
 	check("Node", func(v *View) reflect.Value { return reflect.ValueOf(&v.Nodes[0]).Elem() })
 	check("GPU", func(v *View) reflect.Value { return reflect.ValueOf(&v.Nodes[0].GPUs[0]).Elem() })
 	check("HeldShard", func(v *View) reflect.Value { return reflect.ValueOf(&v.Nodes[0].Shards[0]).Elem() })
+
+	// The view's own fields beside its nodes and deployments.
+	usage := View{Share: true, Usage: map[string]Usage{"a": {Idle: true, LastRequest: 3}}}
+	for name, change := range map[string]func(v *View){
+		"Share":             func(v *View) { v.Share = false },
+		"Usage.Idle":        func(v *View) { v.Usage["a"] = Usage{LastRequest: 3} },
+		"Usage.LastRequest": func(v *View) { v.Usage["a"] = Usage{Idle: true, LastRequest: 4} },
+		"Usage (another)":   func(v *View) { v.Usage["b"] = Usage{} },
+	} {
+		v := cloneView(usage)
+		change(&v)
+		if SameInputs(usage, v) {
+			t.Errorf("%s changed: SameInputs = true", name)
+		}
+	}
+	if n := reflect.TypeFor[View]().NumField(); n != 4 {
+		t.Errorf("View has %d fields; this test knows 4: teach it the new one", n)
+	}
 }

@@ -47,6 +47,9 @@ func (p *planner) plan() Plan {
 					if reason == "" {
 						reason = "not placed" // unreachable: every gang failure is explained
 					}
+					if p.yields(r) && p.evicted[r.id] == "" {
+						reason += "; idle, it gives way to deployments with demand (GPU sharing)"
+					}
 					out.Unplaced = append(out.Unplaced, Unplaced{
 						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name, Reason: reason,
 					})

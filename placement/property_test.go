@@ -354,6 +354,18 @@ func genView(t *rapid.T) View {
 			d.Replicas = rapid.IntRange(0, 5).Draw(t, "rescale")
 		}
 	}
+	// GPU sharing: some deployments autoscale, some of those are idle.
+	if rapid.Bool().Draw(t, "share") {
+		v.Share, v.Usage = true, map[string]Usage{}
+		for i := range v.Deployments {
+			d := &v.Deployments[i]
+			if rapid.Bool().Draw(t, "autoscaled") {
+				d.Autoscale = &Autoscale{Min: rapid.IntRange(0, d.Replicas).Draw(t, "min"), Max: max(d.Replicas, 1)}
+				d.Priority = rapid.IntRange(-2, 2).Draw(t, "priority")
+				v.Usage[d.Name] = Usage{Idle: rapid.Bool().Draw(t, "idle"), LastRequest: int64(rapid.IntRange(0, 3).Draw(t, "last"))}
+			}
+		}
+	}
 	return v
 }
 
@@ -377,6 +389,7 @@ func TestPropertyPermutation(t *testing.T) {
 		w := View{
 			Nodes:       rapid.Permutation(v.Nodes).Draw(t, "nodes"),
 			Deployments: rapid.Permutation(v.Deployments).Draw(t, "deps"),
+			Share:       v.Share, Usage: v.Usage,
 		}
 		for i := range w.Nodes {
 			n := w.Nodes[i]
@@ -405,6 +418,9 @@ func TestPropertyPermutation(t *testing.T) {
 func TestPropertyStability(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		v := genView(t)
+		// Sharing moves held shards by design (to a new deployment with
+		// demand): this property is of placement without it.
+		v.Share, v.Usage = false, nil
 		failing := map[string]bool{}
 		failingGang := map[string]bool{}
 		for _, n := range v.Nodes {

@@ -60,8 +60,11 @@ func (p *planner) beginDeployment(d *depState) {
 	d.penalized = d.penalized[:0]
 	for _, r := range d.replicas {
 		for _, s := range r.shards {
-			if s.kept.ok() {
+			switch {
+			case s.kept.ok():
 				p.addSpread(d, s.kept.node)
+			case s.placed != nil: // by an earlier run of the deployment
+				p.addSpread(d, s.placed)
 			}
 		}
 	}

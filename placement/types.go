@@ -115,6 +115,27 @@ type Node struct {
 type View struct {
 	Nodes       []Node       `json:"nodes"`
 	Deployments []Deployment `json:"deployments"`
+	// Share turns GPU sharing by demand on (cluster protocol 6; see
+	// share.go): idle replicas of autoscaled deployments above their min
+	// give their GPUs to deployments with demand that do not fit.
+	Share bool `json:"share,omitempty"`
+	// Usage is how each autoscaled deployment's decider last saw it used,
+	// by deployment name; read only with Share. A deployment without an
+	// entry is not idle.
+	Usage map[string]Usage `json:"usage,omitempty"`
+}
+
+// Usage is what GPU sharing reads of an autoscaled deployment's use, as
+// its decider published it: quantised (a flag and a minute), so that
+// every node's view agrees between two publications.
+type Usage struct {
+	// Idle: no request at any gateway and none running or waiting in
+	// its engines for the decider's yield window.
+	Idle bool `json:"idle,omitempty"`
+	// LastRequest is the Unix minute of the last request the decider saw
+	// (0: none seen); among idle deployments of one priority the least
+	// recently used gives its GPUs up first.
+	LastRequest int64 `json:"last_request_minute,omitempty"`
 }
 
 // Assignment places one shard of one spec version on one node's GPUs.

@@ -67,12 +67,14 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 		}
 		spec["replicas"] = rng
 	}
-	if d.has("target-inflight") {
-		v, err := d.integer("target-inflight", 0)
-		if err != nil {
-			return "", time.Time{}, err
+	for key, field := range map[string]string{"target-inflight": "target_inflight", "priority": "priority"} {
+		if d.has(key) {
+			v, err := d.integer(key, 0)
+			if err != nil {
+				return "", time.Time{}, err
+			}
+			spec[field] = v
 		}
-		spec["target_inflight"] = v
 	}
 	for key, field := range map[string]string{"gpu-memory": "gpu_memory", "gpu-type": "gpu_type", "update": "update", "start-timeout": "start_timeout", "scale-down-delay": "scale_down_delay", "idle-window": "idle_window"} {
 		if d.has(key) {

@@ -151,12 +151,23 @@ func (a *autoscaler) pass() {
 			coldStart, dec.wokeAt = now.Sub(dec.wokeAt).Milliseconds(), time.Time{}
 			a.log.Info("autoscale: woke from zero", "deployment", d.Name, "cold_start", time.Duration(coldStart)*time.Millisecond)
 		}
-		if has && cur.At.Origin == a.self && cur.Replicas == got.Target && cur.ColdStartMs == coldStart {
+		// The last request's minute is published only while idle (what
+		// GPU sharing orders idle deployments by), so that a busy
+		// deployment's target is not republished every minute.
+		var last int64
+		if got.Idle {
+			last = cur.LastRequest // the previous decider's, if it saw later
+			if !got.LastBusy.IsZero() {
+				last = max(last, got.LastBusy.Unix()/60)
+			}
+		}
+		if has && cur.At.Origin == a.self && cur.Replicas == got.Target && cur.ColdStartMs == coldStart &&
+			cur.Idle == got.Idle && cur.LastRequest == last {
 			out = append(out, cur) // in force and unchanged: no new record
 			continue
 		}
 		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: engine.Clip(got.Reason, maxReason),
-			ColdStartMs: coldStart}
+			ColdStartMs: coldStart, Idle: got.Idle, LastRequest: last}
 		if !has || cur.Replicas != got.Target {
 			a.log.Info("autoscale", "deployment", d.Name, "from", current, "to", got.Target, "why", got.Reason)
 		}

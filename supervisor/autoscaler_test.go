@@ -225,3 +225,59 @@ func TestWakeFromZeroIsTimed(t *testing.T) {
 		t.Errorf("ready 7 s after the wake: %+v, want a cold start of 7000 ms", got)
 	}
 }
+
+// priority is refused below protocol 6, as every field newer than the
+// cluster (GPU sharing reads it, and a protocol 5 node would drop it).
+func TestPriorityNeedsProtocol6(t *testing.T) {
+	spec := placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Autoscale: &placement.Autoscale{Min: 0, Max: 3}, Priority: 5}
+	err := knownToCluster(spec, 5)
+	if err == nil || !strings.Contains(err.Error(), "priority needs cluster protocol 6") {
+		t.Errorf("at protocol 5: %v", err)
+	}
+	if err := knownToCluster(spec, 6); err != nil {
+		t.Errorf("at protocol 6: %v", err)
+	}
+}
+
+// The decider says its deployment is idle, with the minute of its last
+// request, once its yield window passed without one, and that is what
+// every node's view reads as the deployment's use; a request makes it
+// busy again (and the minute is dropped: a busy deployment's target is
+// not republished every minute).
+func TestDeciderPublishesIdleForSharing(t *testing.T) {
+	w := newScaleWorld("n1", "n1")
+	spec := w.deps[0].Spec
+	spec.Autoscale.Min, spec.Autoscale.ScaleDownDelay = 0, placement.Duration(20*time.Second)
+	a := scalerOn(w)
+	clk := a.clock.(*clock.Fake)
+	rate := func(r float64) {
+		now := clk.Now()
+		rec := &gossip.NodeRecord{Name: "n1", Gateway: "127.0.0.1:8000", GatewayRates: map[string]float64{"chat": r}}
+		a.reads.snap.Store(status.Build(status.Input{Self: "n1", Now: now, TTL: time.Hour, Settled: true,
+			Members: []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: rec}}, Deployments: w.deps}))
+		a.pass()
+	}
+	rate(1)
+	busyAt := clk.Now()
+	clk.Advance(10 * time.Second)
+	rate(0)
+	if got := w.record("n1").Scale[0]; got.Idle || got.LastRequest != 0 {
+		t.Fatalf("10 s after a request: %+v, want busy", got)
+	}
+	clk.Advance(10 * time.Second)
+	rate(0)
+	got := w.record("n1").Scale[0]
+	if !got.Idle || got.LastRequest != busyAt.Unix()/60 {
+		t.Fatalf("20 s (the scale-down delay) after a request: %+v, want idle since minute %d", got, busyAt.Unix()/60)
+	}
+	w.members[0].Record.Scale = []gossip.ScaleTarget{got}
+	v := BuildView(w.members, w.deps, clk.Now(), time.Hour)
+	if u := v.Usage["chat"]; !u.Idle || u.LastRequest != got.LastRequest || v.Share {
+		t.Errorf("the view reads %+v (share %v), want idle since %d and sharing left to the caller", u, v.Share, got.LastRequest)
+	}
+	clk.Advance(5 * time.Second)
+	rate(0.1)
+	if got := w.record("n1").Scale[0]; got.Idle || got.LastRequest != 0 {
+		t.Errorf("a request again: %+v, want busy", got)
+	}
+}

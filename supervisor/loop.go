@@ -3,11 +3,13 @@ package supervisor
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/protocol"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/engine"
 	"github.com/llmgw/llmgw/supervisor/publish"
@@ -45,6 +47,9 @@ type controlLoop struct {
 	plans planCache
 	// settled is the joiner's word that the node has heard the cluster.
 	settled *atomic.Bool
+	// evicting are the shards of this node that GPU sharing lets go,
+	// each logged once (logEvictions).
+	evicting map[string]bool
 }
 
 // wakeup makes the control loop reconcile now rather than at its next
@@ -133,8 +138,14 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 	isolated := c.isolation.check(now, c.cluster.LastHeard(), members)
 	deps := c.cluster.Deployments()
 	view := BuildView(members, deps, now, c.ttl)
+	// One read for the pass: its plan, its gangs and its snapshot follow
+	// the same version. Every node must evict alike, so GPU sharing
+	// waits until every member speaks its version.
+	active := c.cluster.ActiveVersion()
+	view.Share = active >= protocol.V6
 	c.handover.mark(&view, now, c.handoverPeriod(len(members)))
 	plan := c.plans.plan(view)
+	c.logEvictions(plan)
 	specs := map[string]placement.Deployment{}
 	for _, d := range view.Deployments {
 		specs[d.Name] = d.WithDefaults()
@@ -147,9 +158,6 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 	}
 	gangViews(mine, plan, members, now, c.ttl)
 	failovers(mine, members, c.name, now, c.ttl)
-	// One read for the pass: its gangs render, and its snapshot shows,
-	// the same version.
-	active := c.cluster.ActiveVersion()
 	for i := range mine {
 		mine[i].ClusterVersion = active
 		if mine[i].Gang != nil {
@@ -236,4 +244,25 @@ func (p *planCache) plan(v placement.View) placement.Plan {
 	p.last, p.kept, p.valid = v, placement.Compute(v), true
 	p.computed++
 	return p.kept
+}
+
+// logEvictions says once, on the node that holds it, that GPU sharing
+// takes a shard's GPUs for a deployment with demand (placement/share.go):
+// the engine's stop that follows says only that it is no longer planned.
+func (c *controlLoop) logEvictions(plan placement.Plan) {
+	held := map[string]bool{}
+	for _, h := range c.runner.Shards() {
+		held[h.ShardID] = true
+	}
+	now := map[string]bool{}
+	for _, u := range plan.Unplaced {
+		if !held[u.ShardID] || !strings.HasPrefix(u.Reason, placement.EvictionPrefix) {
+			continue
+		}
+		now[u.ShardID] = true
+		if !c.evicting[u.ShardID] {
+			c.log.Info("GPU sharing: stopping an idle replica", "shard", u.ShardID, "why", u.Reason)
+		}
+	}
+	c.evicting = now
 }

@@ -12,7 +12,8 @@ import (
 // input, judging every lease by this node's own clock: a lease is valid while
 // its holder is alive in memberlist and renewed its record within ttl of now,
 // measured from when this node saw the renewal. No clock of another node is
-// ever compared with ours.
+// ever compared with ours. View.Share, GPU sharing, is the caller's: it
+// follows the cluster version.
 func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time.Time, ttl time.Duration) placement.View {
 	var v placement.View
 	for _, m := range members {
@@ -58,6 +59,13 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 			// until then the spec's replicas (its start).
 			if t, ok := gossip.ScaleTargetFor(members, d); ok {
 				spec.Replicas = min(max(t.Replicas, a.Min), a.Max)
+				// Its use, for GPU sharing (placed only with View.Share).
+				if t.Idle || t.LastRequest != 0 {
+					if v.Usage == nil {
+						v.Usage = map[string]placement.Usage{}
+					}
+					v.Usage[d.Name] = placement.Usage{Idle: t.Idle, LastRequest: t.LastRequest}
+				}
 			}
 		}
 		v.Deployments = append(v.Deployments, spec)

@@ -172,6 +172,7 @@ func placeCommand() *cli.Command {
 		&cli.IntFlag{Name: "target-inflight", HideDefault: true, Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
 		&cli.DurationFlag{Name: "scale-down-delay", HideDefault: true, Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
 		&cli.DurationFlag{Name: "idle-window", HideDefault: true, Usage: "autoscale with --min-replicas 0: how long without any request before the last replica goes (default 10m); a request at any gateway wakes it"},
+		&cli.IntFlag{Name: "priority", HideDefault: true, Usage: "GPU sharing: when a deployment with demand does not fit, idle autoscaled replicas above their min give their GPUs up, lowest priority first (-1000 to 1000, default 0); changing it restarts nothing"},
 	)
 	return &cli.Command{
 		Name:      "place",
@@ -190,7 +191,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
 		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout",
-			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window"} {
+			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window", "priority"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -216,6 +217,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		GPUType: c.String("gpu-type"), Args: c.StringSlice("arg"), Update: c.String("update"),
 		MaxModelLen: int(c.Int("max-model-len")), MaxNumSeqs: int(c.Int("max-num-seqs")),
 		StartTimeout: placement.Duration(c.Duration("start-timeout")),
+		Priority:     int(c.Int("priority")),
 	}
 	// Zero is how a spec says "unset" (omitempty), so an explicit 0 would
 	// be sent as nothing: refused here, as the node refuses it.

@@ -49,6 +49,14 @@ const (
 	// place the spec's replicas and relay the spec without autoscale, so
 	// below V5 a place that sets it is refused.
 	V5 = 5
+	// V6: GPUs shared by demand. A deployment may carry priority, and
+	// placement lets idle replicas of autoscaled deployments above their
+	// min give their GPUs to a deployment with demand that does not fit
+	// (placement/share.go), reading whether each is idle, and its last
+	// request's minute, from its decider's target. Every node must
+	// evict alike, so below V6 placement shares nothing and a place that
+	// sets priority is refused.
+	V6 = 6
 )
 
 // Min and Max bound the versions this build speaks. Min rises only when a
@@ -56,7 +64,7 @@ const (
 // cluster's active version is refused by it.
 const (
 	Min = V1
-	Max = V5
+	Max = V6
 )
 
 // Range is the span of versions one build speaks.

@@ -89,6 +89,34 @@ type Reading struct {
 type Decision struct {
 	Target int
 	Reason string
+	// Idle: this decider's own readings saw no request at any gateway and
+	// none in any engine for the yield window (YieldAfter). The
+	// deployment's replicas above its min may then give their GPUs to a
+	// deployment with demand (placement's GPU sharing); a decider that
+	// just took over says so only after a window of its own.
+	Idle bool
+	// LastBusy is this decider's last reading with a request (zero: none
+	// yet).
+	LastBusy time.Time
+}
+
+// MaxYieldAfter bounds YieldAfter: past a minute without a request a
+// model's GPUs are better spent on a model somebody asks for.
+const MaxYieldAfter = time.Minute
+
+// YieldAfter is how long a deployment must see no request before it
+// counts as idle for GPU sharing: the shortest of a minute, its
+// scale-down delay and (with min 0) its idle window, so that a
+// deployment that would scale down or to zero sooner yields as soon.
+func YieldAfter(s Settings) time.Duration {
+	w := MaxYieldAfter
+	if s.ScaleDownDelay > 0 {
+		w = min(w, s.ScaleDownDelay)
+	}
+	if s.Min == 0 && s.IdleWindow > 0 {
+		w = min(w, s.IdleWindow)
+	}
+	return w
 }
 
 type recommendation struct {
@@ -109,10 +137,6 @@ type Decider struct {
 // Decide returns the target for r under s, and remembers r's
 // recommendation.
 func (d *Decider) Decide(s Settings, r Reading) Decision {
-	if s.TargetInflight <= 0 {
-		s.TargetInflight = DefaultTargetInflight
-	}
-	cur := min(max(r.Current, s.Min), s.Max)
 	idle := r.Demand == 0 && r.Requests == 0
 	if d.first.IsZero() || r.Now.Before(d.first) {
 		d.first, d.lastBusy = r.Now, time.Time{}
@@ -120,6 +144,22 @@ func (d *Decider) Decide(s Settings, r Reading) Decision {
 	if !idle {
 		d.lastBusy = r.Now
 	}
+	got := d.decide(s, r, idle)
+	got.Idle = idle && d.quietFor(r.Now, YieldAfter(s))
+	got.LastBusy = d.lastBusy
+	return got
+}
+
+// quietFor: this decider's readings, for w up to now, saw no request.
+func (d *Decider) quietFor(now time.Time, w time.Duration) bool {
+	return !now.Before(d.first.Add(w)) && (d.lastBusy.IsZero() || !now.Before(d.lastBusy.Add(w)))
+}
+
+func (d *Decider) decide(s Settings, r Reading, idle bool) Decision {
+	if s.TargetInflight <= 0 {
+		s.TargetInflight = DefaultTargetInflight
+	}
+	cur := min(max(r.Current, s.Min), s.Max)
 	if s.Min == 0 {
 		if got, ok := d.zero(s, r, cur, idle); ok {
 			return got
@@ -175,7 +215,7 @@ func (d *Decider) zero(s Settings, r Reading, cur int, idle bool) (Decision, boo
 		return Decision{Target: min(1, s.Max), Reason: fmt.Sprintf("waking: %.2g requests/s at the gateways", r.Requests)}, true
 	case cur == 0:
 		return Decision{Target: 0, Reason: fmt.Sprintf("scaled to zero: no request for %s, wakes on request", window)}, true
-	case idle && r.Starting == 0 && !r.Now.Before(d.first.Add(window)) && (d.lastBusy.IsZero() || !r.Now.Before(d.lastBusy.Add(window))):
+	case idle && r.Starting == 0 && d.quietFor(r.Now, window):
 		return Decision{Target: 0, Reason: fmt.Sprintf("scaled to zero: no request for %s, wakes on request", window)}, true
 	}
 	return Decision{}, false

@@ -214,3 +214,40 @@ func TestScaleToZeroAndWake(t *testing.T) {
 		t.Errorf("starting, idle past the window: %+v, want 1", got)
 	}
 }
+
+// Idle for GPU sharing: only after a yield window of this decider's own
+// readings with no request (a decider that just took over knows nothing
+// of the time before it), and no longer from the first request.
+func TestIdleForSharing(t *testing.T) {
+	s := Settings{Min: 0, Max: 2, TargetInflight: 8, ScaleDownDelay: 5 * time.Minute, IdleWindow: 30 * time.Second}
+	if w := YieldAfter(s); w != 30*time.Second {
+		t.Fatalf("yield after %s, want the idle window, 30s (shorter than a minute and the delay)", w)
+	}
+	var d Decider
+	if got := d.Decide(s, reading(0, 1, 0)); got.Idle {
+		t.Errorf("first reading: idle %+v", got)
+	}
+	if got := d.Decide(s, reading(29*time.Second, 1, 0)); got.Idle {
+		t.Errorf("29 s of quiet readings: idle %+v", got)
+	}
+	if got := d.Decide(s, reading(30*time.Second, 1, 0)); !got.Idle || !got.LastBusy.IsZero() {
+		t.Errorf("30 s of quiet readings: %+v, want idle, never busy", got)
+	}
+	r := reading(40*time.Second, 1, 0)
+	r.Requests = 0.5 // a gateway's rate: a request held, say
+	if got := d.Decide(s, r); got.Idle || !got.LastBusy.Equal(r.Now) {
+		t.Errorf("a request: %+v, want busy at %s", got, r.Now)
+	}
+	if got := d.Decide(s, reading(69*time.Second, 1, 0)); got.Idle {
+		t.Errorf("29 s after the request: idle %+v", got)
+	}
+	if got := d.Decide(s, reading(70*time.Second, 1, 0)); !got.Idle {
+		t.Errorf("30 s after the request: %+v, want idle", got)
+	}
+	if w := YieldAfter(Settings{Min: 1, ScaleDownDelay: 5 * time.Minute, IdleWindow: 10 * time.Second}); w != time.Minute {
+		t.Errorf("min 1: yield after %s, want a minute (the idle window is min 0's)", w)
+	}
+	if w := YieldAfter(Settings{Min: 1, ScaleDownDelay: 20 * time.Second}); w != 20*time.Second {
+		t.Errorf("a 20 s delay: yield after %s, want 20s", w)
+	}
+}

@@ -212,7 +212,7 @@ type GangInputs struct {
 // newestClusterVersion is the newest cluster protocol version whose rules
 // the profiles know (internal/protocol.Max; profile imports no module
 // package beyond its allow-list, so it is a number here).
-const newestClusterVersion = 5
+const newestClusterVersion = 6
 
 // Data is what templates see.
 type Data struct {

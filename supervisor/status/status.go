@@ -250,6 +250,10 @@ func (s *Snapshot) buildDeployments(in Input) {
 			if t, ok := gossip.ScaleTargetFor(in.Members, rec); ok {
 				scale.Decider, scale.Reason, scale.DecidedAt = t.At.Origin, t.Reason, time.UnixMilli(t.At.Wall).UTC()
 				scale.LastColdStart = time.Duration(t.ColdStartMs) * time.Millisecond
+				scale.Idle = t.Idle
+				if t.LastRequest > 0 {
+					scale.LastRequest = time.Unix(t.LastRequest*60, 0).UTC()
+				}
 			}
 		}
 		dep := deployment{info: DeploymentInfo{Deployment: d, SpecVersion: d.SpecVersion(), Stamp: rec.Stamp, Nodes: []string{}, Scale: scale}}

@@ -92,6 +92,12 @@ type ScaleInfo struct {
 	// LastColdStart is how long the deployment's last wake from zero
 	// took, from the decider's wake to a ready replica (zero: none seen).
 	LastColdStart time.Duration `json:"last_cold_start_ns,omitempty"`
+	// Idle: its decider saw no request for its yield window, so its
+	// replicas above its min may give their GPUs to a deployment with
+	// demand (GPU sharing); LastRequest is the minute of its last request
+	// as the decider saw it, published while idle (zero: none seen).
+	Idle        bool      `json:"idle,omitempty"`
+	LastRequest time.Time `json:"last_request,omitzero"`
 }
 
 // LeaseNone is the lease of a shard that nobody holds: planned on a node
