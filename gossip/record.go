@@ -113,6 +113,13 @@ type ShardRecord struct {
 	// and the record need not change every second.
 	Note   string    `json:"note,omitempty"`
 	NoteAt time.Time `json:"note_at,omitzero"`
+	// PullMs and LoadMs are how the engine's last start on this node that
+	// became ready spent its time: its image's pull, and from its
+	// process's start to its first ready answer (the weights' load and
+	// the engine's own warm-up, which it does before it answers ready).
+	// Zero for an engine this agent adopted without seeing it start.
+	PullMs int64 `json:"pull_ms,omitempty"`
+	LoadMs int64 `json:"load_ms,omitempty"`
 	// Gang is set for a member of a replica that spans nodes
 	// (pipeline_parallel above 1); see GangRecord.
 	Gang *GangRecord `json:"gang,omitempty"`
@@ -260,6 +267,11 @@ type ScaleTarget struct {
 	// ColdStartMs is how long the deployment's last wake from zero took,
 	// the decider's wake to a ready replica, in milliseconds (0: none).
 	ColdStartMs int64 `json:"cold_start_ms,omitempty"`
+	// ColdStartPullMs and ColdStartLoadMs are the parts of it the ready
+	// replica's holder reported (ShardRecord.PullMs, LoadMs); the rest
+	// is deciding, placing and gossip.
+	ColdStartPullMs int64 `json:"cold_start_pull_ms,omitempty"`
+	ColdStartLoadMs int64 `json:"cold_start_load_ms,omitempty"`
 	// Idle and LastRequest are the deployment's use as its decider saw it
 	// (protocol 6): no request anywhere for its yield window, and the
 	// Unix minute of its last request (0: none seen). Placement's GPU

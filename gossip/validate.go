@@ -176,8 +176,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if t.Replicas < 0 || t.Replicas > maxScaleReplicas {
 			return bad("scale", "%s: %d replicas, want 0 to %d", t.Deployment, t.Replicas, maxScaleReplicas)
 		}
-		if t.ColdStartMs < 0 || t.ColdStartMs > 7*24*3600*1000 {
-			return bad("scale", "%s: a cold start of %d ms, want 0 to a week", t.Deployment, t.ColdStartMs)
+		if t.ColdStartMs < 0 || t.ColdStartMs > maxStartMs || t.ColdStartPullMs < 0 || t.ColdStartPullMs > t.ColdStartMs ||
+			t.ColdStartLoadMs < 0 || t.ColdStartLoadMs > t.ColdStartMs {
+			return bad("scale", "%s: a cold start of %d ms (pull %d, load %d), want 0 to a week, its phases within it", t.Deployment, t.ColdStartMs, t.ColdStartPullMs, t.ColdStartLoadMs)
 		}
 		if t.LastRequest < 0 || t.LastRequest > maxUnixMinute {
 			return bad("scale", "%s: last request minute %d, want 0 to %d", t.Deployment, t.LastRequest, int64(maxUnixMinute))
@@ -226,6 +227,9 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		}
 		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
 			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
+		}
+		if s.PullMs < 0 || s.PullMs > maxStartMs || s.LoadMs < 0 || s.LoadMs > maxStartMs {
+			return bad(field+".pull_ms", "a pull of %d ms and a load of %d ms, want each 0 to a week", s.PullMs, s.LoadMs)
 		}
 		if len(s.Note) > maxShardNote || !printable(s.Note) {
 			return bad(field+".note", "want at most %d printable bytes", maxShardNote)
@@ -388,6 +392,8 @@ const (
 	// maxGangSize is placement's bound on pipeline_parallel.
 	maxGangSize = 64
 	maxGangNote = 300
+	// maxStartMs bounds a start's phases and a cold start, in ms: a week.
+	maxStartMs = 7 * 24 * 3600 * 1000
 	// maxShardNote bounds a shard's note (the runner clips it to 300).
 	maxShardNote = 320
 )

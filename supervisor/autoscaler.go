@@ -139,7 +139,7 @@ func (a *autoscaler) pass() {
 		reading := scaleReading(shards, waiting[d.Name], *d.Spec, now, current)
 		reading.Requests = rates[d.Name]
 		got := dec.Decide(scaleSettings(*d.Spec), reading)
-		coldStart := cur.ColdStartMs
+		coldStart, pull, load := cur.ColdStartMs, cur.ColdStartPullMs, cur.ColdStartLoadMs
 		switch {
 		case current == 0 && got.Target > 0:
 			dec.wokeAt = now
@@ -147,9 +147,13 @@ func (a *autoscaler) pass() {
 			dec.wokeAt = time.Time{}
 		case !dec.wokeAt.IsZero() && reading.Ready > 0:
 			// Woken and ready: the cold start as the decider saw it, from
-			// its wake to its first reading with a ready replica.
+			// its wake to its first reading with a ready replica, and the
+			// parts of it that replica's holder measured.
 			coldStart, dec.wokeAt = now.Sub(dec.wokeAt).Milliseconds(), time.Time{}
-			a.log.Info("autoscale: woke from zero", "deployment", d.Name, "cold_start", time.Duration(coldStart)*time.Millisecond)
+			pull, load = readyStartParts(shards, *d.Spec)
+			pull, load = min(pull, coldStart), min(load, max(coldStart-pull, 0))
+			a.log.Info("autoscale: woke from zero", "deployment", d.Name, "cold_start", time.Duration(coldStart)*time.Millisecond,
+				"pull", time.Duration(pull)*time.Millisecond, "load", time.Duration(load)*time.Millisecond)
 		}
 		// The last request's minute is published only while idle (what
 		// GPU sharing orders idle deployments by), so that a busy
@@ -162,12 +166,13 @@ func (a *autoscaler) pass() {
 			}
 		}
 		if has && cur.At.Origin == a.self && cur.Replicas == got.Target && cur.ColdStartMs == coldStart &&
+			cur.ColdStartPullMs == pull && cur.ColdStartLoadMs == load &&
 			cur.Idle == got.Idle && cur.LastRequest == last {
 			out = append(out, cur) // in force and unchanged: no new record
 			continue
 		}
 		t := gossip.ScaleTarget{Deployment: d.Name, Spec: d.Stamp, Replicas: got.Target, At: a.cluster.StampAfter(cur.At), Reason: engine.Clip(got.Reason, maxReason),
-			ColdStartMs: coldStart, Idle: got.Idle, LastRequest: last}
+			ColdStartMs: coldStart, ColdStartPullMs: pull, ColdStartLoadMs: load, Idle: got.Idle, LastRequest: last}
 		if !has || cur.Replicas != got.Target {
 			a.log.Info("autoscale", "deployment", d.Name, "from", current, "to", got.Target, "why", got.Reason)
 		}
@@ -270,6 +275,19 @@ func scaleReading(shards []status.ShardInfo, waitsForRoom bool, d placement.Depl
 		r.Fits = len(placed)
 	}
 	return r
+}
+
+// readyStartParts is the pull and the load of a ready replica of d's
+// current spec, as its holder reported its engine's start (the first
+// such replica by shard ID: a wake starts one).
+func readyStartParts(shards []status.ShardInfo, d placement.Deployment) (pull, load int64) {
+	version := d.WithDefaults().SpecVersion()
+	for _, s := range shards {
+		if s.Deployment == d.Name && s.SpecVersion == version && s.Status == gossip.ShardReady && s.LoadMs > 0 {
+			return s.PullMs, s.LoadMs
+		}
+	}
+	return 0, 0
 }
 
 // gatewayRates sums, per deployment, the rates the live gateways

@@ -200,7 +200,7 @@ func TestWakeFromZeroIsTimed(t *testing.T) {
 			placed.Replicas = 1
 			ver := spec.WithDefaults().SpecVersion()
 			rec.Shards = []gossip.ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, GPUs: []int{0},
-				Status: gossip.ShardReady, Ready: true, URL: "http://127.0.0.1:8100"}}
+				Status: gossip.ShardReady, Ready: true, URL: "http://127.0.0.1:8100", PullMs: 1500, LoadMs: 2000}}
 			node.Shards = []placement.HeldShard{{ShardID: "chat-0", SpecVersion: ver, Lease: placement.LeaseValid}}
 			plan.Assignments = []placement.Assignment{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, Node: "n1", GPUs: []int{0}}}
 		}
@@ -221,8 +221,9 @@ func TestWakeFromZeroIsTimed(t *testing.T) {
 	clk.Advance(7 * time.Second)
 	a.reads.snap.Store(snapshot(0.1, true))
 	a.pass()
-	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 1 || got[0].ColdStartMs != 7000 {
-		t.Errorf("ready 7 s after the wake: %+v, want a cold start of 7000 ms", got)
+	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 1 || got[0].ColdStartMs != 7000 ||
+		got[0].ColdStartPullMs != 1500 || got[0].ColdStartLoadMs != 2000 {
+		t.Errorf("ready 7 s after the wake: %+v, want a cold start of 7000 ms, of which the holder's pull 1500 and load 2000", got)
 	}
 }
 

@@ -410,7 +410,7 @@ func modelsCommand() *cli.Command {
 					if why == "-" && d.Replicas == 0 {
 						why = "scaled to zero, wakes on request"
 						if sc.LastColdStart > 0 {
-							why += fmt.Sprintf(" (last cold start %s)", sc.LastColdStart.Round(100*time.Millisecond))
+							why += " (last cold start " + coldStartText(sc) + ")"
 						}
 					}
 					if why == "-" && sc.Reason != "" {
@@ -425,6 +425,19 @@ func modelsCommand() *cli.Command {
 			return tw.Flush()
 		},
 	}
+}
+
+// coldStartText is a deployment's last wake from zero and, where the
+// ready replica's holder measured them, its parts: "6.6s: pull 0s, load
+// and warm-up 2.1s, deciding, placing and gossip 4.5s".
+func coldStartText(sc *status.ScaleInfo) string {
+	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+	out := r(sc.LastColdStart).String()
+	if sc.LastColdStartLoad > 0 {
+		rest := max(sc.LastColdStart-sc.LastColdStartPull-sc.LastColdStartLoad, 0)
+		out += fmt.Sprintf(": pull %s, load and warm-up %s, deciding, placing and gossip %s", r(sc.LastColdStartPull), r(sc.LastColdStartLoad), r(rest))
+	}
+	return out
 }
 
 // modelsJSON is `llmgw models --json`: the gateways clients can use (any

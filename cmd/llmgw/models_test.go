@@ -183,6 +183,9 @@ func TestModelsShowsAutoscaling(t *testing.T) {
 				Placed: 3, Ready: 2, Nodes: []string{"n1"}, Scale: &status.ScaleInfo{Target: 3, Decider: "n2", Reason: "scaling up: 20 in flight"}},
 			{Deployment: placement.Deployment{Name: "idle", Model: "m/tiny", Engine: "fake", Replicas: 0, Autoscale: &placement.Autoscale{Min: 0, Max: 2}},
 				Scale: &status.ScaleInfo{Decider: "n1", Reason: "scaled to zero", LastColdStart: 6500 * time.Millisecond}},
+			{Deployment: placement.Deployment{Name: "timed", Model: "m/tiny", Engine: "fake", Replicas: 0, Autoscale: &placement.Autoscale{Min: 0, Max: 2}},
+				Scale: &status.ScaleInfo{Decider: "n1", Reason: "scaled to zero", LastColdStart: 6600 * time.Millisecond,
+					LastColdStartPull: 0, LastColdStartLoad: 2100 * time.Millisecond}},
 		},
 	})
 	out, err := run(t, "models", "--addr", srv.URL)
@@ -192,6 +195,7 @@ func TestModelsShowsAutoscaling(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^chat\s+m/tiny\s+fake\s+3/3 \(auto 1-4\)\s+2\s+n1\s+autoscale: scaling up: 20 in flight \(decided by n2\)$`),
 		regexp.MustCompile(`(?m)^idle\s+m/tiny\s+fake\s+0/0 \(auto 0-2\)\s+0\s+-\s+scaled to zero, wakes on request \(last cold start 6.5s\)$`),
+		regexp.MustCompile(`(?m)^timed\s+.*scaled to zero, wakes on request \(last cold start 6.6s: pull 0s, load and warm-up 2.1s, deciding, placing and gossip 4.5s\)$`),
 	} {
 		if !want.MatchString(out) {
 			t.Errorf("models lacks %s:\n%s", want, out)

@@ -67,6 +67,9 @@ type managed struct {
 	// serve, or why it stopped (see gossip.ShardRecord.Note).
 	note   string
 	noteAt time.Time
+	// took is how the last start that became ready here spent its time
+	// (gossip.ShardRecord.PullMs, LoadMs); zero until one did.
+	took startTook
 	// drain: it served when it was told to stop, so it keeps serving for
 	// Config.DrainDelay first (see finish).
 	drain bool
@@ -132,6 +135,24 @@ func (e *managed) profile() (profile.Profile, error) {
 // when the words change: at says when, so "loading, log grew 2s ago" needs
 // no republication every poll (a move of at alone waits for the next
 // record the engine's other changes send, or is sent when 15 s old).
+// startTook is one start's phases: the image's pull, and from the
+// engine's process start to its first ready answer (its load and its own
+// warm-up, which every engine does before it answers ready).
+type startTook struct {
+	pull, load time.Duration
+}
+
+// setTook records how the start that just became ready spent its time.
+func (e *managed) setTook(t startTook, ok bool) {
+	if !ok {
+		return // adopted: this agent did not see it start
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.took = t
+	notify(e.changes)
+}
+
 func (e *managed) setNote(note string, at time.Time) {
 	note = Clip(printableOnly(note), 300)
 	e.mu.Lock()

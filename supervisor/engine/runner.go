@@ -371,7 +371,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
 			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
 			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load, Error: e.startErr,
-			Note: e.note, NoteAt: e.noteAt,
+			Note: e.note, NoteAt: e.noteAt, PullMs: e.took.pull.Milliseconds(), LoadMs: e.took.load.Milliseconds(),
 		}
 		if rec.Deployment == "" {
 			rec.Deployment = st.Spec.Deployment

@@ -69,6 +69,26 @@ type startTrace struct {
 	phase   trace.Span
 	// attempts counts this engine's start attempts.
 	attempts int
+	// marks are when the current attempt entered each phase, kept with
+	// or without a tracer: the start's breakdown is published (took).
+	marks map[string]time.Time
+}
+
+// took is how the current attempt spent its time up to ready at at: its
+// pull (zero where the runtime pulls nothing) and from the process's
+// start to ready. ok is false when this runner did not start it.
+func (t *startTrace) took(at time.Time) (startTook, bool) {
+	run, ok := t.marks["ready"]
+	if !ok || at.Before(run) {
+		return startTook{}, false
+	}
+	out := startTook{load: at.Sub(run)}
+	if pull, ok := t.marks["pull"]; ok {
+		if start, ok := t.marks["start"]; ok && !start.Before(pull) {
+			out.pull = start.Sub(pull)
+		}
+	}
+	return out, true
 }
 
 // engineAttrs are the attributes that name e's engine.
@@ -99,6 +119,7 @@ func (t *startTrace) beginFailover(node string, e *managed) {
 // begin opens a start attempt of e at at, under the failover when there is
 // one still open.
 func (t *startTrace) begin(node string, e *managed, at time.Time) {
+	clear(t.marks)
 	if t.tracer == nil {
 		return
 	}
@@ -124,6 +145,10 @@ func (t *startTrace) image(ref string) {
 
 // enter ends the open phase at at, as done, and opens the phase name.
 func (t *startTrace) enter(name string, at time.Time) {
+	if t.marks == nil {
+		t.marks = map[string]time.Time{}
+	}
+	t.marks[name] = at
 	if t.attempt == nil {
 		return
 	}

@@ -210,3 +210,34 @@ func TestNoTracerNoSpans(t *testing.T) {
 		t.Fatalf("without a tracer: %v allocations a start, spans %+v", allocs, tr)
 	}
 }
+
+// With or without a tracer, the record says how the engine's start that
+// became ready spent its time: its pull (three minutes here, on the
+// runner's fake clock) and from its process's start to ready.
+func TestStartPhasesInTheRecord(t *testing.T) {
+	env := newRunnerEnv(t)
+	var f *fakeTime
+	r, f := env.openFake(func(c *Config) {
+		c.Runtime = &imageRuntime{Runtime: c.Runtime, pulled: func() { f.clk.Advance(3 * time.Minute) }}
+	})
+	defer func() {
+		f.stopAll(r)
+		r.Close()
+	}()
+	d := desired("chat")
+	d.Spec.Image = "example.invalid/fake:1"
+	f.runReady(r, d)
+	var rec []int64
+	testwait.Until(t, 15*time.Second, "the start's phases in the record", func() (bool, string) {
+		for _, s := range r.Shards() {
+			if s.Ready {
+				rec = []int64{s.PullMs, s.LoadMs}
+				return s.PullMs > 0, fmt.Sprintf("pull %d ms, load %d ms", s.PullMs, s.LoadMs)
+			}
+		}
+		return false, "not ready"
+	})
+	if rec[0] != (3*time.Minute).Milliseconds() || rec[1] < 0 || rec[1] > time.Minute.Milliseconds() {
+		t.Errorf("pull %d ms, load %d ms; want the pull's 180000 and a load of a few polls", rec[0], rec[1])
+	}
+}

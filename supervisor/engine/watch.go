@@ -210,7 +210,9 @@ func (r *Runner) check(ctx context.Context, e *managed, w *watchState) {
 		if e.isMember() {
 			ready := e.memberReady()
 			if ready && !w.everReady {
-				w.trace.ready(r.cfg.Clock.Now())
+				now := r.cfg.Clock.Now()
+				e.setTook(w.trace.took(now))
+				w.trace.ready(now)
 			}
 			w.everReady = w.everReady || ready
 			r.policy.setReady(e, ready, st.PID)
@@ -235,6 +237,7 @@ func (r *Runner) checkStarting(ctx context.Context, e *managed, w *watchState, p
 	now := r.cfg.Clock.Now()
 	if ready {
 		w.everReady = true
+		e.setTook(w.trace.took(now))
 		w.trace.ready(now)
 		w.live.becameReady(now)
 		e.setNote("", time.Time{})

@@ -157,6 +157,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		si.Private = r.Private
 		si.Restarts, si.LastExit, si.StartedAt, si.Gang = r.Restarts, r.LastExit, r.StartedAt, r.Gang
 		si.Note, si.NoteAt = r.Note, r.NoteAt
+		si.PullMs, si.LoadMs = r.PullMs, r.LoadMs
 		sh.load = r.Load
 		if r.Error != "" && si.Reason == "" {
 			si.Reason = "start failed: " + r.Error
@@ -250,6 +251,8 @@ func (s *Snapshot) buildDeployments(in Input) {
 			if t, ok := gossip.ScaleTargetFor(in.Members, rec); ok {
 				scale.Decider, scale.Reason, scale.DecidedAt = t.At.Origin, t.Reason, time.UnixMilli(t.At.Wall).UTC()
 				scale.LastColdStart = time.Duration(t.ColdStartMs) * time.Millisecond
+				scale.LastColdStartPull = time.Duration(t.ColdStartPullMs) * time.Millisecond
+				scale.LastColdStartLoad = time.Duration(t.ColdStartLoadMs) * time.Millisecond
 				scale.Idle = t.Idle
 				if t.LastRequest > 0 {
 					scale.LastRequest = time.Unix(t.LastRequest*60, 0).UTC()

@@ -92,6 +92,12 @@ type ScaleInfo struct {
 	// LastColdStart is how long the deployment's last wake from zero
 	// took, from the decider's wake to a ready replica (zero: none seen).
 	LastColdStart time.Duration `json:"last_cold_start_ns,omitempty"`
+	// LastColdStartPull and LastColdStartLoad are its parts on the ready
+	// replica's node: the image's pull, and the engine's load and
+	// warm-up (process start to first ready answer). The rest is
+	// deciding, placing and gossip.
+	LastColdStartPull time.Duration `json:"last_cold_start_pull_ns,omitempty"`
+	LastColdStartLoad time.Duration `json:"last_cold_start_load_ns,omitempty"`
 	// Idle: its decider saw no request for its yield window, so its
 	// replicas above its min may give their GPUs to a deployment with
 	// demand (GPU sharing); LastRequest is the minute of its last request
@@ -164,6 +170,10 @@ type ShardInfo struct {
 	// gossip.ShardRecord.Note).
 	Note   string    `json:"note,omitempty"`
 	NoteAt time.Time `json:"note_at,omitzero"`
+	// PullMs and LoadMs are how its engine's last start that became ready
+	// spent its time (gossip.ShardRecord.PullMs, LoadMs).
+	PullMs int64 `json:"pull_ms,omitempty"`
+	LoadMs int64 `json:"load_ms,omitempty"`
 	// Gang is the member's part of its gang (rank, size, generation, rank
 	// 0's rendezvous, what holds it back) as its holder reports it; nil
 	// for a replica of one shard.
