@@ -234,15 +234,20 @@ type NodeRecord struct {
 	// replica's unseen load may be this one's. A node with a gateway
 	// always sends it, empty when idle; nil means an agent too old to say.
 	GatewayRates map[string]float64 `json:"gateway_rates"`
-	Labels       map[string]string  `json:"labels,omitempty"`
-	GPUs         []placement.GPU    `json:"gpus"`
-	Shards       []ShardRecord      `json:"shards,omitempty"`
-	CachedModels []CachedModel      `json:"cached_models,omitempty"`
-	Probes       ProbeSummary       `json:"probes,omitzero"`
-	Telemetry    Telemetry          `json:"telemetry,omitzero"`
-	AgentVersion string             `json:"agent_version"`
-	StartedAt    time.Time          `json:"started_at"`
-	Runtime      string             `json:"runtime,omitempty"`
+	// GatewayQueued is how many requests the node's gateway holds in its
+	// queue for each deployment (every routable replica is at its bound
+	// by the gateway's estimate): demand that no engine's load shows yet,
+	// which deciders add to it. Absent when no queue holds any.
+	GatewayQueued map[string]int    `json:"gateway_queued,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	GPUs          []placement.GPU   `json:"gpus"`
+	Shards        []ShardRecord     `json:"shards,omitempty"`
+	CachedModels  []CachedModel     `json:"cached_models,omitempty"`
+	Probes        ProbeSummary      `json:"probes,omitzero"`
+	Telemetry     Telemetry         `json:"telemetry,omitzero"`
+	AgentVersion  string            `json:"agent_version"`
+	StartedAt     time.Time         `json:"started_at"`
+	Runtime       string            `json:"runtime,omitempty"`
 	// Leaving is the node's last word before a graceful leave. memberlist's
 	// leave event does not say whether a node left or died (the Node it
 	// passes carries a stale State), so the record says it.

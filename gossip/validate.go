@@ -166,6 +166,20 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 	// A Unix minute in the year 9999 at the latest: anything later is a
 	// broken clock or a forged record, and would sort last forever.
 	const maxUnixMinute = 253402300799 / 60
+	if r.GatewayQueued != nil && r.Gateway == "" {
+		return bad("gateway_queued", "queues without a gateway")
+	}
+	if len(r.GatewayQueued) > maxGatewayRates {
+		return bad("gateway_queued", "%d deployments, at most %d", len(r.GatewayQueued), maxGatewayRates)
+	}
+	for dep, n := range r.GatewayQueued {
+		if err := placement.ValidateName(dep); err != nil {
+			return bad("gateway_queued", "%q: %v", dep, err)
+		}
+		if n < 0 || n > maxGatewayQueued {
+			return bad("gateway_queued", "%s: %d requests, want 0 to %d", dep, n, maxGatewayQueued)
+		}
+	}
 	if len(r.Scale) > maxScaleTargets {
 		return bad("scale", "%d targets, at most %d", len(r.Scale), maxScaleTargets)
 	}
@@ -392,6 +406,8 @@ const (
 	// maxGangSize is placement's bound on pipeline_parallel.
 	maxGangSize = 64
 	maxGangNote = 300
+	// maxGatewayQueued bounds one deployment's queue at one gateway.
+	maxGatewayQueued = 1 << 20
 	// maxStartMs bounds a start's phases and a cold start, in ms: a week.
 	maxStartMs = 7 * 24 * 3600 * 1000
 	// maxShardNote bounds a shard's note (the runner clips it to 300).

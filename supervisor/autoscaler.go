@@ -108,7 +108,7 @@ func (a *autoscaler) pass() {
 	for _, u := range snap.Plan().Unplaced {
 		waiting[u.Deployment] = true
 	}
-	rates := gatewayRates(snap)
+	rates, queued := gatewayRates(snap)
 	var out []gossip.ScaleTarget
 	keep := map[scaleKey]bool{}
 	for _, d := range deps {
@@ -138,6 +138,7 @@ func (a *autoscaler) pass() {
 		}
 		reading := scaleReading(shards, waiting[d.Name], *d.Spec, now, current)
 		reading.Requests = rates[d.Name]
+		reading.Demand += float64(queued[d.Name])
 		got := dec.Decide(scaleSettings(*d.Spec), reading)
 		coldStart, pull, load := cur.ColdStartMs, cur.ColdStartPullMs, cur.ColdStartLoadMs
 		switch {
@@ -293,14 +294,21 @@ func readyStartParts(shards []status.ShardInfo, d placement.Deployment) (pull, l
 // gatewayRates sums, per deployment, the rates the live gateways
 // published: requests they sent or hold, which wake a deployment at zero
 // and keep one from idling there. Once per pass, for every deployment.
-func gatewayRates(snap *status.Snapshot) map[string]float64 {
-	out := map[string]float64{}
+//
+// queued sums, likewise, the requests the gateways' queues hold (the
+// replicas are at their bound, so the engines' load does not show them):
+// demand, added to the engines'.
+func gatewayRates(snap *status.Snapshot) (rates map[string]float64, queued map[string]int) {
+	rates, queued = map[string]float64{}, map[string]int{}
 	for _, m := range snap.Members() {
 		if m.State == gossip.StateAlive || m.State == gossip.StateSuspect {
 			for d, r := range m.GatewayRates {
-				out[d] += r
+				rates[d] += r
+			}
+			for d, n := range m.GatewayQueued {
+				queued[d] += n
 			}
 		}
 	}
-	return out
+	return rates, queued
 }

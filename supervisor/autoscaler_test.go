@@ -282,3 +282,38 @@ func TestDeciderPublishesIdleForSharing(t *testing.T) {
 		t.Errorf("a request again: %+v, want busy", got)
 	}
 }
+
+// Requests a gateway queues (every replica at its bound by its estimate)
+// are demand the engines do not show: the decider adds them to the
+// engines' running and waiting, and scales up for them.
+func TestQueuedRequestsAreDemand(t *testing.T) {
+	w := newScaleWorld("n1", "n1")
+	spec := w.deps[0].Spec
+	spec.Replicas, spec.MaxNumSeqs = 1, 2
+	a := scalerOn(w)
+	clk := a.clock.(*clock.Fake)
+	decide := func(queued int) gossip.ScaleTarget {
+		now := clk.Now()
+		ver := spec.WithDefaults().SpecVersion()
+		rec := &gossip.NodeRecord{Name: "n1", Gateway: "127.0.0.1:8000", GatewayRates: map[string]float64{"chat": 3},
+			Shards: []gossip.ShardRecord{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, GPUs: []int{0},
+				Status: gossip.ShardReady, Ready: true, URL: "http://127.0.0.1:8100", Load: gossip.ShardLoad{Running: 2, ScrapedAt: now}}}}
+		if queued > 0 {
+			rec.GatewayQueued = map[string]int{"chat": queued}
+		}
+		node := placement.Node{Name: "n1", Alive: true, Shards: []placement.HeldShard{{ShardID: "chat-0", SpecVersion: ver, Lease: placement.LeaseValid}}}
+		plan := placement.Plan{Assignments: []placement.Assignment{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, Node: "n1", GPUs: []int{0}}}}
+		a.reads.snap.Store(status.Build(status.Input{Self: "n1", Now: now, TTL: time.Hour, Settled: true, Plan: plan,
+			View: placement.View{Nodes: []placement.Node{node}, Deployments: []placement.Deployment{*spec}},
+			Members: []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: rec}}, Deployments: w.deps}))
+		a.pass()
+		clk.Advance(5 * time.Second)
+		return w.record("n1").Scale[0]
+	}
+	if got := decide(0); got.Replicas != 1 {
+		t.Fatalf("two running on one replica of two: %+v, want 1", got)
+	}
+	if got := decide(5); got.Replicas != 4 {
+		t.Errorf("two running and five queued at a gateway, two per replica: %+v, want ceil(7/2) = 4", got)
+	}
+}

@@ -93,6 +93,10 @@ type Config struct {
 	// load may be this one's. Without it the record says nothing, and the
 	// others assume this gateway sends as much as each of them.
 	GatewayRates func() map[string]float64
+	// GatewayQueued, when set, is how many requests the node's gateway
+	// queues per deployment now (gateway.Gateway.Queued), published with
+	// the rates: demand the deployments' deciders add to their engines'.
+	GatewayQueued func() map[string]int
 	// Join lists gossip addresses to join, retried in the background.
 	Join      []string
 	GossipKey []byte
@@ -299,9 +303,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		CachedModels: n.weights.scan(),
 	}
 	var rates func() map[string]float64
+	var queued func() map[string]int
 	if cfg.GatewayRates != nil && cfg.GatewayAddr != "" {
 		rates = cfg.GatewayRates
 		initial.GatewayRates = map[string]float64{} // idle, and saying so
+	}
+	if cfg.GatewayAddr != "" {
+		queued = cfg.GatewayQueued
 	}
 	if initial.Runtime == "" {
 		initial.Runtime = "none"
@@ -328,7 +336,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		self: cfg.Name, reconnect: reconnectInterval(cfg.Profile), clock: cfg.Clock, log: log, wake: wake}
 	n.control = &controlLoop{name: cfg.Name, ttl: cfg.LeaseTTL, profile: cfg.Profile, clock: cfg.Clock, log: log,
 		cluster: cluster, runner: n.runner, leases: leases, isolation: n.isolation, reads: n.reads,
-		load: publish.NewLoad(cluster, rates), wake: wake, settled: &n.join.settled}
+		load: publish.NewLoad(cluster, rates, queued), wake: wake, settled: &n.join.settled}
 	n.api = &apiServer{node: n, gossip: cluster, shards: n.runner, isolation: n.isolation, hops: &n.hops, drops: &n.drops,
 		conf: apiConfig{name: cfg.Name, token: cfg.Token, allowFrom: cfg.AllowFrom, testHooks: cfg.TestHooks, weightsDir: cfg.WeightsDir,
 			runtime: cfg.RuntimeName, profile: cfg.Profile.Name, version: cfg.Version, leaseTTL: cfg.LeaseTTL, started: started},

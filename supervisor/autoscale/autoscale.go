@@ -12,7 +12,9 @@
 //
 // The rule, per reading:
 //
-//	demand    running + waiting requests over the replicas with a reading
+//	demand    running + waiting requests over the replicas with a reading,
+//	          plus the requests the gateways queue for it (their replicas
+//	          are at their bound, so no engine shows those yet)
 //	raw       ceil(demand / target_inflight), or the current target when
 //	          demand is within 10 % of what it can hold (no move on noise);
 //	          at least 1 with any demand; within [min, max]
@@ -73,7 +75,8 @@ type Reading struct {
 	// Ready and Starting count its replicas by their engines' state.
 	Ready, Starting int
 	// Demand is the running plus waiting requests summed over the
-	// replicas with a reading, and Readings how many had one.
+	// replicas with a reading, plus the requests the gateways queue for
+	// the deployment; Readings is how many replicas had a reading.
 	Demand   float64
 	Readings int
 	// Requests is the requests/s the gateways published for the

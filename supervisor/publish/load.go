@@ -18,13 +18,17 @@ type Load struct {
 	// when this node runs no gateway, and the record then says nothing
 	// of rates.
 	rates func() map[string]float64
+	// queued reads the requests the gateway's queue holds per deployment
+	// now (demand the engines do not see yet); nil: none here.
+	queued func() map[string]int
 	// shardsAt and ratesAt are when each last went out.
 	shardsAt, ratesAt time.Time
 }
 
-// NewLoad publishes into record; rates is the gateway's (nil: none here).
-func NewLoad(record Record, rates func() map[string]float64) *Load {
-	return &Load{record: record, rates: rates}
+// NewLoad publishes into record; rates and queued are the gateway's (nil:
+// none here).
+func NewLoad(record Record, rates func() map[string]float64, queued func() map[string]int) *Load {
+	return &Load{record: record, rates: rates, queued: queued}
 }
 
 // Publish puts shards, and the gateway's rates, in the record when each is
@@ -34,8 +38,12 @@ func (l *Load) Publish(now time.Time, shards []gossip.ShardRecord) bool {
 	local := l.record.Local()
 	shardsDue := l.shardsDue(now, local.Shards, shards)
 	rates, ratesDue := l.ratesDue(now, local.GatewayRates)
-	if !shardsDue && !ratesDue {
+	queued, queuedDue := l.queuedDue(now, local.GatewayQueued)
+	if !shardsDue && !ratesDue && !queuedDue {
 		return false
+	}
+	if ratesDue || queuedDue {
+		l.ratesAt = now
 	}
 	l.record.UpdateLocal(func(r *gossip.NodeRecord) {
 		if shardsDue {
@@ -44,8 +52,44 @@ func (l *Load) Publish(now time.Time, shards []gossip.ShardRecord) bool {
 		if ratesDue {
 			r.GatewayRates = rates
 		}
+		if queuedDue {
+			r.GatewayQueued = queued
+		}
 	})
 	return true
+}
+
+// queuedDue returns the gateway's queue depths when the record, which
+// holds old, should carry them anew: a queue began or emptied, or a depth
+// moved by a quarter and by at least two, at most every RatesInterval
+// (with the rates). A queue is demand the engines' load does not show
+// yet, and the deciders read it as such.
+func (l *Load) queuedDue(now time.Time, old map[string]int) (map[string]int, bool) {
+	if l.queued == nil || now.Sub(l.ratesAt) < RatesInterval {
+		return nil, false
+	}
+	cur := l.queued()
+	if !queuedMoved(old, cur) {
+		return nil, false
+	}
+	if len(cur) == 0 {
+		return nil, true // no queue: the field leaves the record
+	}
+	return cur, true
+}
+
+func queuedMoved(old, cur map[string]int) bool {
+	if len(old) != len(cur) {
+		return true
+	}
+	for d, c := range cur {
+		o, ok := old[d]
+		diff := max(c-o, o-c)
+		if !ok || (diff >= 2 && diff*4 > max(c, o)) {
+			return true
+		}
+	}
+	return false
 }
 
 // shardsDue says whether the record, which holds old, must be republished
@@ -88,7 +132,6 @@ func (l *Load) ratesDue(now time.Time, old map[string]float64) (map[string]float
 	if !ratesMoved(old, cur) {
 		return nil, false
 	}
-	l.ratesAt = now
 	out := make(map[string]float64, len(cur))
 	for d, r := range cur {
 		out[d] = twoDigits(r)

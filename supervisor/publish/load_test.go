@@ -1,6 +1,7 @@
 package publish
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func (r *record) UpdateLocal(fn func(*gossip.NodeRecord)) gossip.NodeRecord {
 func TestLoadSpacesLoadOnlyChanges(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	rec := &record{}
-	l := NewLoad(rec, nil)
+	l := NewLoad(rec, nil, nil)
 	shard := func(status gossip.ShardStatus, running float64) []gossip.ShardRecord {
 		return []gossip.ShardRecord{{ShardID: "chat-0", Status: status, Load: gossip.ShardLoad{Running: running}}}
 	}
@@ -63,7 +64,7 @@ func TestLoadPublishesRatesWhenTheyMove(t *testing.T) {
 			out[d] = r
 		}
 		return out
-	})
+	}, nil)
 	if !l.Publish(t0, nil) || rec.r.GatewayRates == nil || len(rec.r.GatewayRates) != 0 {
 		t.Fatalf("first pass: rates %v, want idle and saying so", rec.r.GatewayRates)
 	}
@@ -111,5 +112,37 @@ func TestRatesMovedIgnoresNoise(t *testing.T) {
 	// /v1/cluster once showed 7.800000000000001.
 	if got := twoDigits(7.7777); got != 7.8 {
 		t.Errorf("twoDigits(7.7777) = %v, want exactly 7.8", got)
+	}
+}
+
+// The gateway's queue depths go out with the rates' spacing when a queue
+// begins or empties or moves by a quarter (and by two), and leave the
+// record when every queue is empty.
+func TestLoadPublishesQueues(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	rec := &record{}
+	queued := map[string]int{}
+	l := NewLoad(rec, nil, func() map[string]int { return maps.Clone(queued) })
+	if l.Publish(t0, nil) {
+		t.Fatalf("no queue, nothing held: published %+v", rec.r)
+	}
+	queued["chat"] = 12
+	if !l.Publish(t0.Add(RatesInterval), nil) || rec.r.GatewayQueued["chat"] != 12 {
+		t.Fatalf("a queue began: %v", rec.r.GatewayQueued)
+	}
+	queued["chat"] = 30
+	if l.Publish(t0.Add(RatesInterval+RatesInterval/2), nil) {
+		t.Fatal("published within the interval")
+	}
+	if !l.Publish(t0.Add(2*RatesInterval), nil) || rec.r.GatewayQueued["chat"] != 30 {
+		t.Fatalf("moved past a quarter: %v", rec.r.GatewayQueued)
+	}
+	queued["chat"] = 34 // under a quarter
+	if l.Publish(t0.Add(3*RatesInterval), nil) {
+		t.Fatalf("a move under a quarter was published: %v", rec.r.GatewayQueued)
+	}
+	delete(queued, "chat")
+	if !l.Publish(t0.Add(4*RatesInterval), nil) || rec.r.GatewayQueued != nil {
+		t.Fatalf("the queue emptied: %v, want the field gone", rec.r.GatewayQueued)
 	}
 }

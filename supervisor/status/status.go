@@ -139,7 +139,7 @@ func memberInfo(m gossip.Member) MemberInfo {
 	if r := m.Record; r != nil {
 		mi.API, mi.Gateway, mi.GatewayTLS, mi.Labels, mi.GPUs, mi.Shards = r.API, r.Gateway, r.GatewayTLS, r.Labels, r.GPUs, r.Shards
 		mi.Version, mi.StartedAt, mi.AgentVersion, mi.Runtime, mi.Probes, mi.Telemetry = r.Version, r.StartedAt, r.AgentVersion, r.Runtime, r.Probes, r.Telemetry
-		mi.CachedModels, mi.GatewayRates = r.CachedModels, r.GatewayRates
+		mi.CachedModels, mi.GatewayRates, mi.GatewayQueued = r.CachedModels, r.GatewayRates, r.GatewayQueued
 		if mi.Gossip == "" {
 			mi.Gossip = r.Gossip
 		}

@@ -19,18 +19,21 @@ type MemberInfo struct {
 	// GatewayRates is the requests/s the member's gateway sent to each
 	// deployment lately (gossip.NodeRecord.GatewayRates); nil when its
 	// record does not say.
-	GatewayRates map[string]float64   `json:"gateway_rates,omitempty"`
-	Labels       map[string]string    `json:"labels,omitempty"`
-	GPUs         []placement.GPU      `json:"gpus"`
-	Shards       []gossip.ShardRecord `json:"shards,omitempty"`
-	Version      gossip.Version       `json:"version"`
-	LastChange   time.Time            `json:"last_change,omitzero"`
-	SeenAt       time.Time            `json:"seen_at,omitzero"`
-	StartedAt    time.Time            `json:"started_at,omitzero"`
-	AgentVersion string               `json:"agent_version,omitempty"`
-	Runtime      string               `json:"runtime,omitempty"`
-	Probes       gossip.ProbeSummary  `json:"probes,omitzero"`
-	Telemetry    gossip.Telemetry     `json:"telemetry,omitzero"`
+	GatewayRates map[string]float64 `json:"gateway_rates,omitempty"`
+	// GatewayQueued is the requests its gateway's queue holds for each
+	// deployment now (gossip.NodeRecord.GatewayQueued).
+	GatewayQueued map[string]int       `json:"gateway_queued,omitempty"`
+	Labels        map[string]string    `json:"labels,omitempty"`
+	GPUs          []placement.GPU      `json:"gpus"`
+	Shards        []gossip.ShardRecord `json:"shards,omitempty"`
+	Version       gossip.Version       `json:"version"`
+	LastChange    time.Time            `json:"last_change,omitzero"`
+	SeenAt        time.Time            `json:"seen_at,omitzero"`
+	StartedAt     time.Time            `json:"started_at,omitzero"`
+	AgentVersion  string               `json:"agent_version,omitempty"`
+	Runtime       string               `json:"runtime,omitempty"`
+	Probes        gossip.ProbeSummary  `json:"probes,omitzero"`
+	Telemetry     gossip.Telemetry     `json:"telemetry,omitzero"`
 	// ClockOffset is the node's clock minus the cluster's, as the
 	// answering node estimates it (absent until it probed the node).
 	ClockOffset *time.Duration `json:"clock_offset_ns,omitempty"`
