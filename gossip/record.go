@@ -120,9 +120,21 @@ type ShardRecord struct {
 	// Zero for an engine this agent adopted without seeing it start.
 	PullMs int64 `json:"pull_ms,omitempty"`
 	LoadMs int64 `json:"load_ms,omitempty"`
+	// Adapters are the LoRA adapters the engine has registered, by its
+	// own models list (protocol 6), sorted; AdapterErrors why the
+	// registration of an adapter its deployment asks for failed (it is
+	// retried with a backoff).
+	Adapters      []string       `json:"adapters,omitempty"`
+	AdapterErrors []AdapterError `json:"adapter_errors,omitempty"`
 	// Gang is set for a member of a replica that spans nodes
 	// (pipeline_parallel above 1); see GangRecord.
 	Gang *GangRecord `json:"gang,omitempty"`
+}
+
+// AdapterError is why a LoRA adapter is not registered on an engine.
+type AdapterError struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
 }
 
 // GangRecord is one member's part of its gang, as its holder reports it.

@@ -242,6 +242,19 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
 			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
 		}
+		if len(s.Adapters) > placement.MaxAdapters || len(s.AdapterErrors) > placement.MaxAdapters {
+			return bad(field+".adapters", "%d adapters and %d errors, at most %d each", len(s.Adapters), len(s.AdapterErrors), placement.MaxAdapters)
+		}
+		for _, a := range s.Adapters {
+			if !placement.ValidAdapterName(a) {
+				return bad(field+".adapters", "%q is no adapter name", a)
+			}
+		}
+		for _, a := range s.AdapterErrors {
+			if !placement.ValidAdapterName(a.Name) || len(a.Error) > maxShardNote || !printable(a.Error) {
+				return bad(field+".adapter_errors", "%q: want an adapter name and at most %d printable bytes", a.Name, maxShardNote)
+			}
+		}
 		if s.PullMs < 0 || s.PullMs > maxStartMs || s.LoadMs < 0 || s.LoadMs > maxStartMs {
 			return bad(field+".pull_ms", "a pull of %d ms and a load of %d ms, want each 0 to a week", s.PullMs, s.LoadMs)
 		}
@@ -474,3 +487,4 @@ func validCached(models []CachedModel) (field, msg string) {
 	}
 	return "", ""
 }
+

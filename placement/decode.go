@@ -145,6 +145,8 @@ func describeJSONType(t reflect.Type) string {
 		return `a duration such as "2h" or "90m"`
 	case t == reflect.TypeFor[*Autoscale]():
 		return `an object {"min": N, "max": M, "target_inflight": T, "scale_down_delay": "5m", "idle_window": "10m"}`
+	case t == reflect.TypeFor[[]Adapter]():
+		return `a list of {"name": N, "source": S}`
 	case t.Kind() == reflect.String:
 		return "a string"
 	case t.Kind() == reflect.Int:

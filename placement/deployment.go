@@ -96,6 +96,16 @@ type Deployment struct {
 	// it stays out of the spec version (it restarts nothing); it needs
 	// cluster protocol 6.
 	Priority int `json:"priority,omitempty"`
+	// MaxLoras switches LoRA on: how many adapters one batch may hold
+	// (vLLM --max-loras, SGLang --max-loras-per-batch), and MaxLoraRank
+	// the largest adapter rank (0: 16). Start flags that size the
+	// engine's buffers, so part of the spec version. See lora.go.
+	MaxLoras    int `json:"max_loras,omitempty"`
+	MaxLoraRank int `json:"max_lora_rank,omitempty"`
+	// Adapters are registered on every replica at runtime, so they stay
+	// out of the spec version (adding one restarts nothing), except for
+	// llama.cpp, which takes them only at start. See lora.go.
+	Adapters []Adapter `json:"adapters,omitempty"`
 }
 
 // The bounds of Deployment.Priority.
@@ -233,6 +243,9 @@ func (d Deployment) Validate() error {
 	if d.StartTimeout < 0 || time.Duration(d.StartTimeout) > MaxStartTimeout {
 		return bad("start_timeout", d.StartTimeout.String(), "a duration above 0 and at most 168h (7 days), such as 2h (or unset: 2h)")
 	}
+	if err := d.validateLoRA(); err != nil {
+		return err
+	}
 	if d.Priority < MinPriority || d.Priority > MaxPriority {
 		return bad("priority", strconv.Itoa(d.Priority), fmt.Sprintf("an integer from %d to %d (higher keeps its GPUs longer when the cluster shares them; or leave it out: 0)", MinPriority, MaxPriority))
 	}
@@ -290,6 +303,9 @@ func (d Deployment) SpecVersion() string {
 	// How a version is replaced does not change how it runs: switching
 	// to recreate must not itself recreate everything.
 	d.Replicas, d.Update, d.StartTimeout, d.Autoscale, d.Priority = 0, "", 0, nil, 0
+	if !d.AdaptersAtStart() {
+		d.Adapters = nil // registered at runtime: adding one restarts nothing
+	}
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
 	if err != nil {
@@ -422,6 +438,9 @@ func fieldVersions() []fieldVersion {
 		{FieldVersion{Field: "fit.seqs_chosen", Protocol: 3}, func(d Deployment) bool { return d.Fit != nil && d.Fit.SeqsChosen }},
 		{FieldVersion{Field: "autoscale", Protocol: 5}, func(d Deployment) bool { return d.Autoscale != nil }},
 		{FieldVersion{Field: "priority", Protocol: 6}, func(d Deployment) bool { return d.Priority != 0 }},
+		{FieldVersion{Field: "max_loras", Protocol: 6}, func(d Deployment) bool { return d.MaxLoras != 0 }},
+		{FieldVersion{Field: "max_lora_rank", Protocol: 6}, func(d Deployment) bool { return d.MaxLoraRank != 0 }},
+		{FieldVersion{Field: "adapters", Protocol: 6}, func(d Deployment) bool { return len(d.Adapters) > 0 }},
 	}
 }
 

@@ -35,7 +35,8 @@ func TestFieldsAboveListsWhatTheVersionDoesNotKnow(t *testing.T) {
 // the API spells it, and the table's set function sees it: a spec with
 // the field set lists it at protocol 1.
 func TestFieldVersionsNameRealFields(t *testing.T) {
-	full := Deployment{Name: "chat", Model: "m", StartTimeout: Duration(time.Hour), Fit: &Fit{SeqsChosen: true}, Autoscale: &Autoscale{Min: 1, Max: 2}, Priority: 3}
+	full := Deployment{Name: "chat", Model: "m", StartTimeout: Duration(time.Hour), Fit: &Fit{SeqsChosen: true}, Autoscale: &Autoscale{Min: 1, Max: 2}, Priority: 3,
+		MaxLoras: 2, MaxLoraRank: 8, Adapters: []Adapter{{Name: "sql", Source: "org/sql-lora"}}}
 	b, err := json.Marshal(full)
 	if err != nil {
 		t.Fatal(err)

@@ -67,7 +67,18 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 		}
 		spec["replicas"] = rng
 	}
-	for key, field := range map[string]string{"target-inflight": "target_inflight", "priority": "priority"} {
+	if kvs, ok := d.list("adapters"); ok {
+		var ads []map[string]string
+		for _, kv := range kvs {
+			name, src, ok := strings.Cut(kv, "=")
+			if !ok {
+				return "", time.Time{}, usagef("adapters: %q: want name=source", kv)
+			}
+			ads = append(ads, map[string]string{"name": name, "source": src})
+		}
+		spec["adapters"] = ads
+	}
+	for key, field := range map[string]string{"target-inflight": "target_inflight", "priority": "priority", "max-loras": "max_loras", "max-lora-rank": "max_lora_rank"} {
 		if d.has(key) {
 			v, err := d.integer(key, 0)
 			if err != nil {

@@ -125,7 +125,7 @@
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
 //	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate]
-//	      [start-timeout=2h] [min-replicas=N max-replicas=M [target-inflight=T] [scale-down-delay=5m] [idle-window=10m]] [priority=N] [via=NODE]
+//	      [start-timeout=2h] [min-replicas=N max-replicas=M [target-inflight=T] [scale-down-delay=5m] [idle-window=10m]] [priority=N] [max-loras=N [max-lora-rank=R] [adapters=(NAME=SOURCE,...)]] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply. start-timeout is
 //	    sent as start_timeout, a duration string; min-replicas and

@@ -125,7 +125,7 @@ func commandTable() map[string]cmdSpec {
 		"thaw":         {"", (*runner).cmdThaw},
 		"partition":    {"", (*runner).cmdPartition},
 		"heal":         {"", (*runner).cmdHeal},
-		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update start-timeout min-replicas max-replicas target-inflight scale-down-delay idle-window priority via", (*runner).cmdPlace},
+		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update start-timeout min-replicas max-replicas target-inflight scale-down-delay idle-window priority max-loras max-lora-rank adapters via", (*runner).cmdPlace},
 		"weights":      {"family model", (*runner).cmdWeights},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},

@@ -69,7 +69,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 		return refuse("no GPU in the cluster%s to size it for", typeClause(d.GPUType))
 	}
 	req := fit.Request{TensorParallel: d.TensorParallel, PipelineParallel: d.PipelineParallel,
-		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine}
+		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine, MaxLoras: d.MaxLoras, MaxLoraRank: d.MaxLoraRank}
 	if d.TensorParallelAuto {
 		if req.TensorParallel, _, err = prof.ChooseTP(req, kinds); err != nil {
 			return refuse("%s: %v", source, err)
@@ -100,7 +100,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 	b := e.PerGPU
 	need := fmt.Sprintf("needs %d × %s at TP %d with %d × %d tokens of context (%s weights + %s KV cache + %s overhead)",
 		e.Request.TensorParallel, fit.GiB(b.Total), e.Request.TensorParallel, e.Request.MaxNumSeqs, e.Request.MaxModelLen,
-		fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs))
+		fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs+b.LoRA))
 	if !slices.ContainsFunc(kinds, func(k fit.GPUKind) bool { return k.Holds(e) }) {
 		big := kinds[0]
 		hint := fmt.Sprintf("at most %d tokens of context fit on one", prof.MaxModelLen(req, big.MemoryBytes))
@@ -133,7 +133,7 @@ func (n *Node) resolveAuto(ctx context.Context, d placement.Deployment) (placeme
 		seqsChosen = false
 	}
 	d.Fit = &placement.Fit{Params: prof.Weights.Params, WeightsBytes: prof.Weights.Bytes, KVBytesPerToken: prof.KVBytesPerToken + prof.SlidingKVBytesPerToken,
-		Weights: b.Weights, KVCache: b.KVCache, Overhead: b.Framework + b.Activations + b.CUDAGraphs, Source: source, SeqsChosen: seqsChosen}
+		Weights: b.Weights, KVCache: b.KVCache, Overhead: b.Framework + b.Activations + b.CUDAGraphs + b.LoRA, Source: source, SeqsChosen: seqsChosen}
 	n.log.Info("gpu_memory auto", "deployment", d.Name, "model", d.Model, "from", source, "per_gpu", d.GPUMemory.String(),
 		"tensor_parallel", d.TensorParallel, "max_model_len", d.MaxModelLen, "max_num_seqs", d.MaxNumSeqs, "max_num_seqs_chosen", seqsChosen)
 	return d, nil
@@ -175,7 +175,7 @@ func shareHolds(prof fit.Profile, d placement.Deployment, source string) error {
 	}
 	share := uint64(d.GPUMemory)
 	req := fit.Request{TensorParallel: d.TensorParallel, PipelineParallel: d.PipelineParallel,
-		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine}
+		MaxModelLen: d.MaxModelLen, MaxNumSeqs: d.MaxNumSeqs, Engine: d.Engine, MaxLoras: d.MaxLoras, MaxLoraRank: d.MaxLoraRank}
 	e, err := prof.Estimate(req)
 	if err != nil {
 		return refuse("%v", err)
@@ -185,7 +185,7 @@ func shareHolds(prof fit.Profile, d placement.Deployment, source string) error {
 	}
 	r, b := e.Request, e.PerGPU
 	need := fmt.Sprintf("%d × %d tokens need %s per GPU at TP %d (%s weights + %s KV cache + %s overhead)",
-		r.MaxNumSeqs, r.MaxModelLen, fit.GiB(b.Total), r.TensorParallel, fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs))
+		r.MaxNumSeqs, r.MaxModelLen, fit.GiB(b.Total), r.TensorParallel, fit.GiB(b.Weights), fit.GiB(b.KVCache), fit.GiB(b.Framework+b.Activations+b.CUDAGraphs+b.LoRA))
 	// Whole MiB, rounded up, as gpu_memory: auto stores its figure.
 	raise := fmt.Sprintf("or raise gpu_memory to at least %s", placement.Bytes((b.Total+1<<20-1)&^(1<<20-1)))
 	if d.MaxNumSeqs > 0 {

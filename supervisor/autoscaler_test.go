@@ -304,7 +304,7 @@ func TestQueuedRequestsAreDemand(t *testing.T) {
 		node := placement.Node{Name: "n1", Alive: true, Shards: []placement.HeldShard{{ShardID: "chat-0", SpecVersion: ver, Lease: placement.LeaseValid}}}
 		plan := placement.Plan{Assignments: []placement.Assignment{{ShardID: "chat-0", ReplicaID: "chat-0", Deployment: "chat", SpecVersion: ver, Node: "n1", GPUs: []int{0}}}}
 		a.reads.snap.Store(status.Build(status.Input{Self: "n1", Now: now, TTL: time.Hour, Settled: true, Plan: plan,
-			View: placement.View{Nodes: []placement.Node{node}, Deployments: []placement.Deployment{*spec}},
+			View:    placement.View{Nodes: []placement.Node{node}, Deployments: []placement.Deployment{*spec}},
 			Members: []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: rec}}, Deployments: w.deps}))
 		a.pass()
 		clk.Advance(5 * time.Second)

@@ -172,6 +172,9 @@ func placeCommand() *cli.Command {
 		&cli.IntFlag{Name: "target-inflight", HideDefault: true, Usage: "autoscale: running plus waiting requests per replica to aim at (default: --max-num-seqs when set, else 8)"},
 		&cli.DurationFlag{Name: "scale-down-delay", HideDefault: true, Usage: "autoscale: how long demand must stay low before a replica goes (default 5m)"},
 		&cli.DurationFlag{Name: "idle-window", HideDefault: true, Usage: "autoscale with --min-replicas 0: how long without any request before the last replica goes (default 10m); a request at any gateway wakes it"},
+		&cli.IntFlag{Name: "max-loras", HideDefault: true, Usage: "LoRA: how many adapters one batch may hold (vLLM --max-loras, SGLang --max-loras-per-batch); turns LoRA on; a start flag, so changing it restarts the engines"},
+		&cli.IntFlag{Name: "max-lora-rank", HideDefault: true, Usage: "LoRA: the largest adapter rank (1, 8, 16, 32, 64, 128, 256, 320 or 512; default 16); changing it restarts the engines"},
+		&cli.StringSliceFlag{Name: "adapter", Usage: "LoRA adapter NAME=SOURCE (repeatable): SOURCE is a directory in the weights dir, an absolute path the engine reads, or a hub id; registered on every replica at runtime (llama.cpp: at start)"},
 		&cli.IntFlag{Name: "priority", HideDefault: true, Usage: "GPU sharing: when a deployment with demand does not fit, idle autoscaled replicas above their min give their GPUs up, lowest priority first (-1000 to 1000, default 0); changing it restarts nothing"},
 	)
 	return &cli.Command{
@@ -191,7 +194,7 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
 		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout",
-			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window", "priority"} {
+			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window", "priority", "max-loras", "max-lora-rank", "adapter"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -218,6 +221,19 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		MaxModelLen: int(c.Int("max-model-len")), MaxNumSeqs: int(c.Int("max-num-seqs")),
 		StartTimeout: placement.Duration(c.Duration("start-timeout")),
 		Priority:     int(c.Int("priority")),
+		MaxLoras:     int(c.Int("max-loras")), MaxLoraRank: int(c.Int("max-lora-rank")),
+	}
+	for _, a := range c.StringSlice("adapter") {
+		name, src, ok := strings.Cut(a, "=")
+		if !ok || name == "" || src == "" {
+			return nil, "", fmt.Errorf("--adapter %q: want NAME=SOURCE, such as sql=org/sql-lora", a)
+		}
+		d.Adapters = append(d.Adapters, placement.Adapter{Name: name, Source: src})
+	}
+	for _, f := range []string{"max-loras", "max-lora-rank"} {
+		if c.IsSet(f) && c.Int(f) < 1 {
+			return nil, "", fmt.Errorf("--%s %d: want 1 or more (or leave it out)", f, c.Int(f))
+		}
 	}
 	// Zero is how a spec says "unset" (omitempty), so an explicit 0 would
 	// be sent as nothing: refused here, as the node refuses it.
@@ -421,6 +437,21 @@ func modelsCommand() *cli.Command {
 					}
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Name, d.Model, d.Engine, replicas, d.Ready, nodes, why)
+				// Its LoRA adapters under it: the source, the replicas
+				// that list it (READY), and why others do not.
+				for _, a := range d.AdapterStatus {
+					on, why := strings.Join(a.Replicas, ","), "-"
+					if on == "" {
+						on = "-"
+					}
+					if len(a.Errors) > 0 {
+						why = "not registered on " + a.Errors[0]
+						if len(a.Errors) > 1 {
+							why += fmt.Sprintf(" (+%d more)", len(a.Errors)-1)
+						}
+					}
+					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\t%s\n", a.Name, a.Source, "adapter", "-", len(a.Replicas), on, why)
+				}
 			}
 			return tw.Flush()
 		},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/llmgw/llmgw/gossip"
+	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/placement/fit"
 	"github.com/llmgw/llmgw/probes/gpu"
 	"github.com/llmgw/llmgw/probes/weights"
@@ -29,6 +31,8 @@ func fitCommand() *cli.Command {
 		&cli.IntFlag{Name: "pp", Value: 1, Usage: "pipeline parallel size"},
 		&cli.IntFlag{Name: "max-model-len", Usage: "context per sequence (default: the model's own)"},
 		&cli.IntFlag{Name: "max-num-seqs", Usage: "concurrent full-context sequences (default: as place --gpu-memory auto chooses, at most 16 that the largest GPU type holds; 1 without a GPU type)"},
+		&cli.IntFlag{Name: "max-loras", HideDefault: true, Usage: "LoRA adapter slots, as place --max-loras: their buffers count in the figure"},
+		&cli.IntFlag{Name: "max-lora-rank", HideDefault: true, Usage: "the largest adapter rank, as place --max-lora-rank (default 16)"},
 		&cli.StringFlag{Name: "engine", Value: "vllm", Usage: "engine whose overhead to count: vllm, sglang, llamacpp"},
 		&cli.StringFlag{Name: "kv-cache-dtype", Usage: "KV cache dtype (default: the model's; fp8 halves it)"},
 		&cli.StringSliceFlag{Name: "gpu", Usage: "GPU type(s) to size for, e.g. H100-80GB (default: the cluster's, from --addr)"},
@@ -67,7 +71,7 @@ func fitCommand() *cli.Command {
 				return usageError(fmt.Sprintf("--max-num-seqs %d: want 1 or more (or leave it out: as place chooses)", c.Int("max-num-seqs")))
 			}
 			req := fit.Request{TensorParallel: max(tp, 1), PipelineParallel: int(c.Int("pp")), MaxModelLen: int(c.Int("max-model-len")),
-				MaxNumSeqs: int(c.Int("max-num-seqs")), Engine: c.String("engine")}
+				MaxNumSeqs: int(c.Int("max-num-seqs")), Engine: c.String("engine"), MaxLoras: int(c.Int("max-loras")), MaxLoraRank: int(c.Int("max-lora-rank"))}
 			if req.MaxNumSeqs == 0 {
 				req.MaxNumSeqs = chosenSeqs(prof, req, kinds)
 			}
@@ -202,6 +206,8 @@ type fitResult struct {
 	PerGPUBytes     uint64        `json:"per_gpu_bytes"`
 	MaxModelLen     int           `json:"max_model_len"`
 	MaxNumSeqs      int           `json:"max_num_seqs"`
+	MaxLoras        int           `json:"max_loras,omitempty"`
+	MaxLoraRank     int           `json:"max_lora_rank,omitempty"`
 	TensorParallel  int           `json:"tensor_parallel"`
 	Pipeline        int           `json:"pipeline_parallel"`
 	PerGPU          fit.Breakdown `json:"per_gpu"`
@@ -216,7 +222,8 @@ func fitReport(p fit.Profile, req fit.Request, tpAuto bool, kinds []fit.GPUKind)
 	r := fitResult{Model: p.Model, Format: p.Format, Params: p.Weights.Params, WeightsBytes: p.Weights.Bytes,
 		KVBytesPerToken: p.KVBytesPerToken, SlidingKV: p.SlidingKVBytesPerToken, SlidingWindow: p.SlidingWindow,
 		Attention: p.Attention, PerGPUBytes: e.PerGPU.Total, MaxModelLen: e.Request.MaxModelLen, MaxNumSeqs: e.Request.MaxNumSeqs,
-		TensorParallel: e.Request.TensorParallel, Pipeline: e.Request.PipelineParallel, PerGPU: e.PerGPU, GPUs: []fit.GPUFit{}}
+		TensorParallel: e.Request.TensorParallel, Pipeline: e.Request.PipelineParallel, PerGPU: e.PerGPU, GPUs: []fit.GPUFit{},
+		MaxLoras: e.Request.MaxLoras, MaxLoraRank: e.Request.MaxLoraRank}
 	for _, k := range kinds {
 		r.GPUs = append(r.GPUs, p.OnKind(e, k, tpAuto))
 	}
@@ -244,6 +251,10 @@ func printFit(w io.Writer, p fit.Profile, r fitResult, none string) error {
 	fmt.Fprintf(w, "per GPU     TP %d, PP %d, %d × %d tokens: %s weights + %s KV cache + %s framework + %s activations + %s CUDA graphs = %s\n\n",
 		r.TensorParallel, r.Pipeline, r.MaxNumSeqs, r.MaxModelLen, fit.GiB(b.Weights), fit.GiB(b.KVCache),
 		fit.GiB(b.Framework), fit.GiB(b.Activations), fit.GiB(b.CUDAGraphs), fit.GiB(b.Total))
+	if b.LoRA > 0 {
+		fmt.Fprintf(w, "lora        %s of adapter slots per GPU, in the total (%d × rank %d); %s of host memory for vLLM's CPU cache of as many adapters\n\n",
+			fit.GiB(b.LoRA), r.MaxLoras, cmp.Or(r.MaxLoraRank, placement.DefaultLoraRank), fit.GiB(b.LoRACPU))
+	}
 	if none != "" {
 		_, err := fmt.Fprintln(w, none)
 		return err

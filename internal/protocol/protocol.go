@@ -55,7 +55,10 @@ const (
 	// (placement/share.go), reading whether each is idle, and its last
 	// request's minute, from its decider's target. Every node must
 	// evict alike, so below V6 placement shares nothing and a place that
-	// sets priority is refused.
+	// sets priority is refused. Also LoRA: a spec may carry max_loras,
+	// max_lora_rank and adapters, registered on every replica at runtime,
+	// and records say which each replica holds; a V5 node would run the
+	// engines without LoRA and relay the spec without it.
 	V6 = 6
 )
 

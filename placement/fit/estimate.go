@@ -118,6 +118,10 @@ type Request struct {
 	MaxModelLen      int    `json:"max_model_len"`
 	MaxNumSeqs       int    `json:"max_num_seqs"`
 	Engine           string `json:"engine"`
+	// MaxLoras and MaxLoraRank size the LoRA buffers the engine
+	// allocates at start (0: LoRA off; rank 0 is vLLM's default, 16).
+	MaxLoras    int `json:"max_loras,omitempty"`
+	MaxLoraRank int `json:"max_lora_rank,omitempty"`
 }
 
 // withDefaults fills what is unset: TP and PP 1, the model's own context,
@@ -142,7 +146,12 @@ type Breakdown struct {
 	Framework   uint64 `json:"framework_bytes"`
 	Activations uint64 `json:"activations_bytes"`
 	CUDAGraphs  uint64 `json:"cuda_graphs_bytes"`
-	Total       uint64 `json:"total_bytes"`
+	// LoRA is the adapters' GPU slots (loraPerGPU); LoRACPU, which is
+	// host memory and not in Total, vLLM's CPU cache of as many adapters
+	// (max_cpu_loras defaults to max_loras).
+	LoRA    uint64 `json:"lora_bytes,omitempty"`
+	LoRACPU uint64 `json:"lora_cpu_bytes,omitempty"`
+	Total   uint64 `json:"total_bytes"`
 }
 
 // Estimate is a profile served one way.
@@ -176,7 +185,10 @@ func (p Profile) Estimate(r Request) (Estimate, error) {
 		KVCache: p.kvPerGPU(tp, pp, r.MaxModelLen, r.MaxNumSeqs),
 	}
 	b.Framework, b.Activations, b.CUDAGraphs = overhead(p, r)
-	b.Total = b.Weights + b.KVCache + b.Framework + b.Activations + b.CUDAGraphs
+	if r.MaxLoras > 0 && !strings.EqualFold(r.Engine, "llamacpp") {
+		b.LoRA, b.LoRACPU = p.loraBytes(r)
+	}
+	b.Total = b.Weights + b.KVCache + b.Framework + b.Activations + b.CUDAGraphs + b.LoRA
 	return Estimate{Profile: p, Request: r, PerGPU: b}, nil
 }
 
@@ -291,3 +303,53 @@ func overhead(p Profile, r Request) (framework, activations, graphs uint64) {
 }
 
 func ceilDiv(a, b uint64) uint64 { return (a + b - 1) / b }
+
+// loraBytes is what LoRA costs: per GPU, the slots vLLM allocates at
+// start for max_loras adapters of max_lora_rank on every LoRA-capable
+// module of the stage's layers (create_lora_weights in vllm/lora/layers:
+// each slot holds A, rank × in, and B, out × rank, per module); on the
+// host, its CPU cache of as many adapters, whole.
+//
+// The modules are a transformer's: q, k, v, o and the MLP's gate, up and
+// down (each expert's, for a mixture of experts). With tensor
+// parallelism vLLM shards half of each pair by default
+// (fully_sharded_loras off): a column-parallel module (q, k, v, gate, up)
+// keeps A whole and B split, a row-parallel one (o, down) A split and B
+// whole. The dtype is the model's (lora_dtype auto), 2 bytes unless the
+// model is in 32-bit floats.
+func (p Profile) loraBytes(r Request) (perGPU, cpu uint64) {
+	c := p.Config
+	rank := uint64(r.MaxLoraRank)
+	if rank == 0 {
+		rank = 16
+	}
+	tp := uint64(r.TensorParallel)
+	h, hd := uint64(c.HiddenSize), uint64(c.headDim())
+	q, kv := uint64(c.NumHeads)*hd, uint64(c.kvHeads())*hd
+	inter, mlps := uint64(c.IntermediateSize), uint64(1)
+	if c.Experts > 0 {
+		if c.MoEIntermediate > 0 {
+			inter = uint64(c.MoEIntermediate)
+		}
+		mlps = uint64(c.Experts)
+	}
+	type module struct{ in, out, n uint64 }
+	col := []module{{h, q, 1}, {h, kv, 1}, {h, kv, 1}, {h, inter, mlps}, {h, inter, mlps}}
+	row := []module{{q, h, 1}, {inter, h, mlps}}
+	var sharded, whole uint64 // elements per slot and layer
+	for _, m := range col {
+		sharded += m.n * (m.in + ceilDiv(m.out, tp))
+		whole += m.n * (m.in + m.out)
+	}
+	for _, m := range row {
+		sharded += m.n * (ceilDiv(m.in, tp) + m.out)
+		whole += m.n * (m.in + m.out)
+	}
+	elem := uint64(2)
+	if strings.Contains(strings.ToLower(c.DType), "float32") {
+		elem = 4
+	}
+	slots := uint64(r.MaxLoras)
+	layers := uint64(stageLayers(c.NumLayers, r.PipelineParallel))
+	return slots * rank * sharded * layers * elem, slots * rank * whole * uint64(c.NumLayers) * elem
+}

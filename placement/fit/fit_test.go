@@ -225,3 +225,32 @@ func TestSplitChecks(t *testing.T) {
 		t.Errorf("context past the model's: error %v", err)
 	}
 }
+
+// LoRA's slots: a rank-16 adapter on every linear module of Llama 3.1 8B
+// is 41.9 M parameters (the size such adapters have on the hub, 84 MB in
+// 16 bits), one per slot at TP 1; at TP 2 each GPU keeps the unsharded
+// halves whole (vLLM's default); the CPU cache, host memory, stays out of
+// the total. llama.cpp allocates no slots.
+func TestLoRATerm(t *testing.T) {
+	p, err := fit.Analyze(model(t, fittest.Llama31_8B()), "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slot = 41_943_040 * 2
+	plain, _ := p.Estimate(fit.Request{MaxModelLen: 8192, MaxNumSeqs: 1})
+	e, _ := p.Estimate(fit.Request{MaxModelLen: 8192, MaxNumSeqs: 1, MaxLoras: 4, MaxLoraRank: 16})
+	if e.PerGPU.LoRA != 4*slot || e.PerGPU.LoRACPU != 4*slot || e.PerGPU.Total != plain.PerGPU.Total+4*slot {
+		t.Errorf("TP 1, 4 slots of rank 16: LoRA %d, CPU %d, total %d (without %d); want %d each and the total %d higher",
+			e.PerGPU.LoRA, e.PerGPU.LoRACPU, e.PerGPU.Total, plain.PerGPU.Total, 4*slot, 4*slot)
+	}
+	tp2, _ := p.Estimate(fit.Request{TensorParallel: 2, MaxModelLen: 8192, MaxNumSeqs: 1, MaxLoras: 1, MaxLoraRank: 16})
+	if want := uint64(55296 * 16 * 32 * 2); tp2.PerGPU.LoRA != want {
+		t.Errorf("TP 2, one slot: %d per GPU, want %d (A of q, k, v, gate, up and B of o, down whole)", tp2.PerGPU.LoRA, want)
+	}
+	if r64, _ := p.Estimate(fit.Request{MaxModelLen: 8192, MaxNumSeqs: 1, MaxLoras: 1, MaxLoraRank: 64}); r64.PerGPU.LoRA != 4*slot {
+		t.Errorf("rank 64: %d, want four times rank 16's slot", r64.PerGPU.LoRA)
+	}
+	if lc, _ := p.Estimate(fit.Request{MaxModelLen: 8192, MaxNumSeqs: 1, MaxLoras: 4, Engine: "llamacpp"}); lc.PerGPU.LoRA != 0 {
+		t.Errorf("llama.cpp: %d bytes of LoRA slots, want none", lc.PerGPU.LoRA)
+	}
+}

@@ -70,6 +70,11 @@ type managed struct {
 	// took is how the last start that became ready here spent its time
 	// (gossip.ShardRecord.PullMs, LoadMs); zero until one did.
 	took startTook
+	// registered is the LoRA adapters the engine's models list names
+	// (name → root), from the last readiness probe; adapterErrs why the
+	// registration of each failing adapter failed (lora.go).
+	registered  map[string]string
+	adapterErrs map[string]string
 	// drain: it served when it was told to stop, so it keeps serving for
 	// Config.DrainDelay first (see finish).
 	drain bool
@@ -121,6 +126,10 @@ func (e *managed) isReady() bool {
 func (e *managed) profile() (profile.Profile, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return e.profileLocked()
+}
+
+func (e *managed) profileLocked() (profile.Profile, error) {
 	if e.prof == nil {
 		p, err := profile.Lookup(e.desired.Spec.Engine)
 		if err != nil {

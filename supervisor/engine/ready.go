@@ -114,6 +114,7 @@ func (p *prober) ready(ctx context.Context, e *managed) (bool, string) {
 	}
 	for _, m := range models.Data {
 		if m.ID == served || served == "" {
+			e.setRegistered(registeredAdapters(body, served))
 			return true, ""
 		}
 	}

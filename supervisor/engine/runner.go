@@ -384,6 +384,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			// learns why its port is still open to other hosts.
 			rec.Note, rec.NoteAt = notePublic, st.StartedAt
 		}
+		rec.Adapters, rec.AdapterErrors = e.adapterRecordLocked()
 		rec.Gang = r.gang.recordLocked(e)
 		// Only rank 0 of a gang serves HTTP; the other ranks publish no URL.
 		if st.Spec.HTTPPort > 0 && (rec.Gang == nil || rec.Gang.Rank == 0) {

@@ -55,6 +55,8 @@ type watchState struct {
 	scraped  chan scrapeResult
 	// trace holds the spans of the engine's start (trace.go).
 	trace startTrace
+	// adapters is the LoRA registrations' memory (lora.go).
+	adapters adapterSync
 }
 
 // scrapeResult is one background /metrics read: the token counters, when
@@ -342,6 +344,9 @@ func (r *Runner) checkServing(ctx context.Context, e *managed, w *watchState, pi
 	now := r.cfg.Clock.Now()
 	v := w.live.observe(rule, now, ok, why, counters, haveCounters)
 	r.policy.setReady(e, v.routable, pid)
+	if ok {
+		r.syncAdapters(ctx, e, w)
+	}
 	switch {
 	case v.changed && v.routable:
 		r.log.Info("engine routable again", "shard", e.state.ShardID, "engine", e.id)

@@ -19,11 +19,18 @@ func fakeProfile() Profile {
 			gang("master-addr", "MasterAddr"),
 			gang("master-port", "MasterPort"),
 			headless,
+			// LoRA as vLLM takes it (the fake speaks vLLM's adapter
+			// endpoints).
+			"{{if .MaxLoras}}--enable-lora{{end}}",
+			"{{if .MaxLoras}}--max-loras={{.MaxLoras}}{{end}}",
+			"{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}",
 		},
+		Env: []string{"{{if .MaxLoras}}VLLM_ALLOW_RUNTIME_LORA_UPDATING=True{{end}}"},
 		// As vLLM: `llmgw engine fake` reads VLLM_API_KEY too.
-		KeyEnv:      "VLLM_API_KEY",
-		HealthPath:  "/health",
-		ModelsPath:  "/v1/models",
+		KeyEnv:       "VLLM_API_KEY",
+		HealthPath:   "/health",
+		ModelsPath:   "/v1/models",
+		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter",
 		MetricsPath: "/metrics",
 		// As vLLM: the fake engine exports vLLM's series.
 		Metrics: vllmMetrics(),

@@ -92,6 +92,12 @@ func llamacppProfile() Profile {
 			// --cache-ram (the prompt cache, default 8192 MiB) is host
 			// memory, not GPU memory: left at its default.
 			"--metrics",
+			// LoRA adapters are loaded at start only: every adapter's
+			// file, comma-separated ("use comma-separated values to load
+			// multiple adapters", common/arg.cpp), none applied until a
+			// request asks for it by id (--lora-init-without-apply).
+			"{{if .LoraPaths}}--lora{{end}}", "{{.LoraPaths}}",
+			"{{if .LoraPaths}}--lora-init-without-apply{{end}}",
 		},
 		// With a key llama.cpp guards /metrics too, so the load
 		// scrape sends it.

@@ -68,6 +68,16 @@ func sglangProfile() Profile {
 			// HOST:PORT, an IPv6 host in brackets ("[fd00::1]:29500"),
 			// the form SGLang needs for IPv6.
 			gang("dist-init-addr", "MasterHostPort"),
+			// LoRA, adapters loaded at runtime (/load_lora_adapter):
+			// SGLang sizes its buffers from --max-lora-rank and
+			// --lora-target-modules, which it needs when no adapter is
+			// given at start (ServerArgs.check_lora_server_args,
+			// python/sglang/srt/server_args.py); one batch holds
+			// --max-loras-per-batch adapters.
+			"{{if .MaxLoras}}--enable-lora{{end}}",
+			"{{if .MaxLoras}}--max-loras-per-batch={{.MaxLoras}}{{end}}",
+			"{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}",
+			"{{if .MaxLoras}}--lora-target-modules=all{{end}}",
 		},
 		Files: map[string]string{
 			sglangConfig: "{{if .APIKey}}api-key: {{yamlString .APIKey}}\n{{end}}",
@@ -76,7 +86,8 @@ func sglangProfile() Profile {
 		Env:            slices.Concat([]string{hfHome, sglangCheapHealth}, compileCaches, gangEnv),
 		HealthPath:     "/health",
 		ModelsPath:     "/v1/models",
-		MetricsPath:    "/metrics",
+		LoRALoadPath:   "/load_lora_adapter", LoRAUnloadPath: "/unload_lora_adapter",
+		MetricsPath: "/metrics",
 		Metrics: Metrics{
 			Running:          "sglang:num_running_reqs",
 			Waiting:          "sglang:num_queue_reqs",

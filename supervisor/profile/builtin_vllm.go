@@ -48,6 +48,16 @@ const (
 	// OTEL_SERVICE_NAME; without it they come from "unknown_service"),
 	// beside the node's own "llmgw".
 	vllmOTLPService = "{{if .OTLPTracesEndpoint}}OTEL_SERVICE_NAME=vllm{{end}}"
+	// LoRA: the GPU slots (adapters in one batch) and the largest rank
+	// size buffers vLLM allocates at start (LoRAConfig in
+	// vllm/config/lora.py); adapters are loaded at runtime through
+	// /v1/load_lora_adapter, which vLLM serves only with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING set (vllm/envs.py; the route is
+	// added in vllm/entrypoints/openai/api_server.py only then).
+	vllmLoRA        = "{{if .MaxLoras}}--enable-lora{{end}}"
+	vllmMaxLoras    = "{{if .MaxLoras}}--max-loras={{.MaxLoras}}{{end}}"
+	vllmMaxLoraRank = "{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}"
+	vllmLoRARuntime = "{{if .MaxLoras}}VLLM_ALLOW_RUNTIME_LORA_UPDATING=True{{end}}"
 )
 
 // vllmProfile is the profile of vLLM.
@@ -78,11 +88,15 @@ func vllmProfile() Profile {
 			gang("master-port", "MasterPort"),
 			headless,
 			vllmOTLP,
+			vllmLoRA,
+			vllmMaxLoras,
+			vllmMaxLoraRank,
 		},
-		Env:         slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache, vllmOTLPProtocol, vllmOTLPService}, compileCaches, gangEnv),
-		KeyEnv:      "VLLM_API_KEY",
-		HealthPath:  "/health",
-		ModelsPath:  "/v1/models",
+		Env:          slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache, vllmOTLPProtocol, vllmOTLPService, vllmLoRARuntime}, compileCaches, gangEnv),
+		KeyEnv:       "VLLM_API_KEY",
+		HealthPath:   "/health",
+		ModelsPath:   "/v1/models",
+		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter",
 		MetricsPath: "/metrics",
 		Metrics:     vllmMetrics(),
 		// vLLM's /health runs on the API server's asyncio loop, the

@@ -72,10 +72,17 @@ type Profile struct {
 	KeyEnv string `json:"key_env,omitempty"`
 	// Paths llmgw probes. Readiness is HealthPath answering 200 and
 	// ModelsPath listing the served name.
-	HealthPath  string  `json:"health_path"`
-	ModelsPath  string  `json:"models_path"`
-	MetricsPath string  `json:"metrics_path,omitempty"`
-	Metrics     Metrics `json:"metrics"`
+	HealthPath string `json:"health_path"`
+	ModelsPath string `json:"models_path"`
+	// LoRALoadPath and LoRAUnloadPath are the engine's endpoints that
+	// register and drop a LoRA adapter at runtime (POST {"lora_name",
+	// "lora_path"} and {"lora_name"}); empty for an engine that takes
+	// adapters only at start. Registered adapters are read back from
+	// ModelsPath: entries whose parent is the served model.
+	LoRALoadPath   string  `json:"lora_load_path,omitempty"`
+	LoRAUnloadPath string  `json:"lora_unload_path,omitempty"`
+	MetricsPath    string  `json:"metrics_path,omitempty"`
+	Metrics        Metrics `json:"metrics"`
 	// Readiness is how busy this engine may look before llmgw calls it
 	// dead, and how long the gateway waits on it (see Readiness).
 	Readiness Readiness `json:"readiness"`
@@ -132,6 +139,11 @@ func (r Readiness) HangBound(poll time.Duration) time.Duration {
 // Inputs are the facts of this node and this shard a profile needs beyond
 // the deployment.
 type Inputs struct {
+	// AdapterPaths are the deployment's LoRA adapters as the engine
+	// reads them (each source resolved on this node: AdapterPath), in
+	// the spec's order, for an engine that takes them only at start
+	// (llama.cpp's --lora).
+	AdapterPaths []string
 	// Port is the engine's HTTP port and Host the address it binds
 	// ("0.0.0.0" when empty: other nodes route to it).
 	Port int
@@ -272,6 +284,13 @@ type Data struct {
 	ClusterVersion int
 	// OTLPTracesEndpoint is Inputs.OTLPTracesEndpoint.
 	OTLPTracesEndpoint string
+	// MaxLoras and MaxLoraRank are the deployment's LoRA sizes (0: LoRA
+	// off; the rank filled in, 16, when LoRA is on), and LoraPaths the
+	// adapters' paths joined by commas (Inputs.AdapterPaths), for an
+	// engine that loads them at start.
+	MaxLoras    int
+	MaxLoraRank int
+	LoraPaths   string
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -350,6 +369,11 @@ func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
 		StartTimeoutSeconds: int(in.StartTimeout / time.Second),
 		ClusterVersion:      cmp.Or(in.ClusterVersion, newestClusterVersion),
 		OTLPTracesEndpoint:  in.OTLPTracesEndpoint,
+		MaxLoras:            d.MaxLoras,
+		LoraPaths:           strings.Join(in.AdapterPaths, ","),
+	}
+	if d.MaxLoras > 0 {
+		data.MaxLoraRank = cmp.Or(d.MaxLoraRank, placement.DefaultLoraRank)
 	}
 	if d.PipelineParallel > 1 {
 		g := in.Gang

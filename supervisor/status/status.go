@@ -158,6 +158,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		si.Restarts, si.LastExit, si.StartedAt, si.Gang = r.Restarts, r.LastExit, r.StartedAt, r.Gang
 		si.Note, si.NoteAt = r.Note, r.NoteAt
 		si.PullMs, si.LoadMs = r.PullMs, r.LoadMs
+		si.Adapters, si.AdapterErrors = r.Adapters, r.AdapterErrors
 		sh.load = r.Load
 		if r.Error != "" && si.Reason == "" {
 			si.Reason = "start failed: " + r.Error
@@ -272,10 +273,29 @@ func (s *Snapshot) buildDeployments(in Input) {
 		live := map[string]*serving{}
 		type failed struct{ node, shard, why string }
 		var starts []failed
+		adapters := map[string]*AdapterInfo{}
+		for _, a := range d.Adapters {
+			info.AdapterStatus = append(info.AdapterStatus, AdapterInfo{Name: a.Name, Source: a.Source, Replicas: []string{}})
+		}
+		for i := range info.AdapterStatus {
+			adapters[info.AdapterStatus[i].Name] = &info.AdapterStatus[i]
+		}
 		for _, sh := range byDep[d.Name] {
 			si := sh.info
 			if !sh.planned || si.SpecVersion != info.SpecVersion {
 				continue
+			}
+			if si.Lease == placement.LeaseValid {
+				for _, name := range si.Adapters {
+					if a := adapters[name]; a != nil {
+						a.Replicas = append(a.Replicas, si.ReplicaID)
+					}
+				}
+				for _, e := range si.AdapterErrors {
+					if a := adapters[e.Name]; a != nil {
+						a.Errors = append(a.Errors, si.ReplicaID+": "+e.Error)
+					}
+				}
 			}
 			// Draining shards (replicas scaled away, a copy on a faulted
 			// GPU) are not what was asked for, so they are not "placed";

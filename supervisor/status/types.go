@@ -82,6 +82,20 @@ type DeploymentInfo struct {
 	// Scale is an autoscaled deployment's target (nil: a fixed count);
 	// Replicas is then the target in force.
 	Scale *ScaleInfo `json:"scale,omitempty"`
+	// AdapterStatus is, per LoRA adapter of the spec (in its order),
+	// where it is registered and what failed elsewhere.
+	AdapterStatus []AdapterInfo `json:"adapter_status,omitempty"`
+}
+
+// AdapterInfo is one LoRA adapter of a deployment across its replicas.
+type AdapterInfo struct {
+	Name   string `json:"name"`
+	Source string `json:"source"`
+	// Replicas are the ready replicas whose engine lists it, by ID.
+	Replicas []string `json:"replicas"`
+	// Errors are the registrations that failed, "replica: why", each
+	// retried with a backoff.
+	Errors []string `json:"errors,omitempty"`
 }
 
 // ScaleInfo is the target in force of an autoscaled deployment: who
@@ -177,6 +191,10 @@ type ShardInfo struct {
 	// spent its time (gossip.ShardRecord.PullMs, LoadMs).
 	PullMs int64 `json:"pull_ms,omitempty"`
 	LoadMs int64 `json:"load_ms,omitempty"`
+	// Adapters and AdapterErrors are its engine's LoRA adapters as its
+	// holder reports them (gossip.ShardRecord.Adapters, AdapterErrors).
+	Adapters      []string              `json:"adapters,omitempty"`
+	AdapterErrors []gossip.AdapterError `json:"adapter_errors,omitempty"`
 	// Gang is the member's part of its gang (rank, size, generation, rank
 	// 0's rendezvous, what holds it back) as its holder reports it; nil
 	// for a replica of one shard.
