@@ -82,6 +82,8 @@ func (x *exchange) done(a *attempt, out outcome) {
 	} else {
 		lr.rep.load.end(a.ticket)
 	}
+	// The replica has room for one more: a request waiting for it goes.
+	g.kick(lr.Deployment)
 	answer := answerReason(out.status)
 	for _, kind := range [...]string{answer, out.broke} {
 		if kind != "" {

@@ -352,6 +352,9 @@ func (x *exchange) open(lr *liveRoute, n int, firstByte, idle time.Duration, now
 	clk := x.g.clock
 	a := &attempt{lr: lr, n: n, clock: clk, firstByte: firstByte, idle: idle}
 	a.ticket = lr.rep.load.begin(now)
+	// The replica's estimate counts the request now: the room its queue
+	// set aside for it is its own.
+	x.releaseSlot(false)
 	a.ctx, a.cancel = context.WithCancelCause(x.r.Context())
 	if firstByte > 0 {
 		a.timer = clk.AfterFunc(firstByte, a.expire)

@@ -56,6 +56,9 @@ type exchange struct {
 	tctx          context.Context
 	tries         int
 	replica, node string
+	// slot is the queue whose room the request holds until its first
+	// attempt begins (queue.go), nil when none.
+	slot *depQueue
 }
 
 // maxUsageBody bounds how much of a plain answer is kept to read its usage;
@@ -92,6 +95,11 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		}
 		defer release()
 	}
+	class, err := g.priority(r, x.key)
+	if err != nil {
+		x.fail(err)
+		return
+	}
 	err = x.readBody()
 	if x.bb != nil {
 		defer x.bb.release()
@@ -123,6 +131,20 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 			x.fail(err)
 			return
 		}
+	}
+	// The queue, for a deployment with a bound only: the rest pay
+	// nothing for it.
+	if e.Bound > 0 {
+		x.model = e.Name
+		rt, e, byID, err = x.await(p.model, rt, e, byID, class)
+		if x.gone {
+			return
+		}
+		if err != nil {
+			x.fail(err)
+			return
+		}
+		defer x.releaseSlot(true)
 	}
 	x.model, x.resolved = e.Name, true
 	if byID {

@@ -101,6 +101,14 @@ type Config struct {
 	WakeHold  time.Duration
 	WakeQueue int
 	WakeBytes int
+	// PriorityHeader names the request header whose value (interactive,
+	// default or batch) sets a request's class in the gateway's queue,
+	// ahead of its API key's; empty: no header is honoured. QueueDepth
+	// bounds the requests waiting per deployment and QueueWait each one's
+	// wait (DefaultQueueDepth, DefaultQueueWait when zero). See queue.go.
+	PriorityHeader string
+	QueueDepth     int
+	QueueWait      time.Duration
 }
 
 // Defaults of Config.
@@ -151,7 +159,9 @@ type Gateway struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 	// wakes holds the requests for deployments starting from zero.
-	wakes    wakes
+	wakes wakes
+	// queues holds the requests waiting for a replica below its bound.
+	queues   queues
 	idle     chan struct{}
 	stopOnce sync.Once
 
@@ -238,6 +248,12 @@ func New(cfg Config) *Gateway {
 	}
 	if cfg.WakeBytes <= 0 {
 		cfg.WakeBytes = DefaultWakeBytes
+	}
+	if cfg.QueueDepth <= 0 {
+		cfg.QueueDepth = DefaultQueueDepth
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = DefaultQueueWait
 	}
 	if cfg.SettleHold <= 0 {
 		cfg.SettleHold = DefaultSettleHold
@@ -327,6 +343,7 @@ func (g *Gateway) Update(snap *status.Snapshot) {
 	// The new table first, so that the retries of the requests cut read
 	// it. Each table is replaced once, so its channel is closed once.
 	close(g.routing.Swap(rt).replaced)
+	g.requeue(t)
 	for _, st := range cut {
 		why := "its engine is no longer ready"
 		if t.holderSilent[engineAt(st.engineID, st.node)] {

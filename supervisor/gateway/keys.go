@@ -29,6 +29,9 @@ type apiKey struct {
 	sum  [sha256.Size]byte
 	name string
 	lim  Limits
+	// class is the key's requests' priority in the gateway's queue
+	// (priority=; PriorityDefault when the line gives none).
+	class Priority
 }
 
 // Limits bound what one key may ask of the gateway; zero fields are
@@ -56,12 +59,14 @@ func (k *apiKey) label() string {
 var ErrNoKeys = errors.New("gateway keys: no key in the file")
 
 // LoadKeys reads a keys file: one key per line, optionally followed by
-// whitespace and a name (which may contain spaces) and limits, as in
+// whitespace and a name (which may contain spaces) and options, as in
 //
-//	sk-team-a-0123456789abcdef  team a  rps=20 burst=40 concurrency=8
+//	sk-team-a-0123456789abcdef  team a  rps=20 burst=40 concurrency=8 priority=batch
 //
 // (rps: requests per second sustained; burst: requests at once above it;
-// concurrency: requests in flight). Blank lines and lines starting with
+// concurrency: requests in flight; priority: the class of the key's
+// requests when they wait in the gateway's queue, interactive, default or
+// batch, default when absent). Blank lines and lines starting with
 // '#' are skipped. Errors name the file and line.
 func LoadKeys(path string) (*KeySet, error) {
 	f, err := os.Open(path)
@@ -91,7 +96,7 @@ func ParseKeys(r io.Reader) (*KeySet, error) {
 		if i := strings.IndexFunc(line, unicode.IsSpace); i >= 0 {
 			key, rest = line[:i], strings.TrimSpace(line[i:])
 		}
-		name, lim, err := parseKeyOptions(rest)
+		name, lim, class, err := parseKeyOptions(rest)
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
@@ -103,7 +108,7 @@ func ParseKeys(r io.Reader) (*KeySet, error) {
 			return nil, fmt.Errorf("line %d: the key of line %d again", n, prev)
 		}
 		seen[sum] = n
-		ks.keys = append(ks.keys, apiKey{sum: sum, name: name, lim: lim})
+		ks.keys = append(ks.keys, apiKey{sum: sum, name: name, lim: lim, class: class})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("gateway keys: %w", err)
@@ -141,10 +146,11 @@ func (ks *KeySet) find(key string) *apiKey {
 	return &ks.keys[found]
 }
 
-// parseKeyOptions splits what follows a key into its name and its limits:
-// the trailing words of the form option=value.
-func parseKeyOptions(rest string) (string, Limits, error) {
+// parseKeyOptions splits what follows a key into its name, its limits and
+// its priority class: the trailing words of the form option=value.
+func parseKeyOptions(rest string) (string, Limits, Priority, error) {
 	var lim Limits
+	class := PriorityDefault
 	words := strings.Fields(rest)
 	i := len(words)
 	for i > 0 && strings.Contains(words[i-1], "=") {
@@ -156,25 +162,31 @@ func parseKeyOptions(rest string) (string, Limits, error) {
 		case "rps":
 			f, err := strconv.ParseFloat(val, 64)
 			if err != nil || f <= 0 || f > 1e6 {
-				return "", lim, fmt.Errorf("rps=%s: want requests per second, a number above 0", val)
+				return "", lim, class, fmt.Errorf("rps=%s: want requests per second, a number above 0", val)
 			}
 			lim.RPS = f
 		case "burst", "concurrency":
 			v, err := strconv.Atoi(val)
 			if err != nil || v < 1 || v > 1e6 {
-				return "", lim, fmt.Errorf("%s=%s: want a whole number, at least 1", opt, val)
+				return "", lim, class, fmt.Errorf("%s=%s: want a whole number, at least 1", opt, val)
 			}
 			if opt == "burst" {
 				lim.Burst = v
 			} else {
 				lim.Concurrent = v
 			}
+		case "priority":
+			p, ok := ParsePriority(val)
+			if !ok {
+				return "", lim, class, fmt.Errorf("priority=%s: want %s", val, priorityWords)
+			}
+			class = p
 		default:
-			return "", lim, fmt.Errorf("unknown limit %q: want rps=, burst= or concurrency=", w)
+			return "", lim, class, fmt.Errorf("unknown option %q: want rps=, burst=, concurrency= or priority=", w)
 		}
 	}
 	if lim.Burst > 0 && lim.RPS == 0 {
-		return "", lim, errors.New("burst= without rps=: a burst is over a rate; give rps= too")
+		return "", lim, class, errors.New("burst= without rps=: a burst is over a rate; give rps= too")
 	}
-	return strings.Join(words[:i], " "), lim, nil
+	return strings.Join(words[:i], " "), lim, class, nil
 }

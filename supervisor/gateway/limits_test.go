@@ -30,7 +30,7 @@ func TestKeyLimitsParse(t *testing.T) {
 		"sk-xxxxxxxxxxxxxxxxxx n rps=0":           "line 1: rps=0: want requests per second",
 		"sk-xxxxxxxxxxxxxxxxxx n concurrency=two": "line 1: concurrency=two: want a whole number",
 		"sk-xxxxxxxxxxxxxxxxxx n burst=4":         "line 1: burst= without rps=",
-		"sk-xxxxxxxxxxxxxxxxxx n limit=4":         `line 1: unknown limit "limit=4"`,
+		"sk-xxxxxxxxxxxxxxxxxx n limit=4":         `line 1: unknown option "limit=4"`,
 	} {
 		if _, err := ParseKeys(strings.NewReader(line)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want %q", line, err, want)

@@ -30,12 +30,19 @@ type metrics struct {
 	scrapeErrors   prometheus.Counter
 	wakeHeld       *prometheus.CounterVec
 	wakeWait       *prometheus.HistogramVec
+	queueWait      *prometheus.HistogramVec
+	queueRejected  *prometheus.CounterVec
 }
 
 // descInflight is read from the replicas' own counters at scrape time, so
 // replicas that left the table leave the metric with them.
 var descInflight = prometheus.NewDesc("llmgw_gateway_requests_in_flight",
 	"Requests this node's gateway has in flight, by deployment and replica.", []string{"model", "replica"}, nil)
+
+// descQueueDepth is read from the queues at scrape time, like
+// descInflight.
+var descQueueDepth = prometheus.NewDesc("llmgw_gateway_queue_depth",
+	"Requests waiting in this gateway's queue because every routable replica of the deployment holds its bound (target_inflight, else max_num_seqs), by deployment and priority class.", []string{"deployment", "priority"}, nil)
 
 func newMetrics() *metrics {
 	return &metrics{
@@ -103,11 +110,20 @@ func newMetrics() *metrics {
 			Help:    "How long a held request waited for a replica of a deployment starting from zero (the cold start as a client saw it), by deployment.",
 			Buckets: []float64{.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600},
 		}, []string{"model"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmgw_gateway_queue_wait_seconds",
+			Help:    "How long a request waited in the gateway's queue before it was let through to a replica, by deployment and priority class (requests that went at once are not observed).",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20, 30, 60},
+		}, []string{"deployment", "priority"}),
+		queueRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_queue_rejected_total",
+			Help: "Requests the gateway's queue refused with 429, by deployment, priority class and reason: full (the queue depth was reached) or expired (the queue wait passed).",
+		}, []string{"deployment", "priority", "reason"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors, m.wakeHeld, m.wakeWait}
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors, m.wakeHeld, m.wakeWait, m.queueWait, m.queueRejected}
 }
 
 // Describe implements prometheus.Collector.
@@ -116,6 +132,7 @@ func (g *Gateway) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	ch <- descInflight
+	ch <- descQueueDepth
 }
 
 // Collect implements prometheus.Collector.
@@ -135,6 +152,9 @@ func (g *Gateway) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range sums {
 		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(n), k.model, k.replica)
 	}
+	g.queueDepths(func(dep string, class Priority, n int) {
+		ch <- prometheus.MustNewConstMetric(descQueueDepth, prometheus.GaugeValue, float64(n), dep, class.String())
+	})
 }
 
 func statusLabel(code int) string { return strconv.Itoa(code) }

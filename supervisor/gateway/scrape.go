@@ -76,7 +76,7 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	url, rep := lr.base()+es.path, lr.rep
+	url, rep, dep := lr.base()+es.path, lr.rep, lr.Deployment
 	// The engine's own key: llama.cpp guards /metrics with it (vLLM and
 	// SGLang leave it open and ignore the header). Through a relay, the
 	// holder presents it, and this gateway signs the scrape instead.
@@ -109,6 +109,8 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 			return
 		}
 		rep.load.scrapeDone(epoch, sm.Running+sm.Waiting, sm.At, true)
+		// A reading lower than the estimate was makes room.
+		s.g.kick(dep)
 	}()
 }
 

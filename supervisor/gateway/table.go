@@ -84,6 +84,11 @@ type Entry struct {
 	// (wake.go); Replicas is its target in force, 0 when scaled to zero.
 	Wakes    bool
 	Replicas int
+	// Bound is the requests one replica should hold at once, by this
+	// gateway's estimate, before new ones wait in the gateway's queue
+	// (queue.go): the autoscaler's target_inflight when set, else
+	// max_num_seqs when set; 0, neither: no queue.
+	Bound int
 }
 
 // Table is the routing table of one view: every deployment with its
@@ -215,7 +220,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 
 	for _, d := range snap.Deployments(now) {
 		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000,
-			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas}
+			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas, Bound: replicaBound(d.Deployment)}
 		for k, g := range groups[d.Name] {
 			size := d.PipelineParallel
 			if k.spec != d.SpecVersion {
@@ -263,6 +268,19 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		slices.Sort(ns)
 	}
 	return t
+}
+
+// replicaBound is the absolute bound on one replica's requests that the
+// gateway's queue holds it to (Entry.Bound): what the operator said one
+// replica should carry (target_inflight), else what its engine runs at
+// once (max_num_seqs, as the autoscaler reads it too: past it the engine
+// queues first come, first served, where no priority reaches). Without
+// either the gateway knows no bound, and queues nothing.
+func replicaBound(d placement.Deployment) int {
+	if d.Autoscale != nil && d.Autoscale.TargetInflight > 0 {
+		return d.Autoscale.TargetInflight
+	}
+	return max(d.MaxNumSeqs, 0)
 }
 
 // reachPrivate sets how rt reaches an engine that listens on its holder's
