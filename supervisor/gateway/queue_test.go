@@ -86,11 +86,15 @@ func TestQueueInteractiveGoesFirst(t *testing.T) {
 // Under a steady interactive flood (and a default one), batch still gets
 // its weight's share of what is let through: never starved.
 func TestQueueBatchIsNotStarved(t *testing.T) {
-	for _, flood := range [][]Priority{{PriorityInteractive}, {PriorityInteractive, PriorityDefault}} {
+	// The shares are written out, not read from weight: a batch weight
+	// of zero (strict priority) must fail here.
+	for _, tc := range []struct {
+		flood []Priority
+		sum   float64
+	}{{[]Priority{PriorityInteractive}, 16 + 1}, {[]Priority{PriorityInteractive, PriorityDefault}, 16 + 4 + 1}} {
+		flood := tc.flood
 		q, qs := &depQueue{name: "chat"}, &queues{}
-		sum := PriorityBatch.weight()
 		for _, c := range flood {
-			sum += c.weight()
 			q.push(qs, &waiter{class: c})
 		}
 		q.push(qs, &waiter{class: PriorityBatch})
@@ -101,7 +105,7 @@ func TestQueueBatchIsNotStarved(t *testing.T) {
 			got[w.class]++
 			q.push(qs, &waiter{class: w.class}) // every class keeps one waiting
 		}
-		if min := int(float64(n)*PriorityBatch.weight()/sum) - 1; got[PriorityBatch] < min {
+		if min := int(float64(n)/tc.sum) - 1; got[PriorityBatch] < min {
 			t.Errorf("flood of %v: batch let through %d of %d, want at least %d (its weight's share); all: %v", flood, got[PriorityBatch], n, min, got)
 		}
 		if got[PriorityInteractive] < got[PriorityBatch]*15 {
@@ -432,7 +436,7 @@ func TestQueueDrainAnswers503(t *testing.T) {
 	h, g, first := queueHarness(t, queueConfig())
 	waiting := h.queued(1, "second")
 	h.gw.Drain()
-	a := <-waiting
+	a := answerWithin(t, waiting)
 	if e := a.apiError(t); a.status != 503 || e.Error.Code != codeStopping || a.header.Get("Retry-After") == "" {
 		t.Errorf("queued when the gateway stops: %d %+v", a.status, e)
 	}
@@ -465,6 +469,18 @@ func TestPriorityHeader(t *testing.T) {
 	if a := open.post("/v1/chat/completions", chatBody("chat", false), "X-Priority", "urgent"); a.status != 200 {
 		t.Errorf("with no header allowed: %d %s", a.status, a.body)
 	}
+}
+
+// answerWithin is the answer on c, failing the test if none comes in 5 s.
+func answerWithin(t *testing.T, c <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-c:
+		return a
+	case <-time.After(5 * time.Second): // real time: a bound on a wait that should not happen
+		t.Fatal("no answer within 5s")
+	}
+	return answer{}
 }
 
 // The keys file's priority=: a class, or an error naming the file, the
