@@ -44,6 +44,9 @@ func gatewayFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "gateway-first-byte-timeout", Usage: "how long the gateway waits for the first byte of an engine's answer before it answers 504 and counts a failure against the replica; 0: the engine profile's (10m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")},
 		&cli.DurationFlag{Name: "gateway-stream-idle-timeout", Usage: "the longest the gateway waits between two reads of an engine's answer before it cuts it (a stream ends with an error event); 0: the engine profile's (2m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_STREAM_IDLE_TIMEOUT")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
+		&cli.StringFlag{Name: "priority-header", Usage: "a request header whose value (interactive, default or batch) sets the request's class in the gateway's queue, ahead of its API key's priority= (e.g. X-Priority); empty: no header is honoured", Sources: cli.EnvVars("LLMGW_PRIORITY_HEADER")},
+		&cli.IntFlag{Name: "queue-depth", Value: gateway.DefaultQueueDepth, Usage: "requests that may wait in the gateway's queue per deployment, once every replica holds its bound (target_inflight, else max_num_seqs); more get 429", Sources: cli.EnvVars("LLMGW_QUEUE_DEPTH")},
+		&cli.DurationFlag{Name: "queue-wait", Value: gateway.DefaultQueueWait, Usage: "the longest a request waits in the gateway's queue before it gets 429", Sources: cli.EnvVars("LLMGW_QUEUE_WAIT")},
 		&cli.DurationFlag{Name: "gateway-drain-timeout", Value: gateway.DefaultDrainTimeout, Usage: "how long a stopping node's gateway keeps serving: it answers what it admitted and what arrives on open connections (with Connection: close), and cuts what is left at this bound", Sources: cli.EnvVars("LLMGW_GATEWAY_DRAIN_TIMEOUT")},
 	}
 }
@@ -67,6 +70,10 @@ type gatewaySetup struct {
 	drain time.Duration
 	// tracer, when tracing is on (tracing.go), traces its requests.
 	tracer trace.Tracer
+	// priorityHeader, queueDepth and queueWait configure the queue.
+	priorityHeader string
+	queueDepth     int
+	queueWait      time.Duration
 }
 
 // gatewayConfig checks the gateway flags; every error names the flag.
@@ -107,6 +114,15 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 	}
 	if s.drain = c.Duration("gateway-drain-timeout"); s.drain < time.Second || s.drain > time.Hour {
 		return s, fmt.Errorf("--gateway-drain-timeout %v: want 1s to 1h (default %v)", s.drain, gateway.DefaultDrainTimeout)
+	}
+	if s.priorityHeader = c.String("priority-header"); s.priorityHeader != "" && !headerName(s.priorityHeader) {
+		return s, fmt.Errorf("--priority-header %q: want a header name (letters, digits and -, such as X-Priority)", s.priorityHeader)
+	}
+	if s.queueDepth = int(c.Int("queue-depth")); s.queueDepth < 1 || s.queueDepth > 1<<20 {
+		return s, fmt.Errorf("--queue-depth %d: want 1 to %d requests per deployment (default %d)", s.queueDepth, 1<<20, gateway.DefaultQueueDepth)
+	}
+	if s.queueWait = c.Duration("queue-wait"); s.queueWait < 100*time.Millisecond || s.queueWait > 10*time.Minute {
+		return s, fmt.Errorf("--queue-wait %v: want 100ms to 10m (default %v)", s.queueWait, gateway.DefaultQueueWait)
 	}
 	cert, key := c.String("gateway-tls-cert"), c.String("gateway-tls-key")
 	switch {
@@ -160,6 +176,7 @@ func listenGateway(s gatewaySetup, name, token string, clk clock.Clock, log *slo
 	}
 	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy, ScrapeInterval: s.scrape,
 		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle, Tracer: s.tracer,
+		PriorityHeader: s.priorityHeader, QueueDepth: s.queueDepth, QueueWait: s.queueWait,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.
 		EngineKey: func(id string) string { return secret.EngineKey(token, id) },
@@ -172,6 +189,17 @@ func listenGateway(s gatewaySetup, name, token string, clk clock.Clock, log *slo
 		}
 	}
 	return gw, ln, nil
+}
+
+// headerName reports whether name is a plain HTTP header name: letters,
+// digits and dashes (RFC 9110 allows more; no operator needs them).
+func headerName(name string) bool {
+	for _, r := range name {
+		if !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return name != ""
 }
 
 func isLoopback(host string) bool {

@@ -79,6 +79,9 @@ func TestBadNodeFlagsNameTheFlagAndStartNothing(t *testing.T) {
 		{[]string{"--history-step", "10ms"}, []string{"--history-step", "at least 100ms"}},
 		{[]string{"--gateway-scrape-interval", "1ms"}, []string{"--gateway-scrape-interval", "10ms to 1m"}},
 		{[]string{"--gateway-balance", "0.5"}, []string{"--gateway-balance", "at least 1"}},
+		{[]string{"--priority-header", "X Priority"}, []string{"--priority-header", "header name"}},
+		{[]string{"--queue-depth", "0"}, []string{"--queue-depth", "1 to"}},
+		{[]string{"--queue-wait", "1ms"}, []string{"--queue-wait", "100ms to 10m"}},
 	}
 	for _, c := range cases {
 		_, err := run(t, append(append([]string{}, base...), c.args...)...)
