@@ -303,6 +303,9 @@ func (r *runner) chatVia(ctx context.Context, client *http.Client, row shardRow,
 type gatewayAnswer struct {
 	node, replica string
 	head          time.Time
+	// firstData is when a stream's first data event came (zero: none, or
+	// not a stream).
+	firstData time.Time
 	// status is the answer's HTTP status (0: none came); retryAfter: it
 	// carried a Retry-After header.
 	status     int
@@ -316,7 +319,7 @@ type gatewayAnswer struct {
 // Each request of a loop asks something of its own (seq numbers it), as
 // clients do: with one prompt for all, the prefix policy would send every
 // request to the one replica that prompt prefers.
-func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, gatewayURL, deployment string, stream bool, seq, tokens int) (ans gatewayAnswer, err error) {
+func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, gatewayURL, deployment string, stream bool, seq, tokens int, hdr ...string) (ans gatewayAnswer, err error) {
 	body := chatBody(deployment, fmt.Sprintf("ping %d", seq), tokens)
 	body["stream"] = stream
 	b, _ := json.Marshal(body)
@@ -325,6 +328,9 @@ func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, ga
 		return ans, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return ans, err
@@ -356,6 +362,9 @@ func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, ga
 			continue
 		}
 		data = strings.TrimSpace(data)
+		if ans.firstData.IsZero() {
+			ans.firstData = time.Now()
+		}
 		if data == "[DONE]" {
 			return ans, nil
 		}

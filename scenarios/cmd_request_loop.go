@@ -1,10 +1,13 @@
 package scenarios
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +41,9 @@ type requestLoop struct {
 	// default).
 	client *http.Client
 	tokens int
+	// header is what every request carries besides (priority=: the
+	// cluster's priority header and the class).
+	header []string
 	// nextGateway (retry=next-gateway) retries a request on the next
 	// gateway, as OpenAI's SDKs retry, when the connection was refused
 	// or closed before any answer, or the answer was a 503 with
@@ -76,6 +82,10 @@ type loopRequest struct {
 	// gateways were asked.
 	gateway, binary string
 	attempts        int
+	// ttfb is the time from sending to the first byte of the answer:
+	// a stream's first data event, a plain answer's head (zero for a
+	// failure).
+	ttfb time.Duration
 }
 
 // workerStagger spaces the workers' first requests, so that long streams
@@ -90,7 +100,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread or expect-cut")
+	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut or expect-ttfb")
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -118,8 +128,11 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	case "expect-cut":
 		out, err := r.loopCut(d, l)
 		return out, time.Time{}, err
+	case "expect-ttfb":
+		out, err := r.loopTTFB(d, l)
+		return out, time.Time{}, err
 	}
-	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread or expect-cut, got %q", action)
+	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut or expect-ttfb, got %q", action)
 }
 
 func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time, error) {
@@ -165,6 +178,19 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 	if retry == "next-gateway" && via != "gateway" {
 		return "", time.Time{}, usagef("request-loop: retry=next-gateway needs via=gateway")
 	}
+	var header []string
+	if class, ok := d.kvRaw("priority"); ok {
+		name := ""
+		for i := 0; i+1 < len(r.cfg.nodeFlags); i += 2 {
+			if r.cfg.nodeFlags[i] == "--priority-header" {
+				name = r.cfg.nodeFlags[i+1]
+			}
+		}
+		if name == "" || via != "gateway" {
+			return "", time.Time{}, usagef("request-loop: priority=%s needs via=gateway and the cluster's priority-header=", class)
+		}
+		header = []string{name, class}
+	}
 	client := r.http
 	if d.has("timeout") {
 		timeout, err := d.duration("timeout", 0)
@@ -186,7 +212,7 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 		}
 	}
 	l := &requestLoop{name: name, deployment: dep, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
-		client: client, tokens: tokens, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
+		client: client, tokens: tokens, header: header, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
 		inFlight: map[int]time.Time{}}
 	r.loops[name] = l
 	var wg sync.WaitGroup
@@ -213,6 +239,9 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 	out += " in a loop"
 	if l.nextGateway {
 		out += ", retried on the next gateway as an SDK would"
+	}
+	if header != nil {
+		out += ", priority " + header[1]
 	}
 	if workers > 1 {
 		out += fmt.Sprintf(", %d at once", workers)
@@ -517,9 +546,13 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 			id, q := l.begin()
 			for try := 0; ; try++ {
 				gw := obs[(next+try)%len(obs)]
-				ans, err := r.chatThroughGateway(r.ctx, l.client, gw.gateway(), l.deployment, l.stream, next, l.tokens)
+				ans, err := r.chatThroughGateway(r.ctx, l.client, gw.gateway(), l.deployment, l.stream, next, l.tokens, l.header...)
 				q.end = time.Now()
 				q.node, q.replica, q.first = ans.node, ans.replica, ans.head
+				q.ttfb = 0
+				if err == nil {
+					q.ttfb = cmp.Or(ans.firstData, ans.head).Sub(q.sent)
+				}
 				q.gateway, q.binary, q.attempts = gw.name, gw.binaryName(), try+1
 				if q.first.IsZero() {
 					q.first = q.end
@@ -735,6 +768,56 @@ func (r *runner) loopCut(d *directive, l *requestLoop) (string, error) {
 		return fmt.Sprintf("%d of the %d answers %s had begun at %s were completed anyway", inFlight-failed, inFlight, labels[0], atRef), nil
 	}
 	return fmt.Sprintf("every answer %s had begun at %s ended with an error (%s)", labels[0], atRef, errorKind(first)), nil
+}
+
+// loopTTFB is expect-ttfb under=D [quantile=P%] [after=EVENT]: the
+// given quantile (95% unless said) of the times to first byte of the
+// loop's answered requests (sent after after=) is within D. The figures
+// (p50, the quantile, max, count) go to the summary.
+func (r *runner) loopTTFB(d *directive, l *requestLoop) (string, error) {
+	under, err := d.duration("under", 0)
+	if err != nil {
+		return "", err
+	}
+	if under <= 0 {
+		return "", usagef("request-loop %s expect-ttfb: want under=DURATION", l.name)
+	}
+	q, ok, err := percent(d, "quantile")
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		q = 95
+	}
+	var from time.Time
+	window := ""
+	if ref, ok := d.kvRaw("after"); ok {
+		if from, err = r.eventAt("after", ref); err != nil {
+			return "", err
+		}
+		window = " sent after " + ref
+	}
+	l.mu.Lock()
+	var ds []time.Duration
+	for _, x := range l.reqs {
+		if x.err == "" && x.ttfb > 0 && (from.IsZero() || x.sent.After(from)) {
+			ds = append(ds, x.ttfb)
+		}
+	}
+	l.mu.Unlock()
+	if len(ds) == 0 {
+		return "no request" + window + " was answered", nil
+	}
+	slices.Sort(ds)
+	at := func(p float64) time.Duration { return ds[min(len(ds)-1, int(math.Ceil(p/100*float64(len(ds))))-1)] }
+	got := at(q)
+	name := "p" + strconv.FormatFloat(q, 'f', -1, 64)
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s time to first byte of %d answers%s: p50 %v, %s %v, max %v", l.name, len(ds), window,
+		at(50).Round(time.Millisecond), name, got.Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond)))
+	if got > under {
+		return fmt.Sprintf("%s time to first byte %v, over %v", name, got.Round(time.Millisecond), under), nil
+	}
+	return fmt.Sprintf("%s time to first byte within %v", name, under), nil
 }
 
 // errorKind is the deterministic part of a loop request's error: what a

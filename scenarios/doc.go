@@ -62,7 +62,7 @@
 //	        [net=loopback|netns] [log-level=info] [within=DURATION] [binary=current]
 //	        [engine-probe-timeout=D] [engine-probe-failures=N] [engine-progress-window=D]
 //	        [engine-hung-restart=D] [engine-start-timeout=D]
-//	        [gateway-first-byte-timeout=D] [gateway-stream-idle-timeout=D]
+//	        [gateway-first-byte-timeout=D] [gateway-stream-idle-timeout=D] [priority-header=NAME]
 //	    Start N nodes with free ports, their own data dirs, one shared token
 //	    file and gossip key (made for the run, so gossip is encrypted),
 //	    --test-hooks and simulated GPUs; wait until every node sees all
@@ -76,7 +76,9 @@
 //	    engine-probe-failures times in a row and its token counters did not
 //	    move for engine-progress-window; it is restarted after
 //	    engine-hung-restart so) and the gateway's bounds on an engine's
-//	    answer. Left out, the engine profile's own apply. The output lists
+//	    answer; priority-header=NAME is the header whose class the
+//	    gateways honour (request-loop's priority=). Left out, the engine
+//	    profile's own apply. The output lists
 //	    the ones given. binary=NAME runs every node on a binary that
 //	    build-binary built (default: current, the runner's own).
 //	build-binary NAME commit=REV
@@ -162,7 +164,7 @@
 // A background client (cmd_request_loop.go):
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
-//	        [tokens=N] [timeout=DURATION] [retry=none|next-gateway]
+//	        [tokens=N] [timeout=DURATION] [retry=none|next-gateway] [priority=CLASS]
 //	    Chat completions in a loop. via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
 //	    engine's API key (derived from the run's token and the row's engine
@@ -182,11 +184,15 @@
 //	    client of its own). retry=next-gateway (via=gateway) is a client
 //	    that retries as OpenAI's SDKs do, on the next gateway: after a
 //	    refused connection, one closed before any answer, or a 503 with
-//	    Retry-After; each gateway at most once a request. Every request is
-//	    recorded: when it was
-//	    sent, when its answer began (the response head, or the failure)
-//	    and ended, and the node and replica that served it (the gateway's
-//	    Llmgw-Node and Llmgw-Replica headers; via=engines, the row's).
+//	    Retry-After; each gateway at most once a request. priority=CLASS
+//	    (via=gateway) sends every request with the cluster's
+//	    priority-header= set to CLASS (interactive, default or batch).
+//	    Every request is recorded: when it was
+//	    sent, when its answer began (the response head, or the failure),
+//	    its first byte (a stream's first data event; a plain answer's
+//	    head) and its end, and the node and replica that served it (the
+//	    gateway's Llmgw-Node and Llmgw-Replica headers; via=engines, the
+//	    row's).
 //	    The requests still in flight are known too (wait-until settled).
 //	request-loop NAME stop
 //	request-loop NAME expect-no-errors [min-routable=N] [min-success=P%] [before=EVENT] [except-binary=NAME]
@@ -214,6 +220,11 @@
 //	    after=, begun before before=) answered at least P percent of them:
 //	    prints how many replicas answered, or which fell short with every
 //	    replica's share. The shares go to the summary.
+//	request-loop NAME expect-ttfb under=DURATION [quantile=95%] [after=EVENT[+DURATION]]
+//	    The quantile (p95 unless said) of the answered requests' times to
+//	    first byte (sent after after=) is within DURATION: "p95 time to
+//	    first byte within 2s", or the figure over it. p50, the quantile,
+//	    the max and the count go to the summary.
 //	request-loop NAME expect-cut NODE at=EVENT[+DURATION]
 //	    Every request whose answer NODE had begun (the head received,
 //	    stream=true) and not finished at that moment ended with an error,

@@ -85,7 +85,8 @@ func (r *runner) nodeEnv() []string {
 // of the same name.
 type nodeFlag struct {
 	key     string
-	integer bool // else a duration
+	integer bool // else a duration, unless text
+	text    bool // any word
 }
 
 // nodeFlags are the node flags the cluster command passes on: the engines'
@@ -100,6 +101,7 @@ func nodeFlags() []nodeFlag {
 		{key: "engine-start-timeout"},
 		{key: "gateway-first-byte-timeout"},
 		{key: "gateway-stream-idle-timeout"},
+		{key: "priority-header", text: true},
 	}
 }
 
@@ -121,12 +123,16 @@ func readNodeFlags(d *directive) ([]string, error) {
 		if !d.has(f.key) {
 			continue
 		}
-		if f.integer {
+		switch {
+		case f.text:
+		case f.integer:
 			if _, err := d.integer(f.key, 0); err != nil {
 				return nil, err
 			}
-		} else if _, err := d.duration(f.key, 0); err != nil {
-			return nil, err
+		default:
+			if _, err := d.duration(f.key, 0); err != nil {
+				return nil, err
+			}
 		}
 		v, _ := d.str(f.key, "")
 		args = append(args, "--"+f.key, v)
