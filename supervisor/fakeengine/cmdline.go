@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,9 @@ const (
 	EnvHangAfter             = "FAKE_ENGINE_HANG_AFTER"
 	EnvCrashAfter            = "FAKE_ENGINE_CRASH_AFTER"
 	EnvExitCode              = "FAKE_ENGINE_EXIT_CODE"
+	// EnvLoRAInfoSplit (true or 1) gives vllm:lora_requests_info the
+	// labels of older vLLM releases (Config.LoRAInfoSplit).
+	EnvLoRAInfoSplit = "FAKE_ENGINE_LORA_INFO_SPLIT"
 )
 
 // argKind is what follows a flag on the command line.
@@ -300,6 +304,9 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		if cfg.MaxModelLen, err = humanIntFlag(p, a, "--max-model-len"); err != nil {
 			return Config{}, nil, err
 		}
+		if err := vllmLoRAArgs(&cfg, a, getenv); err != nil {
+			return Config{}, nil, err
+		}
 	case PersonalitySGLang:
 		rest := args
 		// `python3 -m sglang.launch_server ...`: a wrapper passes python's
@@ -344,6 +351,9 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 			return Config{}, nil, err
 		}
 		if cfg.MaxModelLen, err = humanIntFlag(p, a, "--context-length"); err != nil {
+			return Config{}, nil, err
+		}
+		if err := sglangLoRAArgs(&cfg, a); err != nil {
 			return Config{}, nil, err
 		}
 		if g, err = gangOf(p, a, "--nnodes", "--node-rank"); err != nil {
@@ -428,6 +438,74 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		return Config{}, nil, err
 	}
 	return cfg, g, nil
+}
+
+// vllmLoRAArgs reads vLLM's LoRA flags (vllm/engine/arg_utils.py,
+// LoRAConfig's fields; --lora-modules from cli_args.py). vLLM takes
+// --max-loras and the rest without --enable-lora and ignores them (no
+// LoRAConfig is built); --lora-modules without it fails at start, which
+// NewServer does.
+func vllmLoRAArgs(cfg *Config, a parsedArgs, getenv func(string) string) error {
+	p := PersonalityVLLM
+	cfg.EnableLoRA = a.lastOf("--enable-lora", "--no-enable-lora") == "--enable-lora"
+	var err error
+	for _, f := range []struct {
+		flag string
+		dst  *int
+	}{{"--max-loras", &cfg.MaxLoRAs}, {"--max-lora-rank", &cfg.MaxLoRARank}, {"--max-cpu-loras", &cfg.MaxCPULoRAs}} {
+		if *f.dst, err = intFlag(p, a, f.flag, 0); err != nil {
+			return err
+		}
+	}
+	if v, ok := a.last("--max-lora-rank"); ok && !slices.Contains(vllmMaxLoRARanks, cfg.MaxLoRARank) {
+		return &CommandLineError{Personality: p, Flag: "--max-lora-rank", Msg: fmt.Sprintf(
+			"vllm serve: argument --max-lora-rank: invalid choice: %s (choose from 1, 8, 16, 32, 64, 128, 256, 320, 512)", v[0])}
+	}
+	if v, ok := a.last("--max-loras"); ok && cfg.MaxLoRAs < 1 {
+		return &CommandLineError{Personality: p, Flag: "--max-loras", Msg: fmt.Sprintf("vllm serve: --max-loras %s: want 1 or more", v[0])}
+	}
+	items, _ := a.last("--lora-modules")
+	for _, item := range items {
+		if item == "" {
+			continue
+		}
+		m, err := ParseLoRAModule(item)
+		if err != nil {
+			return &CommandLineError{Personality: p, Flag: "--lora-modules", Msg: "vllm serve: " + err.Error()}
+		}
+		cfg.LoRAModules = append(cfg.LoRAModules, m)
+	}
+	cfg.RuntimeLoRA = vllmEnvTrue(getenv(EnvVLLMRuntimeLoRA))
+	return nil
+}
+
+// sglangLoRAArgs reads SGLang's LoRA flags (server_args.py): --lora-paths
+// turns LoRA on by itself, as SGLang does for backward compatibility;
+// --lora-target-modules and --lora-backend are read and ignored.
+func sglangLoRAArgs(cfg *Config, a parsedArgs) error {
+	p := PersonalitySGLang
+	cfg.EnableLoRA = a.has("--enable-lora")
+	var err error
+	for _, f := range []struct {
+		flag string
+		dst  *int
+	}{{"--max-loras-per-batch", &cfg.MaxLoRAs}, {"--max-lora-rank", &cfg.MaxLoRARank}, {"--max-loaded-loras", &cfg.MaxLoadedLoRAs}} {
+		if *f.dst, err = intFlag(p, a, f.flag, 0); err != nil {
+			return err
+		}
+	}
+	items, _ := a.last("--lora-paths")
+	for _, item := range items {
+		m, err := parseSGLangLoRAPath(item)
+		if err != nil {
+			return &CommandLineError{Personality: p, Flag: "--lora-paths", Msg: "sglang.launch_server: " + err.Error()}
+		}
+		cfg.LoRAModules = append(cfg.LoRAModules, m)
+	}
+	if len(cfg.LoRAModules) > 0 {
+		cfg.EnableLoRA = true
+	}
+	return nil
 }
 
 // gangOf is the Gang a multi-node command line asks for, or nil.
@@ -517,6 +595,13 @@ func fakeKnobs(cfg *Config, p Personality, getenv func(string) string) error {
 			return &CommandLineError{Personality: p, Msg: fmt.Sprintf("%s=%q: want a duration of 0 or more, such as 500ms or 2m", k.env, v)}
 		}
 		*k.dst = d
+	}
+	if v := getenv(EnvLoRAInfoSplit); v != "" {
+		on, err := envBool(v)
+		if err != nil {
+			return &CommandLineError{Personality: p, Msg: fmt.Sprintf("%s=%q: %v", EnvLoRAInfoSplit, v, err)}
+		}
+		cfg.LoRAInfoSplit = on
 	}
 	cfg.ExitCode = 1
 	if v := getenv(EnvExitCode); v != "" {

@@ -60,6 +60,26 @@
 //     TokenDelay (--token-delay). Sequences do not slow each other down.
 //     An embedding is its prefill alone, without the prefix cache.
 //
+// LoRA adapters (Config.EnableLoRA; lora.go), as vLLM serves them:
+// --enable-lora, --max-loras (default 1), --max-lora-rank (default 16, one
+// of vLLM's choices), --max-cpu-loras and static --lora-modules name=path
+// (or vLLM's JSON form); with VLLM_ALLOW_RUNTIME_LORA_UPDATING, POST
+// /v1/load_lora_adapter {"lora_name", "lora_path"} and
+// /v1/unload_lora_adapter {"lora_name"}, with vLLM's answers and errors (an
+// adapter is a directory; a rank "r" in its adapter_config.json above the
+// maximum is refused). /v1/models lists each adapter after the base, with
+// its path as root and the base as parent; a request whose model is an
+// adapter is answered under its name, the content saying "[adapter NAME]";
+// at most --max-loras distinct adapters run at once, a request on another
+// one waiting while others pass it, as vLLM's scheduler skips it; and
+// vllm:lora_requests_info carries max_lora, running_lora_adapters and
+// waiting_lora_adapters with the time as its value, one series per label
+// set ever current. Under the sglang personality: --enable-lora,
+// --lora-paths, --max-loras-per-batch, --max-loaded-loras, --max-lora-rank
+// and --lora-target-modules, POST /load_lora_adapter and
+// /unload_lora_adapter, and the adapter named as model "BASE:ADAPTER" or by
+// lora_path.
+//
 // The zero Config is today's fast engine (no delays, 256 sequences, 8192
 // blocks of 16 tokens). A benchmark in one process builds replicas with
 // NewServer, e.g. Config{Model: "m", PrefillPer1KTokens: 50 * time.Millisecond,
@@ -130,6 +150,35 @@ type Config struct {
 	// MaxModelLen is the context /v1/models reports (vLLM's
 	// --max-model-len). Zero means 4096.
 	MaxModelLen int
+
+	// EnableLoRA serves LoRA adapters (vLLM's and SGLang's --enable-lora;
+	// see lora.go). MaxLoRAs is how many distinct adapters may run at
+	// once (vLLM's --max-loras, default 1; SGLang's --max-loras-per-batch,
+	// default 8, the base model taking a slot); zero means the
+	// personality's default. MaxLoRARank refuses an adapter whose
+	// adapter_config.json has a larger "r" (vLLM's --max-lora-rank,
+	// default 16; SGLang's, which has no default: zero is no limit there).
+	// MaxCPULoRAs is vLLM's --max-cpu-loras, only checked (at least
+	// MaxLoRAs). LoRAModules are loaded at start (vLLM's --lora-modules,
+	// SGLang's --lora-paths); one that fails to load stops the engine.
+	EnableLoRA  bool
+	MaxLoRAs    int
+	MaxLoRARank int
+	MaxCPULoRAs int
+	LoRAModules []LoRAModule
+	// RuntimeLoRA mounts vLLM's POST /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING); SGLang's
+	// endpoints are always there.
+	RuntimeLoRA bool
+	// MaxLoadedLoRAs caps SGLang's registered adapters
+	// (--max-loaded-loras); zero is no cap.
+	MaxLoadedLoRAs int
+	// LoRAInfoSplit gives vllm:lora_requests_info the labels of vLLM
+	// releases before the LoRA counts moved into the scheduler's stats:
+	// running_lora_adapters only the adapters with a request running,
+	// waiting_lora_adapters those with one waiting. Newer vLLM lists every
+	// adapter with a request in both (FAKE_ENGINE_LORA_INFO_SPLIT).
+	LoRAInfoSplit bool
 
 	// HangAfter, when positive, makes Run hang the engine (see
 	// Server.Hang) this long after it starts; the process keeps running.

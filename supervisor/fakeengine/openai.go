@@ -23,6 +23,7 @@ type chatMessage struct {
 
 type chatRequest struct {
 	Model               string         `json:"model"`
+	LoRAPath            string         `json:"lora_path"`
 	Messages            []chatMessage  `json:"messages"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
@@ -38,7 +39,8 @@ type sampling struct {
 }
 
 type completionRequest struct {
-	Model string `json:"model"`
+	Model    string `json:"model"`
+	LoRAPath string `json:"lora_path"`
 	// Prompt is a string, a list of strings, a list of token ids or a list
 	// of lists of token ids.
 	Prompt        json.RawMessage `json:"prompt"`
@@ -63,6 +65,10 @@ type exchange struct {
 	minTokens    int
 	stream       bool
 	includeUsage bool
+	// adapter is the LoRA adapter that answers ("" the base model); model
+	// is the name the answer carries.
+	adapter string
+	model   string
 }
 
 // minTokens is how many tokens the request asks for at least.
@@ -75,7 +81,8 @@ func (p sampling) minTokens(maxTokens int) int {
 
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if !s.decode(w, r, &req, func() string { return req.Model }) {
+	var ex exchange
+	if !s.decodeAs(w, r, &req, func() (string, string) { return req.Model, req.LoRAPath }, &ex) {
 		return
 	}
 	if !streamOptionsOK(w, req.Stream, req.StreamOptions) {
@@ -85,7 +92,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "messages: at least one message is required", badRequest, "messages")
 		return
 	}
-	ex := exchange{chat: true, stream: req.Stream, maxTokens: req.MaxTokens}
+	ex.chat, ex.stream, ex.maxTokens = true, req.Stream, req.MaxTokens
 	if req.MaxCompletionTokens > 0 {
 		ex.maxTokens = req.MaxCompletionTokens
 	}
@@ -109,7 +116,8 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if !s.decode(w, r, &req, func() string { return req.Model }) {
+	var ex exchange
+	if !s.decodeAs(w, r, &req, func() (string, string) { return req.Model, req.LoRAPath }, &ex) {
 		return
 	}
 	if !streamOptionsOK(w, req.Stream, req.StreamOptions) {
@@ -120,10 +128,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "prompt: "+err.Error(), badRequest, "prompt")
 		return
 	}
-	s.answer(w, r, exchange{
-		echo: text, prompt: p, maxTokens: req.MaxTokens, minTokens: req.sampling.minTokens(req.MaxTokens), stream: req.Stream,
-		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-	})
+	ex.echo, ex.prompt, ex.maxTokens, ex.minTokens, ex.stream = text, p, req.MaxTokens, req.sampling.minTokens(req.MaxTokens), req.Stream
+	ex.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	s.answer(w, r, ex)
 }
 
 // streamOptionsOK refuses stream_options on a request that does not
@@ -197,12 +204,12 @@ func promptText(raw json.RawMessage) (string, prompt, error) {
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	ctx := r.Context()
 	n := ex.prompt.tokens()
-	q := s.sched.admit(ctx, n)
+	q := s.sched.admitLoRA(ctx, n, ex.adapter)
 	if q == nil {
 		return
 	}
 	defer q.release()
-	tokens, finish := s.reply(ex.echo, ex.maxTokens, ex.minTokens)
+	tokens, finish := s.reply(ex.echo, ex.adapter, ex.maxTokens, ex.minTokens)
 	u := usage{PromptTokens: n, CompletionTokens: len(tokens), TotalTokens: n + len(tokens)}
 	prefix, object := "cmpl", "text_completion"
 	if ex.chat {
@@ -227,7 +234,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 			chunkObject = "chat.completion.chunk"
 		}
 		send = func(choices []any, withUsage bool) bool {
-			c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": s.cfg.Model, "choices": choices}
+			c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": ex.model, "choices": choices}
 			if withUsage {
 				c["usage"] = u
 			}
@@ -283,7 +290,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 			c["text"] = text
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
-			"id": id, "object": object, "created": created, "model": s.cfg.Model,
+			"id": id, "object": object, "created": created, "model": ex.model,
 			"choices": []any{c}, "usage": u,
 		})
 		return

@@ -42,6 +42,10 @@ type Server struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	stuck    atomic.Int64
+	// loras are the registered adapters; loraInfo, vLLM's LoRA gauge, is
+	// nil without LoRA or under another engine's metrics.
+	loras    *loraRegistry
+	loraInfo *loraInfo
 }
 
 // NewServer checks cfg and builds the handler. The startup delay is measured
@@ -58,6 +62,13 @@ func NewServer(cfg Config) (*Server, error) {
 		now = time.Now
 	}
 	sched := newScheduler(cfg.MaxRunning, cfg.KVCacheBlocks, cfg.BlockSize)
+	if cfg.EnableLoRA {
+		sched.maxLoRAs = cfg.MaxLoRAs
+		// vLLM skips a request whose adapter does not fit; SGLang stops
+		// there and counts the base model as an adapter.
+		sched.loraSkip = cfg.Personality != PersonalitySGLang
+		sched.baseCounts = cfg.Personality == PersonalitySGLang
+	}
 	s := &Server{
 		cfg:     cfg,
 		now:     now,
@@ -67,6 +78,15 @@ func NewServer(cfg Config) (*Server, error) {
 		mux:     http.NewServeMux(),
 		hung:    make(chan struct{}),
 		stopped: make(chan struct{}),
+		loras:   &loraRegistry{},
+	}
+	if cfg.EnableLoRA && cfg.Personality.metricNames(false).vllmExtras {
+		s.loraInfo = newLoRAInfo(cfg.MaxLoRAs, cfg.LoRAInfoSplit, now)
+		s.m.reg.MustRegister(s.loraInfo)
+		sched.changed = func() { s.loraInfo.record(sched.loraState()) }
+	}
+	if err := s.loadStaticLoRAs(); err != nil {
+		return nil, err
 	}
 	if !cfg.NoPrefixCaching {
 		s.cache = newPrefixCache(cfg.KVCacheBlocks)
@@ -83,6 +103,7 @@ func NewServer(cfg Config) (*Server, error) {
 		s.mux.HandleFunc("/health", s.health)
 		s.handleUnguardedVLLM()
 	}
+	s.handleLoRA()
 	s.mux.HandleFunc("/v1/models", s.models)
 	s.mux.HandleFunc("/v1/chat/completions", s.chat)
 	s.mux.HandleFunc("/v1/completions", s.completions)
@@ -120,6 +141,9 @@ func (cfg *Config) withDefaults() error {
 	cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
 	cfg.KVCacheBlocks = cmp.Or(cfg.KVCacheBlocks, 8192)
 	cfg.MaxModelLen = cmp.Or(cfg.MaxModelLen, 4096)
+	if err := cfg.loraDefaults(); err != nil {
+		return err
+	}
 	cfg.HealthDelayPerRunning = cmp.Or(cfg.HealthDelayPerRunning, DefaultHealthDelayPerRunning)
 	cfg.SGLangHealthTimeout = cmp.Or(cfg.SGLangHealthTimeout, DefaultSGLangHealthTimeout)
 	if cfg.Sleep == nil {
@@ -242,7 +266,7 @@ type modelCard struct {
 	OwnedBy     string  `json:"owned_by"`
 	Root        string  `json:"root"`
 	Parent      *string `json:"parent"`
-	MaxModelLen int     `json:"max_model_len"`
+	MaxModelLen *int    `json:"max_model_len"`
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
@@ -250,13 +274,22 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "engine loading", "ServiceUnavailableError", "")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []modelCard{{
-			ID: s.cfg.Model, Object: "model", Created: s.started.Unix(),
-			OwnedBy: s.cfg.Personality.ownedBy(), Root: s.cfg.Model, MaxModelLen: s.cfg.MaxModelLen,
-		}},
-	})
+	cards := []modelCard{{
+		ID: s.cfg.Model, Object: "model", Created: s.started.Unix(),
+		OwnedBy: s.cfg.Personality.ownedBy(), Root: s.cfg.Model, MaxModelLen: &s.cfg.MaxModelLen,
+	}}
+	// Each adapter after the base model, in the order loaded, with its
+	// path as root, the base as parent and no max_model_len: vLLM's
+	// OpenAIServingModels.show_available_models, and SGLang's
+	// available_models (http_server.py) alike.
+	for _, a := range s.loras.list() {
+		parent := a.parent
+		cards = append(cards, modelCard{
+			ID: a.name, Object: "model", Created: s.started.Unix(),
+			OwnedBy: s.cfg.Personality.ownedBy(), Root: a.path, Parent: &parent,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": cards})
 }
 
 // reply is the deterministic answer to a prompt: it names the model and
@@ -264,8 +297,12 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 // what. One word is one generated token. It is cut to maxTokens, and
 // padded to minTokens (vLLM's min_tokens, or max_tokens with ignore_eos,
 // which benchmarks send to fix the output length).
-func (s *Server) reply(prompt string, maxTokens, minTokens int) (tokens []string, finish string) {
+func (s *Server) reply(prompt, adapter string, maxTokens, minTokens int) (tokens []string, finish string) {
 	words := []string{"fake", s.cfg.Model, "reply:"}
+	if adapter != "" {
+		// An adapter's answer names it, so a test can tell which answered.
+		words = []string{"fake", s.cfg.Model, "[adapter", adapter + "]", "reply:"}
+	}
 	echo := strings.Fields(prompt)
 	if len(echo) > 16 {
 		echo = echo[:16]
@@ -288,6 +325,13 @@ func (s *Server) reply(prompt string, maxTokens, minTokens int) (tokens []string
 // decode reads a JSON request body into v and checks the model name. It
 // writes the error itself and returns false on failure.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, model func() string) bool {
+	return s.decodeAs(w, r, v, func() (string, string) { return model(), "" }, nil)
+}
+
+// decodeAs is decode for the generation endpoints: the model may name a
+// LoRA adapter (and, under SGLang, so may lora_path), which it stores in
+// *as (nil: the base model only).
+func (s *Server) decodeAs(w http.ResponseWriter, r *http.Request, v any, model func() (string, string), as *exchange) bool {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, "use POST", badRequest, "")
@@ -302,12 +346,26 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, model fun
 		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error(), badRequest, "")
 		return false
 	}
-	if m := model(); m != s.cfg.Model {
-		// As vLLM: a gateway tells "this engine does not serve that
-		// model" (a stale route) from a bad request by the 404.
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", m), "NotFoundError", "model")
+	m, loraPath := model()
+	if as == nil {
+		if m != s.cfg.Model {
+			// As vLLM: a gateway tells "this engine does not serve that
+			// model" (a stale route) from a bad request by the 404.
+			writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", m), "NotFoundError", "model")
+			return false
+		}
+		return true
+	}
+	adapter, answerAs, fail := s.resolveModel(m, loraPath)
+	if fail != nil {
+		param := ""
+		if fail.status == http.StatusNotFound {
+			param = "model"
+		}
+		writeError(w, fail.status, fail.msg, fail.typ, param)
 		return false
 	}
+	as.adapter, as.model = adapter, answerAs
 	return true
 }
 

@@ -1,6 +1,7 @@
 package fakeengine
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -49,6 +50,19 @@ func MainForTests(args []string) (int, bool) {
 	fs.IntVar(&m.BlockSize, "block-size", 0, "")
 	fs.IntVar(&m.KVCacheBlocks, "num-gpu-blocks-override", 0, "")
 	fs.BoolVar(&m.NoPrefixCaching, "no-enable-prefix-caching", false, "")
+	// LoRA, with vLLM's flag names; the runtime endpoints with vLLM's
+	// variable. --lora-modules may be given more than once.
+	fs.BoolVar(&m.EnableLoRA, "enable-lora", false, "")
+	fs.IntVar(&m.MaxLoRAs, "max-loras", 0, "")
+	fs.IntVar(&m.MaxLoRARank, "max-lora-rank", 0, "")
+	fs.IntVar(&m.MaxCPULoRAs, "max-cpu-loras", 0, "")
+	fs.Func("lora-modules", "", func(v string) error {
+		lm, err := ParseLoRAModule(v)
+		m.LoRAModules = append(m.LoRAModules, lm)
+		return err
+	})
+	m.RuntimeLoRA = vllmEnvTrue(os.Getenv(EnvVLLMRuntimeLoRA))
+	m.LoRAInfoSplit, _ = envBool(cmp.Or(os.Getenv(EnvLoRAInfoSplit), "0"))
 	hang := os.Getenv(EnvHangAfter)
 	fs.Func("hang-after", "", func(v string) error { hang = v; return nil })
 	g := gangFlags(fs)
