@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -136,6 +137,13 @@ func plainFake() *cli.Command {
 			&cli.IntFlag{Name: "block-size", Value: 16, Usage: "tokens per KV-cache block"},
 			&cli.IntFlag{Name: "num-gpu-blocks-override", Value: 8192, Usage: "KV-cache size in blocks (bounds the tokens in flight and the prefix cache)"},
 			&cli.BoolFlag{Name: "no-enable-prefix-caching", Usage: "compute every prompt whole"},
+			// LoRA with vLLM's flags; the runtime endpoints with vLLM's
+			// variable (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+			&cli.BoolFlag{Name: "enable-lora", Usage: "serve LoRA adapters, as vLLM's --enable-lora"},
+			&cli.IntFlag{Name: "max-loras", Usage: "distinct adapters running at once (default 1); the others wait"},
+			&cli.IntFlag{Name: "max-lora-rank", Usage: "largest adapter rank accepted (default 16)"},
+			&cli.IntFlag{Name: "max-cpu-loras", Usage: "vLLM's CPU cache of adapters (checked: at least --max-loras)"},
+			&cli.StringSliceFlag{Name: "lora-modules", Usage: "adapter NAME=PATH loaded at start (repeatable)"},
 			// The engine runner passes the engine's key in VLLM_API_KEY,
 			// as it does vLLM's (off the command line, which every local
 			// user can read); the flag wins, as vLLM's does.
@@ -154,6 +162,14 @@ func plainFake() *cli.Command {
 				}},
 		},
 		Action: func(ctx context.Context, c *cli.Command) error {
+			var modules []fakeengine.LoRAModule
+			for _, v := range c.StringSlice("lora-modules") {
+				lm, err := fakeengine.ParseLoRAModule(v)
+				if err != nil {
+					return usageError(fmt.Sprintf("--lora-modules %q: %v", v, err))
+				}
+				modules = append(modules, lm)
+			}
 			g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
 				MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
 			return fakeExit(fakeengine.RunMaybeGang(ctx, fakeengine.Config{
@@ -164,8 +180,12 @@ func plainFake() *cli.Command {
 				PrefillBase: c.Duration("prefill-base"), PrefillPer1KTokens: c.Duration("prefill-per-1k-tokens"),
 				MaxRunning: int(c.Int("max-num-seqs")), BlockSize: int(c.Int("block-size")),
 				KVCacheBlocks: int(c.Int("num-gpu-blocks-override")), NoPrefixCaching: c.Bool("no-enable-prefix-caching"),
-				HangAfter: c.Duration("hang-after"),
-				Log:       os.Stderr, Now: time.Now,
+				HangAfter:  c.Duration("hang-after"),
+				EnableLoRA: c.Bool("enable-lora"), MaxLoRAs: int(c.Int("max-loras")), MaxLoRARank: int(c.Int("max-lora-rank")),
+				MaxCPULoRAs: int(c.Int("max-cpu-loras")), LoRAModules: modules,
+				RuntimeLoRA:   fakeengine.EnvTrue(os.Getenv(fakeengine.EnvVLLMRuntimeLoRA)),
+				LoRAInfoSplit: fakeengine.EnvTrue(os.Getenv(fakeengine.EnvLoRAInfoSplit)),
+				Log:           os.Stderr, Now: time.Now,
 			}, g))
 		},
 	}

@@ -475,7 +475,7 @@ func vllmLoRAArgs(cfg *Config, a parsedArgs, getenv func(string) string) error {
 		}
 		cfg.LoRAModules = append(cfg.LoRAModules, m)
 	}
-	cfg.RuntimeLoRA = vllmEnvTrue(getenv(EnvVLLMRuntimeLoRA))
+	cfg.RuntimeLoRA = EnvTrue(getenv(EnvVLLMRuntimeLoRA))
 	return nil
 }
 

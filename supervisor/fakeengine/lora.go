@@ -556,8 +556,8 @@ func (cfg *Config) loraDefaults() error {
 	return nil
 }
 
-// vllmEnvTrue reads a boolean of vllm/envs.py: "1" or "true", any case.
-func vllmEnvTrue(v string) bool {
+// EnvTrue reads a boolean as vllm/envs.py does: "1" or "true", any case.
+func EnvTrue(v string) bool {
 	v = strings.ToLower(strings.TrimSpace(v))
 	return v == "1" || v == "true"
 }

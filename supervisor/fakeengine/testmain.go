@@ -61,7 +61,7 @@ func MainForTests(args []string) (int, bool) {
 		m.LoRAModules = append(m.LoRAModules, lm)
 		return err
 	})
-	m.RuntimeLoRA = vllmEnvTrue(os.Getenv(EnvVLLMRuntimeLoRA))
+	m.RuntimeLoRA = EnvTrue(os.Getenv(EnvVLLMRuntimeLoRA))
 	m.LoRAInfoSplit, _ = envBool(cmp.Or(os.Getenv(EnvLoRAInfoSplit), "0"))
 	hang := os.Getenv(EnvHangAfter)
 	fs.Func("hang-after", "", func(v string) error { hang = v; return nil })
