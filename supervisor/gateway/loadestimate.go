@@ -191,9 +191,18 @@ func (l *loadEstimate) scrapeDone(epoch uint64, value float64, at time.Time, ok 
 	if !ok {
 		return
 	}
-	l.scraped, l.scrapedAt, l.valueEpoch, l.haveValue, l.gone = value, at, epoch, true, 0
+	// Requests begun while the scrape was in flight (epoch) reached the
+	// engine before its read as often as not; they are taken as counted
+	// by it, and the requests since are those begun after the read (a new
+	// epoch). Taken as not counted, a request that was would be counted
+	// twice for as long as it runs, and a replica at its bound (queue.go)
+	// would keep a slot idle that long; taken as counted, one that was
+	// not is missed until it ends or the next read, and the engine queues
+	// it: the cheaper error.
+	l.epoch++
+	l.scraped, l.scrapedAt, l.valueEpoch, l.haveValue, l.gone = value, at, l.epoch, true, 0
 	for e := range l.started {
-		if e < epoch {
+		if e < l.epoch {
 			delete(l.started, e)
 		}
 	}
