@@ -73,6 +73,11 @@ type deploymentInfo struct {
 	Ready            int      `json:"ready"`
 	Nodes            []string `json:"nodes"`
 	Why              []string `json:"why"`
+	AdapterStatus    []struct {
+		Name     string   `json:"name"`
+		Replicas []string `json:"replicas"`
+		Errors   []string `json:"errors"`
+	} `json:"adapter_status"`
 }
 
 type shardRow struct {
@@ -310,6 +315,9 @@ type gatewayAnswer struct {
 	// carried a Retry-After header.
 	status     int
 	retryAfter bool
+	// model is the answer's model field (a stream's first chunk's): who
+	// answered, an adapter by its name.
+	model string
 }
 
 // chatThroughGateway sends one small chat completion for deployment to a
@@ -345,11 +353,13 @@ func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, ga
 	}
 	if !stream {
 		var answer struct {
+			Model   string            `json:"model"`
 			Choices []json.RawMessage `json:"choices"`
 		}
 		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&answer); err != nil {
 			return ans, fmt.Errorf("decode the answer: %w", err)
 		}
+		ans.model = answer.Model
 		if len(answer.Choices) == 0 {
 			return ans, fmt.Errorf("answer without choices")
 		}
@@ -364,6 +374,12 @@ func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, ga
 		data = strings.TrimSpace(data)
 		if ans.firstData.IsZero() {
 			ans.firstData = time.Now()
+			var chunk struct {
+				Model string `json:"model"`
+			}
+			if json.Unmarshal([]byte(data), &chunk) == nil {
+				ans.model = chunk.Model
+			}
 		}
 		if data == "[DONE]" {
 			return ans, nil

@@ -29,6 +29,9 @@ import (
 // the requests answered before a stop, or those sent after a freeze.
 type requestLoop struct {
 	name, deployment string
+	// answeredAs, when set (answered-as=), is the model every answer
+	// must name (a LoRA adapter answers as itself); another is an error.
+	answeredAs string
 	// viaGateway: each request goes to an observer's gateway, in turn,
 	// instead of straight to an engine; stream asks for streamed answers.
 	viaGateway, stream bool
@@ -100,7 +103,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut or expect-ttfb")
+	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb or expect-refused")
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -131,8 +134,11 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	case "expect-ttfb":
 		out, err := r.loopTTFB(d, l)
 		return out, time.Time{}, err
+	case "expect-refused":
+		out, err := loopRefused(d, l)
+		return out, time.Time{}, err
 	}
-	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut or expect-ttfb, got %q", action)
+	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb or expect-refused, got %q", action)
 }
 
 func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time, error) {
@@ -211,7 +217,11 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 			return "", time.Time{}, err
 		}
 	}
-	l := &requestLoop{name: name, deployment: dep, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
+	answeredAs, err := d.str("answered-as", "")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	l := &requestLoop{name: name, deployment: dep, answeredAs: answeredAs, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
 		client: client, tokens: tokens, header: header, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
 		inFlight: map[int]time.Time{}}
 	r.loops[name] = l
@@ -272,6 +282,30 @@ func sdkRetries(ans gatewayAnswer, err error) bool {
 }
 
 // tally counts answered and failed requests, with the first errors.
+// loopRefused is expect-refused match=TEXT: the loop sent requests,
+// none was answered, and every error says TEXT (a model removed: 404).
+func loopRefused(d *directive, l *requestLoop) (string, error) {
+	match, err := d.need("match")
+	if err != nil {
+		return "", err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ok, errs, _ := tally(l.reqs)
+	switch {
+	case errs == 0:
+		return fmt.Sprintf("no request was refused (%d answered)", ok), nil
+	case ok > 0:
+		return fmt.Sprintf("%d answered, %d refused", ok, errs), nil
+	}
+	for _, q := range l.reqs {
+		if !strings.Contains(q.err, match) {
+			return fmt.Sprintf("refused otherwise: %s", q.err), nil
+		}
+	}
+	return fmt.Sprintf("every request refused with %q", match), nil
+}
+
 func tally(reqs []loopRequest) (ok, errs int, first []string) {
 	for _, q := range reqs {
 		if q.err == "" {
@@ -558,6 +592,9 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 					q.first = q.end
 				}
 				q.err = ""
+				if err == nil && l.answeredAs != "" && ans.model != l.answeredAs {
+					err = fmt.Errorf("answered as %q, want %q", ans.model, l.answeredAs)
+				}
 				if err != nil {
 					q.err = gw.name + "'s gateway: " + err.Error()
 				}

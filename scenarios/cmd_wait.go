@@ -113,6 +113,15 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return nil, err
 		}
 		return func(obs []*node) (bool, string) { return r.condReplicas(obs, args[0], n) }, nil
+	case "adapter":
+		if err := wantArgs(1, "a LoRA adapter's name: adapter NAME ready=N"); err != nil {
+			return nil, err
+		}
+		n, err := d.integer("ready", 0)
+		if err != nil {
+			return nil, err
+		}
+		return func(obs []*node) (bool, string) { return r.condAdapter(obs, args[0], n) }, nil
 	case "members":
 		want := map[string]int{}
 		for _, k := range []string{"alive", "suspect", "dead", "left"} {
@@ -266,7 +275,7 @@ func (r *runner) condition(d *directive, name string, args []string) (cond, erro
 			return ok, detail
 		}, wantArgs(0, "no positional arguments")
 	}
-	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, members, converged, single-holder, serving, restarts, shard, served, settled, shards-agree, engines, no-orphans, isolated, cluster-version)", name)
+	return nil, usagef("wait-until: unknown condition %q (have all-placed, all-ready, replicas, adapter, members, converged, single-holder, serving, restarts, shard, served, settled, shards-agree, engines, no-orphans, isolated, cluster-version)", name)
 }
 
 // poll evaluates cond until it holds or within passes. The time returned is

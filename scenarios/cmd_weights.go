@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -42,12 +43,16 @@ func (r *runner) cmdWeights(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	if fam == loraAdapterFamily {
+		return r.writeAdapter(d, ns)
+	}
 	mk, ok := families()[fam]
 	if !ok {
 		names := make([]string, 0, len(families()))
 		for k := range families() {
 			names = append(names, k)
 		}
+		names = append(names, loraAdapterFamily)
 		slices.Sort(names)
 		return "", time.Time{}, usagef("weights: family %q: want one of %s", fam, strings.Join(names, ", "))
 	}
@@ -92,4 +97,31 @@ func (r *runner) condCached(obs []*node, node, model string) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// loraAdapterFamily is the weights command's LoRA adapter: a directory
+// model=NAME (a path in the weights dir) holding a PEFT adapter_config.json
+// of rank 8, which is what an engine reads first of an adapter.
+const loraAdapterFamily = "lora-adapter"
+
+func (r *runner) writeAdapter(d *directive, ns []*node) (string, time.Time, error) {
+	model, err := d.need("model")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if strings.Contains(model, "..") || filepath.IsAbs(model) {
+		return "", time.Time{}, usagef("weights: model %q: want a path inside the weights dir", model)
+	}
+	at := time.Now()
+	for _, n := range ns {
+		dir := filepath.Join(n.weightsDir(), filepath.FromSlash(model))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", at, fmt.Errorf("weights %s: %w", n.name, err)
+		}
+		cfg := `{"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}` + "\n"
+		if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(cfg), 0o644); err != nil {
+			return "", at, fmt.Errorf("weights %s: %w", n.name, err)
+		}
+	}
+	return "ok", at, nil
 }

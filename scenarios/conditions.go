@@ -395,3 +395,29 @@ func gangRank(row shardRow) (int, bool) {
 	j, err := strconv.Atoi(rest)
 	return j, err == nil
 }
+
+// condAdapter: every observer sees LoRA adapter name registered on want
+// ready replicas of its deployment (0: on none, or no deployment has it).
+func (r *runner) condAdapter(obs []*node, name string, want int) (bool, string) {
+	deps, errs := fetchAll[[]deploymentInfo](r.ctx, r, obs, "/v1/deployments")
+	if err := firstErr(obs, errs); err != nil {
+		return false, err.Error()
+	}
+	for i := range obs {
+		got, why := 0, ""
+		for _, d := range deps[i] {
+			for _, a := range d.AdapterStatus {
+				if a.Name == name {
+					got = len(a.Replicas)
+					if len(a.Errors) > 0 {
+						why = "; " + strings.Join(a.Errors, "; ")
+					}
+				}
+			}
+		}
+		if got != want {
+			return false, fmt.Sprintf("%s sees adapter %s on %d ready replicas, want %d%s", obs[i].name, name, got, want, why)
+		}
+	}
+	return true, ""
+}

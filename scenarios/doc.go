@@ -140,6 +140,8 @@
 //	    into the node's weights dir: as the hub cache lays out ORG/NAME, as
 //	    a plain directory NAME, or as a .gguf file. Every node runs with a
 //	    weights dir of its own, rescanned every second, and no hub.
+//	    family=lora-adapter model=PATH writes a LoRA adapter instead: the
+//	    directory PATH with a PEFT adapter_config.json of rank 8.
 //	unplace NAME [via=NODE]    DELETE the deployment.
 //	crash-engine SHARD         SIGKILL the engine process of SHARD (pid from the
 //	                           first observer's /v1/shards).
@@ -165,7 +167,10 @@
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
 //	        [tokens=N] [timeout=DURATION] [retry=none|next-gateway] [priority=CLASS]
-//	    Chat completions in a loop. via=engines (the default): each to a
+//	        [answered-as=MODEL]
+//	    Chat completions in a loop. answered-as=MODEL: an answer whose model
+//	    field is not MODEL counts as an error (a LoRA adapter answers as
+//	    itself; deployment=ADAPTER asks for it through a gateway). via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
 //	    engine's API key (derived from the run's token and the row's engine
 //	    ID, as nodes derive it, so a URL gone stale to another engine's port
@@ -225,6 +230,9 @@
 //	    first byte (sent after after=) is within DURATION: "p95 time to
 //	    first byte within 2s", or the figure over it. p50, the quantile,
 //	    the max and the count go to the summary.
+//	request-loop NAME expect-refused match=TEXT
+//	    The loop sent requests and every one failed with TEXT in its error
+//	    (a removed model's 404, say): "every request refused with TEXT".
 //	request-loop NAME expect-cut NODE at=EVENT[+DURATION]
 //	    Every request whose answer NODE had begun (the head received,
 //	    stream=true) and not finished at that moment ended with an error,
@@ -304,6 +312,8 @@
 //	all-ready                   every deployment's ready count equals its replicas
 //	replicas NAME ready=N       N replicas of NAME's current spec have a valid
 //	                            lease on every shard, on nodes that really run
+//	adapter NAME ready=N        LoRA adapter NAME is registered on N ready
+//	                            replicas of its deployment (its engines list it)
 //	members [alive=N] [suspect=N] [dead=N] [left=N]   as counted in /v1/cluster
 //	                            (at least one of them)
 //	cached NODE model=M         every observer sees M among NODE's cached models

@@ -135,7 +135,7 @@ func commandTable() map[string]cmdSpec {
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment via stream on workers tokens timeout retry priority min-routable min-success min-share before after at except-binary under quantile", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment via stream on workers tokens timeout retry priority answered-as match min-routable min-success min-share before after at except-binary under quantile", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment timeout", (*runner).cmdHealthLoop},
 		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}

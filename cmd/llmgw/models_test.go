@@ -202,3 +202,30 @@ func TestModelsShowsAutoscaling(t *testing.T) {
 		}
 	}
 }
+
+// LoRA adapters are listed under their deployment: the source, how many
+// ready replicas list it, and why another does not.
+func TestModelsShowsAdapters(t *testing.T) {
+	srv := standIn(t, map[string]any{
+		"/v1/cluster": status.ClusterInfo{Self: "n1", Members: []status.MemberInfo{{Name: "n1", State: gossip.StateAlive, Gateway: "10.0.0.1:8000"}}},
+		"/v1/deployments": []status.DeploymentInfo{
+			{Deployment: placement.Deployment{Name: "chat", Model: "m/tiny", Engine: "vllm", Replicas: 2, MaxLoras: 2},
+				Placed: 2, Ready: 2, Nodes: []string{"n1", "n2"}, AdapterStatus: []status.AdapterInfo{
+					{Name: "sql", Source: "adapters/sql", Replicas: []string{"chat-0", "chat-1"}},
+					{Name: "late", Source: "adapters/late", Replicas: []string{"chat-1"}, Errors: []string{"chat-0: /v1/load_lora_adapter answered 404: No adapter found for adapters/late"}},
+				}},
+		},
+	})
+	out, err := run(t, "models", "--addr", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^  sql\s+adapters/sql\s+adapter\s+-\s+2\s+chat-0,chat-1\s+-$`),
+		regexp.MustCompile(`(?m)^  late\s+adapters/late\s+adapter\s+-\s+1\s+chat-1\s+not registered on chat-0: /v1/load_lora_adapter answered 404: No adapter found for adapters/late$`),
+	} {
+		if !want.MatchString(out) {
+			t.Errorf("models lacks %s:\n%s", want, out)
+		}
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -38,6 +40,23 @@ type Names struct {
 	// StartTime is the engine process's start time in Unix seconds; a
 	// change means a restart even when the counters did not go down.
 	StartTime string
+	// LoRAInfo is vLLM's gauge of its LoRA slots (see LoRA); empty when
+	// the engine has none.
+	LoRAInfo string
+}
+
+// LoRA is an engine's adapters in use as its last vllm:lora_requests_info
+// series says (vllm/v1/metrics/loggers.py): a gauge whose labels carry
+// max_lora and the adapters of the requests running and waiting
+// (comma-joined names) and whose value is when it was set, every label set
+// once current staying on the page; the newest is the state. vLLM since
+// the LoRA counts moved into the scheduler's stats lists in both labels
+// every adapter with a request waiting or running; older releases split
+// them. Either way Running names the adapters the engine is busy with.
+type LoRA struct {
+	Max     int
+	Running []string
+	Waiting []string
 }
 
 // VLLM returns vLLM's metric names. vllm:kv_cache_usage_perc replaced
@@ -84,6 +103,9 @@ type Sample struct {
 	Unknown []string
 	// At is when the page was read, by the Scraper's clock.
 	At time.Time
+	// LoRA is the engine's adapters in use; nil when its page has no
+	// LoRA gauge (LoRA off, or no request since it started).
+	LoRA *LoRA
 }
 
 // The readings a Sample's Unknown names, as a Load's JSON names them.
@@ -173,7 +195,49 @@ func Parse(r io.Reader, format expfmt.Format, names Names) (Sample, error) {
 	if !found {
 		return Sample{}, ErrNoMetrics
 	}
+	s.LoRA = readLoRA(fams[names.LoRAInfo])
 	return s, nil
+}
+
+// readLoRA reads the newest series of vLLM's LoRA gauge.
+func readLoRA(mf *dto.MetricFamily) *LoRA {
+	if mf == nil {
+		return nil
+	}
+	var newest *dto.Metric
+	for _, m := range mf.GetMetric() {
+		v := m.GetGauge().GetValue()
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		if newest == nil || v > newest.GetGauge().GetValue() {
+			newest = m
+		}
+	}
+	if newest == nil {
+		return nil
+	}
+	out := &LoRA{}
+	split := func(v string) []string {
+		var names []string
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				names = append(names, n)
+			}
+		}
+		return names
+	}
+	for _, l := range newest.GetLabel() {
+		switch l.GetName() {
+		case "max_lora":
+			out.Max, _ = strconv.Atoi(l.GetValue())
+		case "running_lora_adapters":
+			out.Running = split(l.GetValue())
+		case "waiting_lora_adapters":
+			out.Waiting = split(l.GetValue())
+		}
+	}
+	return out
 }
 
 func sum(acc, v float64) float64 { return acc + v }

@@ -422,3 +422,26 @@ func TestTrackerPrefixHitRate(t *testing.T) {
 		t.Fatalf("after a reset: %+v", l)
 	}
 }
+
+// vLLM's LoRA gauge: every label set once current stays on the page, and
+// the newest (the largest value, a time) is the state.
+func TestLoRAInfo(t *testing.T) {
+	page := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 2
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1.7000000001e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="code,sql",waiting_lora_adapters="chem"} 1.7000000005e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7000000002e+09
+`
+	s, err := Parse(strings.NewReader(page), expfmt.FmtText, Names{Running: "vllm:num_requests_running", LoRAInfo: "vllm:lora_requests_info"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.LoRA == nil || s.LoRA.Max != 2 || strings.Join(s.LoRA.Running, ",") != "code,sql" || strings.Join(s.LoRA.Waiting, ",") != "chem" {
+		t.Errorf("LoRA %+v, want the newest series: max 2, running code,sql, waiting chem", s.LoRA)
+	}
+	s, _ = Parse(strings.NewReader("vllm:num_requests_running 1\n"), expfmt.FmtText, Names{Running: "vllm:num_requests_running", LoRAInfo: "vllm:lora_requests_info"})
+	if s.LoRA != nil {
+		t.Errorf("no gauge on the page: %+v, want nil", s.LoRA)
+	}
+}

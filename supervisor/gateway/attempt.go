@@ -69,8 +69,12 @@ import (
 // whichever way it ends.
 func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
 	g := x.g
-	routes := rt.routes[e.Name]
-	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
+	routes := x.adapterRoutes(rt.routes[e.Name], e)
+	if x.adapter != "" && len(routes) == 0 {
+		x.fail(errNoRoute(x.adapter, fmt.Sprintf("LoRA adapter %s of deployment %s is registered on no ready replica yet", x.adapter, e.Name)))
+		return
+	}
+	req := &Request{Deployment: e.Name, Adapter: x.adapter, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
 	t := tries{body: body}
 	t.firstByte, t.idle = g.bounds(e.Engine)
 	for hold := time.Duration(0); ; {
@@ -97,7 +101,7 @@ func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
 		hold += wait
 		t.holds++
 		t.tried, t.relayDown, t.busyRetried = nil, false, false
-		routes = g.routing.Load().routes[e.Name]
+		routes = x.adapterRoutes(g.routing.Load().routes[e.Name], e)
 	}
 	if t.final != nil {
 		x.fail(t.final)
@@ -120,7 +124,7 @@ func (x *exchange) attempts(e *Entry, req *Request, routes []*liveRoute, t *trie
 		if n > 0 {
 			// A retry reads the table in use: the one the request began
 			// with may still hold the replica that just left it.
-			routes = g.routing.Load().routes[e.Name]
+			routes = x.adapterRoutes(g.routing.Load().routes[e.Name], e)
 		}
 		lr := g.choose(req, e, routes, t.tried, now)
 		if lr == nil {

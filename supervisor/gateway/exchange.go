@@ -31,7 +31,10 @@ type exchange struct {
 	rc    *http.ResponseController
 	start time.Time
 	// model is the deployment once resolved, else unknownModel.
-	model    string
+	model string
+	// adapter is the LoRA adapter the request names, of deployment
+	// model; empty for the deployment itself (lora.go).
+	adapter  string
 	resolved bool
 	status   int
 	gone     bool // the client went away
@@ -147,6 +150,12 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 		defer x.releaseSlot(true)
 	}
 	x.model, x.resolved = e.Name, true
+	if dep, ok := rt.table.adapter(p.model); ok && dep == e.Name {
+		x.adapter = p.model
+		if name := adapterModel(e, x.adapter); name != p.model {
+			body = withModel(body, p.modelSpan, name)
+		}
+	}
 	if byID {
 		// The engine serves the deployment name only.
 		body = withModel(body, p.modelSpan, e.Name)

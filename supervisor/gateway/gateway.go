@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -568,6 +570,9 @@ type modelCard struct {
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
 	Root    string `json:"root,omitempty"`
+	// Parent, for a LoRA adapter, is its deployment (as vLLM and SGLang
+	// list theirs); Root is then its source.
+	Parent string `json:"parent,omitempty"`
 	// State is ready (a replica is routable), or, for a deployment that
 	// scales to zero, scaled_to_zero (none runs; a request wakes it) or
 	// waking (a replica is starting). llmgw's field: OpenAI's clients
@@ -614,6 +619,17 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 			continue // listed once it serves, as before
 		}
 		cards = append(cards, modelCard{ID: name, Object: "model", Created: e.Created, OwnedBy: "llmgw", Root: e.Model, State: state})
+	}
+	// LoRA adapters, once a ready replica of their deployment lists them.
+	for _, name := range slices.Sorted(maps.Keys(rt.table.adapters)) {
+		dep := rt.table.adapters[name]
+		for _, lr := range rt.routes[dep] {
+			if lr.live(now) && slices.Contains(lr.Adapters, name) {
+				cards = append(cards, modelCard{ID: name, Object: "model", Created: rt.table.entries[dep].Created, OwnedBy: "llmgw",
+					Root: rt.table.adapterSource[name], Parent: dep, State: StateReady})
+				break
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {

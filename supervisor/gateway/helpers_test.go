@@ -92,6 +92,8 @@ type cp struct {
 	planned *bool // true when nil
 	load    gossip.ShardLoad
 	gang    *gossip.GangRecord
+	// adapters are the LoRA adapters its engine lists.
+	adapters []string
 }
 
 func (w *world) hold(c cp) {
@@ -115,7 +117,8 @@ func (w *world) hold(c cp) {
 	sid := placement.ShardID(rid, c.shard, c.pp)
 	m := w.members[c.node]
 	m.Record.Shards = append(m.Record.Shards, gossip.ShardRecord{ShardID: sid, ReplicaID: rid, Deployment: d.Name,
-		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Private: c.private, Load: c.load, GPUs: []int{0}, Gang: c.gang})
+		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Private: c.private, Load: c.load, GPUs: []int{0}, Gang: c.gang,
+		Adapters: c.adapters})
 	n := w.nodes[c.node]
 	n.Shards = append(n.Shards, placement.HeldShard{ShardID: sid, SpecVersion: c.spec, Lease: c.lease})
 	if c.planned == nil || *c.planned {

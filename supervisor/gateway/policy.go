@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"sync/atomic"
 )
@@ -46,8 +47,11 @@ const (
 
 // Request is what a policy may read of the request being routed.
 type Request struct {
-	// Deployment is the deployment the request resolved to.
+	// Deployment is the deployment the request resolved to, and Adapter
+	// the LoRA adapter of it the request names (empty: none). Cache
+	// blocks are per adapter, so the prefix key includes it.
 	Deployment string
+	Adapter    string
 	// Body is the request body as it will be sent (read only).
 	Body []byte
 	// Others is how many requests the other gateways may be sending to the
@@ -68,6 +72,11 @@ type Request struct {
 func (r *Request) PrefixKey(maxBytes int) (uint64, bool) {
 	if !r.keyDone {
 		r.key, r.keyOK = prefixKey(r.Body, r.ep, maxBytes)
+		if r.keyOK && r.Adapter != "" {
+			h := fnv.New64a()
+			h.Write([]byte(r.Adapter))
+			r.key ^= h.Sum64() * 0x9e3779b97f4a7c15 // one prompt, another adapter: another key
+		}
 		r.keyDone = true
 	}
 	return r.key, r.keyOK

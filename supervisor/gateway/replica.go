@@ -3,6 +3,9 @@ package gateway
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+
+	"github.com/llmgw/llmgw/probes/load"
 )
 
 // replica is what the gateway learns about one upstream engine while
@@ -14,6 +17,9 @@ import (
 type replica struct {
 	load   loadEstimate
 	health health
+	// lora is the engine's LoRA slots in use as this gateway last
+	// scraped them (nil: never, or no LoRA on its page).
+	lora atomic.Pointer[load.LoRA]
 
 	mu sync.Mutex
 	// calls cancels the attempts in flight to the engine, by id, so that

@@ -109,6 +109,7 @@ func (s *scrapers) maybe(engine string, lr *liveRoute, now time.Time) {
 			return
 		}
 		rep.load.scrapeDone(epoch, sm.Running+sm.Waiting, sm.At, true)
+		rep.lora.Store(sm.LoRA)
 		// A reading lower than the estimate was makes room.
 		s.g.kick(dep)
 	}()

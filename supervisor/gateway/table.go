@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
@@ -50,6 +51,9 @@ type Route struct {
 	// Load is the gossiped running plus waiting requests of the rank-0
 	// engine, the fallback when the gateway has no fresh scrape of its own.
 	Load float64
+	// Adapters are the LoRA adapters the engine has registered, by its
+	// holder's record (from the engine's own models list), sorted.
+	Adapters []string
 }
 
 // key identifies a route's engine across table rebuilds. The URL is part of
@@ -106,6 +110,11 @@ type Table struct {
 	silent     int
 	entries    map[string]*Entry
 	names      []string
+	// adapters maps a LoRA adapter's name to its deployment: a
+	// deployment's own name wins over an adapter's, and of two
+	// deployments with an adapter of one name, the one that sorts first.
+	adapters      map[string]string
+	adapterSource map[string]string
 	// byModel maps a model id to the deployments serving it, sorted.
 	byModel map[string][]string
 	// unready holds the engines ("<engine ID>@<node>") whose holder is
@@ -132,7 +141,7 @@ type Table struct {
 // old copies as draining until their replacements are ready. A gang is
 // routed to through its rank-0 shard only.
 func BuildTable(snap *status.Snapshot, now time.Time) *Table {
-	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{},
+	t := &Table{builtAt: now, entries: map[string]*Entry{}, byModel: map[string][]string{}, otherRates: map[string]float64{}, adapters: map[string]string{}, adapterSource: map[string]string{},
 		unready: map[string]bool{}, holderSilent: map[string]bool{}}
 	if snap == nil {
 		return t
@@ -218,7 +227,9 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 		}
 	}
 
+	deps := map[string]placement.Deployment{}
 	for _, d := range snap.Deployments(now) {
+		deps[d.Name] = d.Deployment
 		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000,
 			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas, Bound: replicaBound(d.Deployment)}
 		for k, g := range groups[d.Name] {
@@ -238,7 +249,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 			}
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
 				EngineID: placement.EngineID(r0.ShardID, k.spec), Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
-				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting}
+				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting, Adapters: r0.Adapters}
 			if r0.Private {
 				if !reachPrivate(&rt, snap.Self(), apis[r0.Node]) {
 					continue
@@ -267,7 +278,31 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	for _, ns := range t.byModel {
 		slices.Sort(ns)
 	}
+	for _, name := range t.names {
+		d := deps[name]
+		if d.AdaptersAtStart() {
+			continue // llama.cpp: no adapter is routed by name (yet)
+		}
+		for _, a := range d.Adapters {
+			if _, taken := t.entries[a.Name]; taken {
+				continue
+			}
+			if _, taken := t.adapters[a.Name]; !taken {
+				t.adapters[a.Name], t.adapterSource[a.Name] = name, a.Source
+			}
+		}
+	}
 	return t
+}
+
+// adapter is the deployment whose LoRA adapter model names, if model
+// names one (and no deployment).
+func (t *Table) adapter(model string) (deployment string, ok bool) {
+	if _, dep := t.entries[model]; dep {
+		return "", false
+	}
+	deployment, ok = t.adapters[model]
+	return deployment, ok
 }
 
 // replicaBound is the absolute bound on one replica's requests that the
@@ -404,9 +439,16 @@ func (t *Table) resolve(model string) (e *Entry, byID bool, err *apiError) {
 	if e, ok := t.entries[model]; ok {
 		return e, false, nil
 	}
+	// A LoRA adapter: its deployment, whose replicas that registered it
+	// serve it (exchange.adapterRoutes).
+	if dep, ok := t.adapters[model]; ok {
+		return t.entries[dep], false, nil
+	}
 	switch deps := t.byModel[model]; len(deps) {
 	case 0:
-		return nil, false, errUnknownModel(model, t.names)
+		served := slices.Concat(t.names, slices.Collect(maps.Keys(t.adapters)))
+		slices.Sort(served)
+		return nil, false, errUnknownModel(model, served)
 	case 1:
 		return t.entries[deps[0]], true, nil
 	default:

@@ -151,6 +151,14 @@ func build(snap *status.Snapshot, now time.Time, traffic []Traffic, hasGateway b
 			}
 			r.Scale = clip(r.Scale, maxReason).Text
 		}
+		// LoRA adapters: where each is registered, and why not elsewhere.
+		for _, a := range dep.AdapterStatus {
+			text := fmt.Sprintf("%s (%s) on %d of %d ready", a.Name, a.Source, len(a.Replicas), dep.Ready)
+			if len(a.Errors) > 0 {
+				text += ": " + a.Errors[0]
+			}
+			r.Adapters = append(r.Adapters, clip(text, maxReason).Text)
+		}
 		switch {
 		case dep.Ready == dep.Replicas:
 			r.Class = "ok"

@@ -194,6 +194,8 @@ type depRow struct {
 	// Scale is an autoscaled deployment's range and its decider's last
 	// word ("" for a fixed count).
 	Scale string
+	// Adapters are its LoRA adapters, one line each.
+	Adapters []string
 	Shape string
 	Nodes string
 	Class string

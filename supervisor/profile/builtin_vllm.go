@@ -126,5 +126,6 @@ func vllmMetrics() Metrics {
 		PrefixCacheHits:      "vllm:prefix_cache_hits_total",
 		PrefixCacheQueries:   "vllm:prefix_cache_queries_total",
 		ModelLabel:           "model_name",
+		LoRAInfo:             "vllm:lora_requests_info",
 	}
 }

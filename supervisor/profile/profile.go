@@ -47,6 +47,9 @@ type Metrics struct {
 	PrefixCacheQueries string `json:"prefix_cache_queries,omitempty"`
 	// ModelLabel is the label that carries the served model name.
 	ModelLabel string `json:"model_label,omitempty"`
+	// LoRAInfo is the gauge of the engine's LoRA slots in use (vLLM's
+	// vllm:lora_requests_info); empty when it has none.
+	LoRAInfo string `json:"lora_info,omitempty"`
 }
 
 // Profile is one engine kind.
@@ -563,7 +566,7 @@ func (p Profile) Validate() error {
 func (m Metrics) LoadNames() load.Names {
 	n := load.Names{Running: m.Running, Waiting: m.Waiting, PromptTokens: m.PromptTokens,
 		GenerationTokens: m.GenerationTokens, PrefixHits: m.PrefixCacheHits, PrefixQueries: m.PrefixCacheQueries,
-		StartTime: load.VLLM().StartTime}
+		StartTime: load.VLLM().StartTime, LoRAInfo: m.LoRAInfo}
 	for _, k := range []string{m.KVCacheUsage, m.KVCacheUsageFallback} {
 		if k != "" {
 			n.KVCache = append(n.KVCache, k)

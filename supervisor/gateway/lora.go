@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/llmgw/llmgw/probes/load"
+)
+
+// LoRA adapters. A request whose model names an adapter of a deployment
+// (Table.adapter; a deployment's own name always wins) goes to that
+// deployment's replicas whose engines list the adapter (Route.Adapters,
+// from the holder's record), preferring, as llm-d's lora-affinity scorer
+// does (pkg/epp/framework/plugins/scheduling/scorer/loraaffinity), those
+// where it is active in a GPU slot, then those with a free slot, then
+// those where it waits for one, by this gateway's own scrape of vLLM's
+// vllm:lora_requests_info (it changes with every batch and does not
+// belong in gossip). Among the preferred the policy chooses as for any
+// request, its load bound included; the prefix key includes the adapter,
+// since an engine's cache blocks are per adapter. The engine is asked
+// for the adapter as it names it: vLLM by the adapter's own name, SGLang
+// as "<deployment>:<adapter>" (its TokenizerManager splits the model on
+// the first ':' into base and adapter).
+
+// Adapter affinity, best first.
+const (
+	loraActive  = 4 // running in a slot
+	loraFree    = 3 // not in a slot, and a slot is free
+	loraUnknown = 2 // no reading of the engine's slots yet
+	loraWaiting = 1 // waiting there for a slot
+	loraFull    = 0 // every slot busy with other adapters
+)
+
+// loraScore is how well an engine whose slots are as l says serves
+// adapter a now.
+func loraScore(l *load.LoRA, a string) int {
+	switch {
+	case l == nil:
+		return loraUnknown
+	case slices.Contains(l.Running, a):
+		return loraActive
+	case l.Max <= 0 || len(l.Running) < l.Max:
+		return loraFree
+	case slices.Contains(l.Waiting, a):
+		return loraWaiting
+	}
+	return loraFull
+}
+
+// adapterRoutes is routes for the exchange's adapter: of the routes whose
+// engine lists it, the best by loraScore among those below the
+// deployment's bound (Entry.Bound, by this gateway's estimate), or among
+// all of them when every one is at it (the queue then holds what they do
+// not take); routes itself when the request names no adapter.
+func (x *exchange) adapterRoutes(routes []*liveRoute, e *Entry) []*liveRoute {
+	if x.adapter == "" {
+		return routes
+	}
+	now := x.g.clock.Now()
+	type scored struct {
+		lr    *liveRoute
+		score int
+		room  bool
+	}
+	var all []scored
+	anyRoom := false
+	for _, lr := range routes {
+		if !slices.Contains(lr.Adapters, x.adapter) {
+			continue
+		}
+		room := true
+		if e.Bound > 0 {
+			l, _ := lr.rep.load.estimate(now, x.g.cfg.ScrapeInterval, lr.Load)
+			room = l < float64(e.Bound)
+		}
+		anyRoom = anyRoom || room
+		all = append(all, scored{lr, loraScore(lr.rep.lora.Load(), x.adapter), room})
+	}
+	best, out := -1, make([]*liveRoute, 0, len(all))
+	for _, s := range all {
+		if anyRoom && !s.room {
+			continue
+		}
+		switch {
+		case s.score > best:
+			best, out = s.score, append(out[:0], s.lr)
+		case s.score == best:
+			out = append(out, s.lr)
+		}
+	}
+	return out
+}
+
+// adapterModel is the model the engine is asked for to get adapter a of
+// deployment e.
+func adapterModel(e *Entry, a string) string {
+	if strings.EqualFold(e.Engine, "sglang") {
+		return e.Name + ":" + a
+	}
+	return a
+}
