@@ -487,4 +487,3 @@ func validCached(models []CachedModel) (field, msg string) {
 	}
 	return "", ""
 }
-

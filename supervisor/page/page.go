@@ -196,9 +196,9 @@ type depRow struct {
 	Scale string
 	// Adapters are its LoRA adapters, one line each.
 	Adapters []string
-	Shape string
-	Nodes string
-	Class string
+	Shape    string
+	Nodes    string
+	Class    string
 	// Load sums the engines' last readings; Traffic is this node's
 	// gateway's requests for it.
 	Load, Traffic string
