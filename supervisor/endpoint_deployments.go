@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/spec"
+	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // handleDeployments is GET /v1/deployments: every deployment with where
@@ -72,5 +74,47 @@ func (s *apiServer) handleUnplace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
 		writeJSON(w, http.StatusOK, map[string]string{"removed": name})
+	}
+}
+
+// handleAdapterAdd is POST /v1/deployments/{name}/adapters, a body
+// {"name", "source"}: one LoRA adapter added (or re-sourced), through
+// Node.ChangeAdapter.
+func (s *apiServer) handleAdapterAdd(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	var a placement.Adapter
+	if err := json.Unmarshal(body, &a); err != nil {
+		writeError(w, http.StatusBadRequest, `body: want {"name": "sql", "source": "adapters/sql-lora"}: `+err.Error())
+		return
+	}
+	s.adapterAnswer(w, r, func() (status.DeploymentInfo, error) {
+		return s.node.ChangeAdapter(r.Context(), r.PathValue("name"), &a, "")
+	})
+}
+
+// handleAdapterRemove is DELETE /v1/deployments/{name}/adapters/{adapter}.
+func (s *apiServer) handleAdapterRemove(w http.ResponseWriter, r *http.Request) {
+	s.adapterAnswer(w, r, func() (status.DeploymentInfo, error) {
+		return s.node.ChangeAdapter(r.Context(), r.PathValue("name"), nil, r.PathValue("adapter"))
+	})
+}
+
+func (s *apiServer) adapterAnswer(w http.ResponseWriter, r *http.Request, change func() (status.DeploymentInfo, error)) {
+	info, err := change()
+	switch {
+	case errors.Is(err, ErrNoDeployment):
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no deployment named %q", r.PathValue("name")))
+	case errors.Is(err, placement.ErrInvalidDeployment):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, gossip.ErrClockOutOfBounds):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, info)
 	}
 }

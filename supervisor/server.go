@@ -55,6 +55,7 @@ type apiNode interface {
 	Status() *status.Snapshot
 	Place(ctx context.Context, d placement.Deployment) (status.DeploymentInfo, error)
 	Unplace(name string) error
+	ChangeAdapter(ctx context.Context, deployment string, add *placement.Adapter, remove string) (status.DeploymentInfo, error)
 }
 
 // apiGossip is what the API reads of this node's gossip state
@@ -99,6 +100,8 @@ func (s *apiServer) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/deployments", s.handleDeployments)
 	mux.HandleFunc("POST /v1/deployments", s.authorized(s.handlePlace))
 	mux.HandleFunc("DELETE /v1/deployments/{name}", s.authorized(s.handleUnplace))
+	mux.HandleFunc("POST /v1/deployments/{name}/adapters", s.authorized(s.handleAdapterAdd))
+	mux.HandleFunc("DELETE /v1/deployments/{name}/adapters/{adapter}", s.authorized(s.handleAdapterRemove))
 	mux.HandleFunc("GET /v1/plan", s.handlePlan)
 	mux.HandleFunc("GET /v1/shards", s.handleShards)
 	mux.HandleFunc("GET /v1/prometheus/targets", s.handlePrometheusTargets)

@@ -599,3 +599,62 @@ func ints(v []int) string {
 	}
 	return strings.Join(s, ",")
 }
+
+// adapterCommand changes one LoRA adapter of a deployment without placing
+// its whole spec again (Node.ChangeAdapter: a change made at once through
+// another node is not lost).
+func adapterCommand() *cli.Command {
+	change := func(add bool) cli.ActionFunc {
+		return func(ctx context.Context, c *cli.Command) error {
+			want := 2
+			if add {
+				want = 3
+			}
+			if c.Args().Len() != want {
+				if add {
+					return usageError("DEPLOYMENT ADAPTER SOURCE: want a deployment, the adapter's name and its source (a directory in the weights dir, an absolute path, or a hub id)")
+				}
+				return usageError("DEPLOYMENT ADAPTER: want a deployment and the adapter's name")
+			}
+			dep, name := c.Args().Get(0), c.Args().Get(1)
+			if err := placement.ValidateName(dep); err != nil {
+				return usageError("DEPLOYMENT: " + err.Error())
+			}
+			if !placement.ValidAdapterName(name) {
+				return usageError(fmt.Sprintf("ADAPTER %q: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", name))
+			}
+			cl, err := newClient(c)
+			if err != nil {
+				return err
+			}
+			var info status.DeploymentInfo
+			path := "/v1/deployments/" + url.PathEscape(dep) + "/adapters"
+			if add {
+				body, _ := json.Marshal(placement.Adapter{Name: name, Source: c.Args().Get(2)})
+				err = cl.do(ctx, "POST", path, body, "application/json", &info)
+			} else {
+				err = cl.do(ctx, "DELETE", path+"/"+url.PathEscape(name), nil, "", &info)
+			}
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(c.Root().Writer, info)
+			}
+			verb := "removed adapter %s from %s"
+			if add {
+				verb = "adapter %s of %s placed"
+			}
+			fmt.Fprintf(c.Root().Writer, verb+" (%d adapters; no engine restarts, they register it within seconds)\n", name, dep, len(info.Adapters))
+			return nil
+		}
+	}
+	return &cli.Command{
+		Name:  "adapter",
+		Usage: "add or remove one LoRA adapter of a deployment (place --adapter sets the whole list)",
+		Commands: []*cli.Command{
+			{Name: "add", Usage: "add an adapter, or give one a new source", ArgsUsage: "DEPLOYMENT ADAPTER SOURCE", Flags: jsonClientFlags(), Action: change(true)},
+			{Name: "remove", Usage: "remove an adapter", ArgsUsage: "DEPLOYMENT ADAPTER", Flags: jsonClientFlags(), Action: change(false)},
+		},
+	}
+}

@@ -80,6 +80,7 @@ func newApp() *cli.Command {
 			placeCommand(),
 			fitCommand(),
 			unplaceCommand(),
+			adapterCommand(),
 			nodesCommand(),
 			modelsCommand(),
 			shardsCommand(),
