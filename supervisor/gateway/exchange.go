@@ -248,12 +248,13 @@ func (x *exchange) finish() {
 	g.m.requests.WithLabelValues(x.model, statusLabel(status)).Inc()
 	if x.key != nil {
 		l := x.key.label()
-		g.m.keyRequests.WithLabelValues(l, statusLabel(status)).Inc()
+		a := g.adapterLabels.label(x.adapter)
+		g.m.keyRequests.WithLabelValues(l, a, statusLabel(status)).Inc()
 		if x.use.PromptTokens > 0 {
-			g.m.keyTokens.WithLabelValues(l, "prompt").Add(float64(x.use.PromptTokens))
+			g.m.keyTokens.WithLabelValues(l, a, "prompt").Add(float64(x.use.PromptTokens))
 		}
 		if x.use.CompletionTokens > 0 {
-			g.m.keyTokens.WithLabelValues(l, "completion").Add(float64(x.use.CompletionTokens))
+			g.m.keyTokens.WithLabelValues(l, a, "completion").Add(float64(x.use.CompletionTokens))
 		}
 	}
 	if x.resolved {

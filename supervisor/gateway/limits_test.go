@@ -129,9 +129,9 @@ func TestKeyUsageCounted(t *testing.T) {
 	// The counts are taken as the handler returns, which a client reading
 	// a body of known length may beat.
 	testwait.Until(t, 5*time.Second, "usage counted", func() (bool, string) {
-		p := value(t, h.gw.m.keyTokens.WithLabelValues("team-a", "prompt"))
-		c := value(t, h.gw.m.keyTokens.WithLabelValues("team-a", "completion"))
-		n := value(t, h.gw.m.keyRequests.WithLabelValues("team-a", "200"))
+		p := value(t, h.gw.m.keyTokens.WithLabelValues("team-a", "", "prompt"))
+		c := value(t, h.gw.m.keyTokens.WithLabelValues("team-a", "", "completion"))
+		n := value(t, h.gw.m.keyRequests.WithLabelValues("team-a", "", "200"))
 		return p == 41 && c == 11 && n == 2, fmt.Sprintf("prompt %v (want 11+30), completion %v (want 4+7), requests %v (want 2)", p, c, n)
 	})
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/llmgw/llmgw/probes/load"
 )
@@ -98,4 +99,36 @@ func adapterModel(e *Entry, a string) string {
 		return e.Name + ":" + a
 	}
 	return a
+}
+
+// maxAdapterLabels bounds the adapter label values of the per-key
+// metrics on one gateway: a cluster may serve hundreds of adapters, and
+// every key times every adapter would be a series.
+const maxAdapterLabels = 64
+
+// labelSet hands out a metric label for adapter names: the name itself
+// for the first maxAdapterLabels seen, "other" after; "" stays "" (the
+// deployment itself).
+type labelSet struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (s *labelSet) label(name string) string {
+	if name == "" {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen[name] {
+		return name
+	}
+	if len(s.seen) >= maxAdapterLabels {
+		return "other"
+	}
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	s.seen[name] = true
+	return name
 }

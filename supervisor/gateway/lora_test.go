@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -167,5 +168,23 @@ func TestPrefixKeyIncludesTheAdapter(t *testing.T) {
 	}
 	if keyOf("") == keyOf("sql") || keyOf("sql") == keyOf("code") {
 		t.Error("the adapter does not change the prefix key")
+	}
+}
+
+// The per-key metrics carry the adapter, and at most maxAdapterLabels
+// names of it.
+func TestAdapterLabelsAreBounded(t *testing.T) {
+	var s labelSet
+	if s.label("") != "" || s.label("sql") != "sql" {
+		t.Fatal("the deployment's empty label or a first adapter's name changed")
+	}
+	for i := range maxAdapterLabels + 10 {
+		s.label(fmt.Sprintf("a%d", i))
+	}
+	if got := s.label("sql"); got != "sql" {
+		t.Errorf("a name seen early: %q", got)
+	}
+	if got := s.label("late-comer"); got != "other" {
+		t.Errorf("a name past the bound: %q, want other", got)
 	}
 }

@@ -83,12 +83,12 @@ func newMetrics() *metrics {
 		}, []string{"model", "outcome"}),
 		keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_key_requests_total",
-			Help: "Requests by API key (its name in the keys file, or a short digest of a key without one) and HTTP status.",
-		}, []string{"key", "code"}),
+			Help: "Requests by API key (its name in the keys file, or a short digest of a key without one), LoRA adapter (empty for the deployment itself; at most 64 names a gateway, the rest \"other\") and HTTP status.",
+		}, []string{"key", "adapter", "code"}),
 		keyTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_key_tokens_total",
-			Help: "Tokens by API key and kind (prompt, completion), as the engines' answers report them in usage (a stream only when the client asked for stream_options.include_usage).",
-		}, []string{"key", "kind"}),
+			Help: "Tokens by API key, LoRA adapter (as for llmgw_gateway_key_requests_total) and kind (prompt, completion), as the engines' answers report them in usage (a stream only when the client asked for stream_options.include_usage).",
+		}, []string{"key", "adapter", "kind"}),
 		keyLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_key_limited_total",
 			Help: "Requests refused with 429 because their API key was over its rps or concurrency limit.",
