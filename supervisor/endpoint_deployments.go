@@ -47,6 +47,12 @@ func (s *apiServer) handlePlace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := s.node.Place(r.Context(), d)
+	writePlaced(w, info, err)
+}
+
+// writePlaced answers a write of a deployment's spec: the deployment as
+// it stands, or what was wrong.
+func writePlaced(w http.ResponseWriter, info status.DeploymentInfo, err error) {
 	switch {
 	case errors.Is(err, placement.ErrInvalidDeployment):
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -105,16 +111,9 @@ func (s *apiServer) handleAdapterRemove(w http.ResponseWriter, r *http.Request) 
 
 func (s *apiServer) adapterAnswer(w http.ResponseWriter, r *http.Request, change func() (status.DeploymentInfo, error)) {
 	info, err := change()
-	switch {
-	case errors.Is(err, ErrNoDeployment):
+	if errors.Is(err, ErrNoDeployment) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no deployment named %q", r.PathValue("name")))
-	case errors.Is(err, placement.ErrInvalidDeployment):
-		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.Is(err, gossip.ErrClockOutOfBounds):
-		writeError(w, http.StatusServiceUnavailable, err.Error())
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, err.Error())
-	default:
-		writeJSON(w, http.StatusOK, info)
+		return
 	}
+	writePlaced(w, info, err)
 }
