@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -169,13 +170,23 @@ func TestFormerDeciderHandsOver(t *testing.T) {
 // An autoscaled spec is refused until the cluster runs protocol 5: a
 // protocol 4 node would place its replicas and relay it without the range.
 func TestAutoscaleNeedsProtocol5(t *testing.T) {
-	spec := placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Autoscale: &placement.Autoscale{Min: 1, Max: 3}}
-	err := knownToCluster(spec, 4)
-	if err == nil || !strings.Contains(err.Error(), "autoscale needs cluster protocol 5") || !strings.Contains(err.Error(), "the cluster runs protocol 4") {
-		t.Errorf("at protocol 4: %v", err)
-	}
-	if err := knownToCluster(spec, 5); err != nil {
-		t.Errorf("at protocol 5: %v", err)
+	// And priority, which GPU sharing reads, protocol 6.
+	for _, tc := range []struct {
+		spec    placement.Deployment
+		field   string
+		version int
+	}{
+		{placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Autoscale: &placement.Autoscale{Min: 1, Max: 3}}, "autoscale", 5},
+		{placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Priority: 5}, "priority", 6},
+	} {
+		err := knownToCluster(tc.spec, tc.version-1)
+		want := fmt.Sprintf("%s needs cluster protocol %d", tc.field, tc.version)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("the cluster runs protocol %d", tc.version-1)) {
+			t.Errorf("%s at protocol %d: %v, want %q", tc.field, tc.version-1, err, want)
+		}
+		if err := knownToCluster(tc.spec, tc.version); err != nil {
+			t.Errorf("%s at protocol %d: %v", tc.field, tc.version, err)
+		}
 	}
 }
 
@@ -224,19 +235,6 @@ func TestWakeFromZeroIsTimed(t *testing.T) {
 	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 1 || got[0].ColdStartMs != 7000 ||
 		got[0].ColdStartPullMs != 1500 || got[0].ColdStartLoadMs != 2000 {
 		t.Errorf("ready 7 s after the wake: %+v, want a cold start of 7000 ms, of which the holder's pull 1500 and load 2000", got)
-	}
-}
-
-// priority is refused below protocol 6, as every field newer than the
-// cluster (GPU sharing reads it, and a protocol 5 node would drop it).
-func TestPriorityNeedsProtocol6(t *testing.T) {
-	spec := placement.Deployment{Name: "chat", Model: "m", Replicas: 1, Autoscale: &placement.Autoscale{Min: 0, Max: 3}, Priority: 5}
-	err := knownToCluster(spec, 5)
-	if err == nil || !strings.Contains(err.Error(), "priority needs cluster protocol 6") {
-		t.Errorf("at protocol 5: %v", err)
-	}
-	if err := knownToCluster(spec, 6); err != nil {
-		t.Errorf("at protocol 6: %v", err)
 	}
 }
 

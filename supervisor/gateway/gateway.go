@@ -138,10 +138,10 @@ const maxAttempts = 3
 // requests read the routing table of the last one without locks.
 type Gateway struct {
 	cfg   Config
-	// adapterLabels bounds the adapter label of the per-key metrics.
-	adapterLabels labelSet
 	clock clock.Clock
 	tr    http.RoundTripper
+	// adapterLabels bounds the adapter label of the per-key metrics.
+	adapterLabels labelSet
 	// ownTransport: the gateway made tr, and closes its idle connections
 	// when it stops.
 	ownTransport bool
