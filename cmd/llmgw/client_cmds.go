@@ -444,7 +444,10 @@ func modelsCommand() *cli.Command {
 					if on == "" {
 						on = "-"
 					}
-					if len(a.Errors) > 0 {
+					switch {
+					case a.Shadowed != "":
+						why = a.Shadowed
+					case len(a.Errors) > 0:
 						why = "not registered on " + a.Errors[0]
 						if len(a.Errors) > 1 {
 							why += fmt.Sprintf(" (+%d more)", len(a.Errors)-1)

@@ -238,6 +238,7 @@ func (s *Snapshot) buildDeployments(in Input) {
 	for _, d := range in.View.Deployments {
 		placedReplicas[d.Name] = d.Replicas
 	}
+	shadow := adapterShadows(in.Deployments)
 	for _, rec := range in.Deployments {
 		if rec.Deleted || rec.Spec == nil {
 			continue
@@ -275,7 +276,8 @@ func (s *Snapshot) buildDeployments(in Input) {
 		var starts []failed
 		adapters := map[string]*AdapterInfo{}
 		for _, a := range d.Adapters {
-			info.AdapterStatus = append(info.AdapterStatus, AdapterInfo{Name: a.Name, Source: a.Source, Replicas: []string{}})
+			info.AdapterStatus = append(info.AdapterStatus, AdapterInfo{Name: a.Name, Source: a.Source, Replicas: []string{},
+				Shadowed: shadow[d.Name+"/"+a.Name]})
 		}
 		for i := range info.AdapterStatus {
 			adapters[info.AdapterStatus[i].Name] = &info.AdapterStatus[i]
@@ -446,6 +448,37 @@ func (s *Snapshot) Shards(now time.Time) []ShardInfo {
 			si.Load = sh.load
 		}
 		out = append(out, si)
+	}
+	return out
+}
+
+// adapterShadows says, by "deployment/adapter", which LoRA adapters a
+// request cannot reach by name, and why: a deployment of that name wins,
+// and of two deployments with an adapter of one name, the one whose name
+// sorts first (the gateways' rule, supervisor/gateway Table.adapter).
+func adapterShadows(recs []gossip.DeploymentRecord) map[string]string {
+	names := map[string]bool{}
+	var live []gossip.DeploymentRecord
+	for _, r := range recs {
+		if !r.Deleted && r.Spec != nil {
+			names[r.Name] = true
+			live = append(live, r)
+		}
+	}
+	slices.SortFunc(live, func(a, b gossip.DeploymentRecord) int { return strings.Compare(a.Name, b.Name) })
+	out := map[string]string{}
+	first := map[string]string{}
+	for _, r := range live {
+		for _, a := range r.Spec.Adapters {
+			switch owner, taken := first[a.Name]; {
+			case names[a.Name]:
+				out[r.Name+"/"+a.Name] = "shadowed: deployment " + a.Name + " has that name"
+			case taken:
+				out[r.Name+"/"+a.Name] = "shadowed: requests for " + a.Name + " go to deployment " + owner + "'s adapter"
+			default:
+				first[a.Name] = r.Name
+			}
+		}
 	}
 	return out
 }

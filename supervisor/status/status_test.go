@@ -1,6 +1,7 @@
 package status
 
 import (
+	"maps"
 	"reflect"
 	"slices"
 	"testing"
@@ -204,5 +205,34 @@ func TestAutoscaledDeploymentShowsItsTarget(t *testing.T) {
 	}
 	if other.Replicas != 2 || other.Scale != nil {
 		t.Errorf("the fixed deployment = replicas %d, scale %+v", other.Replicas, other.Scale)
+	}
+}
+
+// An adapter a request cannot reach by name says why: a deployment of
+// that name wins, and of two deployments with an adapter of one name the
+// one whose name sorts first.
+func TestAdapterShadows(t *testing.T) {
+	spec := func(name string, adapters ...string) gossip.DeploymentRecord {
+		d := placement.Deployment{Name: name, Model: "m", Replicas: 1, MaxLoras: 1}
+		for _, a := range adapters {
+			d.Adapters = append(d.Adapters, placement.Adapter{Name: a, Source: "s/" + a})
+		}
+		return gossip.DeploymentRecord{Name: name, Spec: &d}
+	}
+	snap := Build(Input{Self: "n1", Now: time.Unix(1_800_000_000, 0), TTL: time.Second,
+		Deployments: []gossip.DeploymentRecord{spec("b", "x"), spec("a", "x", "c"), spec("c")}})
+	got := map[string]string{}
+	for _, d := range snap.Deployments(time.Unix(1_800_000_000, 0)) {
+		for _, a := range d.AdapterStatus {
+			got[d.Name+"/"+a.Name] = a.Shadowed
+		}
+	}
+	want := map[string]string{
+		"a/x": "",
+		"a/c": "shadowed: deployment c has that name",
+		"b/x": "shadowed: requests for x go to deployment a's adapter",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("shadows %v, want %v", got, want)
 	}
 }

@@ -96,6 +96,10 @@ type AdapterInfo struct {
 	// Errors are the registrations that failed, "replica: why", each
 	// retried with a backoff.
 	Errors []string `json:"errors,omitempty"`
+	// Shadowed, when set, says why a request naming it goes elsewhere: a
+	// deployment of that name, or an adapter of that name on a
+	// deployment whose name sorts first.
+	Shadowed string `json:"shadowed,omitempty"`
 }
 
 // ScaleInfo is the target in force of an autoscaled deployment: who
