@@ -112,7 +112,7 @@ func (r *Runner) syncAdapters(ctx context.Context, e *managed, w *watchState) {
 		return
 	}
 	e.mu.Lock()
-	spec, port := e.desired.Spec, e.state.Spec.HTTPPort
+	spec, port, shard := e.desired.Spec, e.state.Spec.HTTPPort, e.state.ShardID
 	registered := e.registered
 	e.mu.Unlock()
 	if spec.MaxLoras == 0 && len(registered) == 0 {
@@ -168,16 +168,16 @@ func (r *Runner) syncAdapters(ctx context.Context, e *managed, w *watchState) {
 				backoff := min(adapterRetryMin<<min(st.fails[c.name]-1, 10), adapterRetryMax)
 				st.retryAt[c.name] = r.cfg.Clock.Now().Add(backoff)
 				e.setAdapterError(c.name, fmt.Sprintf("%v (retry in %s)", err, backoff))
-				r.log.Warn("LoRA adapter not registered", "shard", e.state.ShardID, "adapter", c.name, "path", c.body["lora_path"], "err", err, "retry_in", backoff)
+				r.log.Warn("LoRA adapter not registered", "shard", shard, "adapter", c.name, "path", c.body["lora_path"], "err", err, "retry_in", backoff)
 			case err != nil:
-				r.log.Warn("LoRA adapter not unregistered", "shard", e.state.ShardID, "adapter", c.name, "err", err)
+				r.log.Warn("LoRA adapter not unregistered", "shard", shard, "adapter", c.name, "err", err)
 			case c.load:
 				delete(st.fails, c.name)
 				delete(st.retryAt, c.name)
 				e.setAdapterError(c.name, "")
-				r.log.Info("LoRA adapter registered", "shard", e.state.ShardID, "adapter", c.name, "path", c.body["lora_path"])
+				r.log.Info("LoRA adapter registered", "shard", shard, "adapter", c.name, "path", c.body["lora_path"])
 			default:
-				r.log.Info("LoRA adapter unregistered", "shard", e.state.ShardID, "adapter", c.name)
+				r.log.Info("LoRA adapter unregistered", "shard", shard, "adapter", c.name)
 			}
 		}
 	}()
