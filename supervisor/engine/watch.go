@@ -419,6 +419,13 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	if st.Spec.Private {
 		in.Host = "127.0.0.1"
 	}
+	if d.Spec.AdaptersAtStart() {
+		// An engine that loads LoRA adapters only at start (llama.cpp)
+		// gets their paths, resolved on this node, in the spec's order.
+		for _, a := range d.Spec.Adapters {
+			in.AdapterPaths = append(in.AdapterPaths, AdapterPath(r.cfg.WeightsDir, a.Source))
+		}
+	}
 	if d.Gang != nil {
 		in.ClusterVersion = d.Gang.ClusterVersion
 	}

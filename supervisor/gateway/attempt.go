@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -172,7 +173,14 @@ func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now 
 	a := x.open(lr, n, t.firstByte, t.idle, now)
 	var out outcome
 	defer func() { x.done(a, out) }()
-	resp, err := x.send(a, t.body)
+	body := t.body
+	if x.adapter != "" && strings.EqualFold(x.entryEngine, "llamacpp") {
+		// The adapter's index is the route's engine's (its spec's order).
+		if b := llamaCppAdapterBody(body, lr, x.adapter); b != nil {
+			body = b
+		}
+	}
+	resp, err := x.send(a, body)
 	if err != nil {
 		return x.lost(a, err, &out, t)
 	}

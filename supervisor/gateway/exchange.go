@@ -33,11 +33,12 @@ type exchange struct {
 	// model is the deployment once resolved, else unknownModel.
 	model string
 	// adapter is the LoRA adapter the request names, of deployment
-	// model; empty for the deployment itself (lora.go).
-	adapter  string
-	resolved bool
-	status   int
-	gone     bool // the client went away
+	// model, whose engine kind is entryEngine; empty for the deployment
+	// itself (lora.go).
+	adapter, entryEngine string
+	resolved             bool
+	status               int
+	gone                 bool // the client went away
 	// held: the request waited for its deployment to start from zero as
 	// a stream, whose status and headers went out then (wake.go): from
 	// then on every answer is an event of that stream.
@@ -151,7 +152,7 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 	}
 	x.model, x.resolved = e.Name, true
 	if dep, ok := rt.table.adapter(p.model); ok && dep == e.Name {
-		x.adapter = p.model
+		x.adapter, x.entryEngine = p.model, e.Engine
 		if name := adapterModel(e, x.adapter); name != p.model {
 			body = withModel(body, p.modelSpan, name)
 		}

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -93,12 +95,40 @@ func (x *exchange) adapterRoutes(routes []*liveRoute, e *Entry) []*liveRoute {
 }
 
 // adapterModel is the model the engine is asked for to get adapter a of
-// deployment e.
+// deployment e: llama.cpp serves the deployment's name, and is given the
+// adapter by its index (llamaCppAdapterBody).
 func adapterModel(e *Entry, a string) string {
-	if strings.EqualFold(e.Engine, "sglang") {
+	switch {
+	case strings.EqualFold(e.Engine, "sglang"):
 		return e.Name + ":" + a
+	case strings.EqualFold(e.Engine, "llamacpp"):
+		return e.Name
 	}
 	return a
+}
+
+// llamaCppAdapterBody is body with adapter a of route lr turned on for
+// this request alone: llama.cpp loads a deployment's adapters at start in
+// the spec's order (--lora, each at scale 0 with --lora-init-without-apply),
+// numbers them from 0 in that order, and takes a request's adapters as
+// "lora": [{"id", "scale"}] (tools/server, parse_lora_request); the
+// route's record lists them in that order. nil when lr's engine does not
+// have it.
+func llamaCppAdapterBody(body []byte, lr *liveRoute, a string) []byte {
+	i := slices.Index(lr.Adapters, a)
+	if i < 0 {
+		return nil
+	}
+	m, err := pdFields(body)
+	if err != nil {
+		return nil
+	}
+	m["lora"] = json.RawMessage(`[{"id":` + strconv.Itoa(i) + `,"scale":1.0}]`)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return nil
+	}
+	return out
 }
 
 // maxAdapterLabels bounds the adapter label values of the per-key

@@ -188,3 +188,34 @@ func TestAdapterLabelsAreBounded(t *testing.T) {
 		t.Errorf("a name past the bound: %q, want other", got)
 	}
 }
+
+// llama.cpp loads a deployment's adapters at start, numbered in the
+// spec's order: a request for one is sent as the deployment's model with
+// that adapter on, by its index, for this request alone.
+func TestLlamaCppAdapterByIndex(t *testing.T) {
+	u := newUpstream(t, chatOK)
+	w := newWorld()
+	w.deploy(placement.Deployment{Name: "chat", Engine: "llamacpp", Adapters: []placement.Adapter{{Name: "sql", Source: "/a/sql.gguf"}, {Name: "code", Source: "/a/code.gguf"}}})
+	w.node("n1", gossip.StateAlive)
+	w.hold(cp{dep: "chat", node: "n1", url: u.URL, adapters: []string{"sql", "code"}})
+	h := newHarness(t, Config{}, w.snapshot())
+	if a := h.post("/v1/chat/completions", chatBody("code", false)); a.status != 200 {
+		t.Fatalf("code: %d %s", a.status, a.body)
+	}
+	var sent struct {
+		Model string `json:"model"`
+		LoRA  []struct {
+			ID    int     `json:"id"`
+			Scale float64 `json:"scale"`
+		} `json:"lora"`
+	}
+	if err := json.Unmarshal(u.lastBody(), &sent); err != nil {
+		t.Fatal(err)
+	}
+	if sent.Model != "chat" || len(sent.LoRA) != 1 || sent.LoRA[0].ID != 1 || sent.LoRA[0].Scale != 1 {
+		t.Errorf("llama.cpp was sent model %q and lora %+v, want chat and [{1 1}]", sent.Model, sent.LoRA)
+	}
+	if a := h.post("/v1/chat/completions", chatBody("chat", false)); a.status != 200 || strings.Contains(string(u.lastBody()), `"lora"`) {
+		t.Errorf("the base model: %d, sent %s", a.status, u.lastBody())
+	}
+}

@@ -280,9 +280,6 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	}
 	for _, name := range t.names {
 		d := deps[name]
-		if d.AdaptersAtStart() {
-			continue // llama.cpp: no adapter is routed by name (yet)
-		}
 		for _, a := range d.Adapters {
 			if _, taken := t.entries[a.Name]; taken {
 				continue
