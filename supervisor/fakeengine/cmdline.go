@@ -307,6 +307,16 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		if err := vllmLoRAArgs(&cfg, a, getenv); err != nil {
 			return Config{}, nil, err
 		}
+		if v := a.str("--kv-transfer-config"); v != "" {
+			if err := ParseVLLMKVTransferConfig(v, &cfg.KV); err != nil {
+				return fail("--kv-transfer-config", "vllm serve: %v", err)
+			}
+		}
+		if cfg.KV.nixl() {
+			if cfg.KV.TPSize, err = intFlag(p, a, "--tensor-parallel-size", 1); err != nil {
+				return Config{}, nil, err
+			}
+		}
 	case PersonalitySGLang:
 		rest := args
 		// `python3 -m sglang.launch_server ...`: a wrapper passes python's
@@ -355,6 +365,23 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 		}
 		if err := sglangLoRAArgs(&cfg, a); err != nil {
 			return Config{}, nil, err
+		}
+		cfg.KV.Mode = a.str("--disaggregation-mode")
+		cfg.KV.TransferBackend = a.str("--disaggregation-transfer-backend")
+		if cfg.KV.BootstrapPort, err = intFlag(p, a, "--disaggregation-bootstrap-port", 0); err != nil {
+			return Config{}, nil, err
+		}
+		for _, e := range []struct {
+			env string
+			dst *time.Duration
+		}{{"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", &cfg.KV.BootstrapTimeout}, {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT", &cfg.KV.WaitingTimeout}} {
+			if v := getenv(e.env); v != "" {
+				secs, err := strconv.Atoi(v)
+				if err != nil || secs <= 0 {
+					return fail("", "%s=%q: want a whole number of seconds above 0, as SGLang's get_int_env_var", e.env, v)
+				}
+				*e.dst = time.Duration(secs) * time.Second
+			}
 		}
 		if g, err = gangOf(p, a, "--nnodes", "--node-rank"); err != nil {
 			return Config{}, nil, err
@@ -436,6 +463,15 @@ func ParseCommandLine(p Personality, args []string, getenv func(string) string) 
 	}
 	if err := fakeKnobs(&cfg, p, getenv); err != nil {
 		return Config{}, nil, err
+	}
+	if err := KVEnv(&cfg, getenv); err != nil {
+		return Config{}, nil, &CommandLineError{Personality: p, Msg: err.Error()}
+	}
+	if cfg.StepInterference, err = envFlag(getenv, EnvStepInterference); err != nil {
+		return Config{}, nil, &CommandLineError{Personality: p, Msg: err.Error()}
+	}
+	if err := cfg.KV.defaults(); err != nil {
+		return Config{}, nil, &CommandLineError{Personality: p, Msg: err.Error()}
 	}
 	return cfg, g, nil
 }
@@ -676,4 +712,60 @@ func configArgs(path string) ([]string, error) {
 		out = append(out, "--"+name, value)
 	}
 	return out, nil
+}
+
+// KVEnv reads the variables of disaggregation into cfg.KV: vLLM's
+// VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT and
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT (seconds) with a kv-transfer-config,
+// and the fake's FAKE_ENGINE_KV_TRANSFER_PER_1K_TOKENS (default
+// DefaultKVTransferPer1K), FAKE_ENGINE_KV_COMPAT_VERSION and
+// FAKE_ENGINE_KV_TRANSFER_FAIL under either protocol. The plain fake's
+// command calls it too.
+func KVEnv(cfg *Config, getenv func(string) string) error {
+	k := &cfg.KV
+	if !k.active() {
+		return nil
+	}
+	if k.nixl() {
+		k.SideChannelHost = getenv("VLLM_NIXL_SIDE_CHANNEL_HOST")
+		if v := getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 || n > 65535 {
+				return fmt.Errorf("VLLM_NIXL_SIDE_CHANNEL_PORT=%q: want a port", v)
+			}
+			k.SideChannelPort = n
+		}
+		if v := getenv("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("VLLM_NIXL_ABORT_REQUEST_TIMEOUT=%q: want a whole number of seconds above 0", v)
+			}
+			k.AbortRequestTimeout = time.Duration(n) * time.Second
+		}
+	}
+	k.TransferPer1KTokens = DefaultKVTransferPer1K
+	if v := getenv(EnvKVTransferPer1KTokens); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%s=%q: want a duration of 0 or more, such as 5ms", EnvKVTransferPer1KTokens, v)
+		}
+		k.TransferPer1KTokens = d
+	}
+	k.CompatVersion = getenv(EnvKVCompatVersion)
+	var err error
+	k.FailTransfers, err = envFlag(getenv, EnvKVTransferFail)
+	return err
+}
+
+// envFlag reads a boolean variable; unset is false.
+func envFlag(getenv func(string) string, name string) (bool, error) {
+	v := getenv(name)
+	if v == "" {
+		return false, nil
+	}
+	on, err := envBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: %v", name, v, err)
+	}
+	return on, nil
 }

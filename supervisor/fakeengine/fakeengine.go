@@ -180,6 +180,18 @@ type Config struct {
 	// adapter with a request in both (FAKE_ENGINE_LORA_INFO_SPLIT).
 	LoRAInfoSplit bool
 
+	// KV makes the engine one half of a prefill/decode pair (see
+	// KVTransfer and the package doc); the zero value takes no part.
+	KV KVTransfer
+	// StepInterference makes a prefill slow the decodes running beside
+	// it, as one batch's steps do: a prefill computing T tokens delays
+	// every running sequence's next token by T × the per-token prefill
+	// time (PrefillPer1KTokens / 1000). Off by default, so that the
+	// figures documented without it keep their meaning
+	// (--step-interference; FAKE_ENGINE_STEP_INTERFERENCE under a
+	// personality).
+	StepInterference bool
+
 	// HangAfter, when positive, makes Run hang the engine (see
 	// Server.Hang) this long after it starts; the process keeps running.
 	HangAfter time.Duration
@@ -285,6 +297,20 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ln := cfg.Listener
 	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
+	// The side channel (vLLM) or bootstrap port (an SGLang prefill) is
+	// open from the start, as the real engines open theirs while they
+	// load.
+	defer srv.Close()
+	if srv.cfg.KV.listens() && srv.kv.ln == nil {
+		kaddr := srv.cfg.KV.listenAddr(cfg.Host)
+		kln, err := net.Listen("tcp", kaddr)
+		if err != nil {
+			return fmt.Errorf("fake engine: listen on %s (KV transfer): %w", kaddr, err)
+		}
+		srv.cfg.KV.Listener = kln
+		srv.startKV()
+		srv.logf("fake engine: KV transfer port on %s", kln.Addr())
+	}
 	if cfg.Personality == PersonalityVLLM && cfg.StartupDelay > 0 {
 		// vLLM's API server listens only once the engine core is up
 		// (its socket is bound but not listening until then; see

@@ -30,6 +30,14 @@ type chatRequest struct {
 	MaxTokens           int            `json:"max_tokens"`
 	MaxCompletionTokens int            `json:"max_completion_tokens"`
 	sampling
+	disagg
+}
+
+// disagg is what a request of a disaggregated pair carries: vLLM's
+// kv_transfer_params, or SGLang's bootstrap fields.
+type disagg struct {
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	bootstrap
 }
 
 // sampling holds vLLM's extra sampling parameters the fake honours.
@@ -48,6 +56,7 @@ type completionRequest struct {
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     int             `json:"max_tokens"`
 	sampling
+	disagg
 }
 
 type usage struct {
@@ -69,6 +78,8 @@ type exchange struct {
 	// is the name the answer carries.
 	adapter string
 	model   string
+	// disagg is the request's part in disaggregation, if any.
+	disagg disagg
 }
 
 // minTokens is how many tokens the request asks for at least.
@@ -111,6 +122,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ex.prompt = chatPrompt(roles, contents)
+	ex.disagg = req.disagg
 	s.answer(w, r, ex)
 }
 
@@ -130,6 +142,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	ex.echo, ex.prompt, ex.maxTokens, ex.minTokens, ex.stream = text, p, req.MaxTokens, req.sampling.minTokens(req.MaxTokens), req.Stream
 	ex.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	ex.disagg = req.disagg
 	s.answer(w, r, ex)
 }
 
@@ -204,18 +217,25 @@ func promptText(raw json.RawMessage) (string, prompt, error) {
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 	ctx := r.Context()
 	n := ex.prompt.tokens()
+	start := s.now()
 	q := s.sched.admitLoRA(ctx, n, ex.adapter)
 	if q == nil {
 		return
 	}
 	defer q.release()
-	tokens, finish := s.reply(ex.echo, ex.adapter, ex.maxTokens, ex.minTokens)
+	maxTokens, minTokens := ex.maxTokens, ex.minTokens
+	if s.cfg.KV.Mode == "prefill" && ex.disagg.given() {
+		// An SGLang prefill makes the first token only; the decode
+		// makes the answer (mini_lb returns the decode's).
+		maxTokens, minTokens = 1, min(minTokens, 1)
+	}
+	tokens, finish := s.reply(ex.echo, ex.adapter, maxTokens, minTokens)
 	u := usage{PromptTokens: n, CompletionTokens: len(tokens), TotalTokens: n + len(tokens)}
 	prefix, object := "cmpl", "text_completion"
 	if ex.chat {
 		prefix, object = "chatcmpl", "chat.completion"
 	}
-	id := s.id(prefix)
+	id := s.requestID(prefix, r)
 	created := s.now().Unix()
 
 	var send func(choices []any, withUsage bool) bool
@@ -248,9 +268,29 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 			return true
 		}
 	}
-	if !s.prefill(ctx, ex.prompt, n) {
+	ok, failMsg := s.computePrompt(ctx, ex, n, start)
+	if failMsg != "" {
+		// As vLLM's serving layer answers a request the engine finished
+		// with an error (GenerateBaseServing._raise_if_error: a
+		// GenerationError, 500 "Internal server error"; streamed, one
+		// error event, then [DONE]); SGLang aborts it with a 500 too.
+		body := map[string]any{"error": map[string]any{"message": failMsg, "type": "InternalServerError", "param": nil, "code": http.StatusInternalServerError}}
+		if !ex.stream {
+			writeJSON(w, http.StatusInternalServerError, body)
+			return
+		}
+		b, _ := json.Marshal(body)
+		_, _ = fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
+		if flusher != nil {
+			flusher.Flush()
+		}
 		return
 	}
+	if !ok {
+		return
+	}
+	var slot *decodeSlot
+	defer func() { s.stopDecoding(slot) }()
 	choice := func(delta map[string]any, text string, finish any) []any {
 		c := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
 		if ex.chat {
@@ -270,8 +310,14 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 		if i == 0 {
 			delay = 0
 		}
+		// Prefills that ran since the last token delay this one
+		// (Config.StepInterference).
+		delay += s.owed(slot)
 		if !s.sleep(ctx, delay) {
 			return
+		}
+		if i == 0 {
+			slot = s.startDecoding()
 		}
 		q.grow(1)
 		s.m.generation.Add(1)
@@ -289,10 +335,16 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, ex exchange) {
 		} else {
 			c["text"] = text
 		}
-		writeJSON(w, http.StatusOK, map[string]any{
+		resp := map[string]any{
 			"id": id, "object": object, "created": created, "model": ex.model,
 			"choices": []any{c}, "usage": u,
-		})
+		}
+		if s.cfg.KV.nixl() {
+			// vLLM's answers carry kv_transfer_params at the top level:
+			// null, or a prefill leg's params for its decode.
+			resp["kv_transfer_params"] = s.prefillParams(id, ex, n, finish)
+		}
+		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 	if !send(choice(map[string]any{}, "", finish), false) {
@@ -316,6 +368,10 @@ func (s *Server) prefill(ctx context.Context, p prompt, n int) bool {
 	}
 	s.m.prompt.Add(float64(n))
 	hit := 0
+	defer func() {
+		s.m.bySource.WithLabelValues(SourceLocalCompute).Add(float64(n - hit))
+		s.m.bySource.WithLabelValues(SourceLocalCacheHit).Add(float64(hit))
+	}()
 	var hashes []uint64
 	if s.cache != nil {
 		hashes = p.blockHashes(s.cfg.BlockSize)
@@ -325,6 +381,7 @@ func (s *Server) prefill(ctx context.Context, p prompt, n int) bool {
 		s.m.queries.Add(float64(n))
 		s.m.hits.Add(float64(hit))
 	}
+	s.interfere(n - hit)
 	if !s.sleep(ctx, s.prefillTime(n-hit)) {
 		return false
 	}

@@ -201,3 +201,19 @@ func (s *scheduler) load() (running, waiting int, kvUsage float64) {
 	defer s.mu.Unlock()
 	return s.running, len(s.queue), min(1, float64(s.used)/float64(s.capBlocks))
 }
+
+// hold keeps n blocks allocated outside any running sequence: a finished
+// prefill's blocks waiting for a decode to read them (see holdLease).
+func (s *scheduler) hold(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used += n
+}
+
+// freeHeld frees n held blocks and lets in whom they were keeping out.
+func (s *scheduler) freeHeld(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used -= n
+	s.dispatch()
+}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmgw/llmgw/internal/clock"
@@ -46,6 +47,10 @@ type Server struct {
 	// nil without LoRA or under another engine's metrics.
 	loras    *loraRegistry
 	loraInfo *loraInfo
+	// kv is the engine's side of disaggregation (kv.go); decoding the
+	// sequences a prefill slows (Config.StepInterference).
+	kv       kvState
+	decoding interference
 }
 
 // NewServer checks cfg and builds the handler. The startup delay is measured
@@ -85,7 +90,15 @@ func NewServer(cfg Config) (*Server, error) {
 		s.m.reg.MustRegister(s.loraInfo)
 		sched.changed = func() { s.loraInfo.record(sched.loraState()) }
 	}
+	s.startKV()
+	if cfg.KV.active() {
+		s.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: MetricKVHeldRequests, Help: "Finished prefills holding their blocks for a decode to read (fake engine).",
+			ConstLabels: prometheus.Labels{LabelModel: cfg.Model},
+		}, func() float64 { return float64(s.HeldKVRequests()) }))
+	}
 	if err := s.loadStaticLoRAs(); err != nil {
+		s.Close()
 		return nil, err
 	}
 	if !cfg.NoPrefixCaching {
@@ -142,6 +155,9 @@ func (cfg *Config) withDefaults() error {
 	cfg.KVCacheBlocks = cmp.Or(cfg.KVCacheBlocks, 8192)
 	cfg.MaxModelLen = cmp.Or(cfg.MaxModelLen, 4096)
 	if err := cfg.loraDefaults(); err != nil {
+		return err
+	}
+	if err := cfg.KV.defaults(); err != nil {
 		return err
 	}
 	cfg.HealthDelayPerRunning = cmp.Or(cfg.HealthDelayPerRunning, DefaultHealthDelayPerRunning)
