@@ -48,8 +48,21 @@ fake has comes from the environment: FAKE_ENGINE_STARTUP_DELAY,
 FAKE_ENGINE_TOKEN_DELAY, FAKE_ENGINE_PREFILL_BASE,
 FAKE_ENGINE_PREFILL_PER_1K_TOKENS, FAKE_ENGINE_HEALTH_DELAY_PER_RUNNING
 (vllm; 500ms per running request), FAKE_ENGINE_HANG_AFTER,
-FAKE_ENGINE_CRASH_AFTER, FAKE_ENGINE_EXIT_CODE; sglang also reads
-SGLANG_HEALTH_CHECK_TIMEOUT and SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.
+FAKE_ENGINE_CRASH_AFTER, FAKE_ENGINE_EXIT_CODE, FAKE_ENGINE_STEP_INTERFERENCE;
+sglang also reads SGLANG_HEALTH_CHECK_TIMEOUT and
+SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.
+
+Prefill/decode disaggregation, as the real engines take it: vllm (and the
+plain fake) --kv-transfer-config '{"kv_connector":"NixlConnector",
+"kv_role":"kv_both","kv_load_failure_policy":"fail"}' with
+VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT and
+VLLM_NIXL_ABORT_REQUEST_TIMEOUT; sglang --disaggregation-mode
+prefill|decode, --disaggregation-transfer-backend mooncake|nixl,
+--disaggregation-bootstrap-port with SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+and SGLANG_DISAGGREGATION_WAITING_TIMEOUT. The fake's own knobs:
+FAKE_ENGINE_KV_TRANSFER_PER_1K_TOKENS (5ms), FAKE_ENGINE_KV_COMPAT_VERSION
+(engines that differ refuse each other's KV) and
+FAKE_ENGINE_KV_TRANSFER_FAIL.
 
 Every form serves POST /debug/hang (with the engine's key as a bearer
 token when it has one): from then on nothing answers and the token
@@ -154,6 +167,12 @@ func plainFake() *cli.Command {
 			&cli.StringFlag{Name: "master-addr", Usage: "rank 0's rendezvous address"},
 			&cli.IntFlag{Name: "master-port", Usage: "rank 0's rendezvous port"},
 			&cli.BoolFlag{Name: "headless", Usage: "serve no HTTP (every rank above 0)"},
+			// Prefill/decode disaggregation with vLLM's flag and
+			// variables (VLLM_NIXL_SIDE_CHANNEL_HOST, _PORT,
+			// VLLM_NIXL_ABORT_REQUEST_TIMEOUT; see fakeengine.KVTransfer).
+			&cli.StringFlag{Name: "kv-transfer-config", Usage: `vLLM's JSON, e.g. '{"kv_connector":"NixlConnector","kv_role":"kv_both"}': serve prefill legs and decode from a prefill's side channel`},
+			&cli.BoolFlag{Name: "step-interference", Sources: cli.EnvVars(fakeengine.EnvStepInterference),
+				Usage: "a prefill of T tokens delays every running decode by T × the per-token prefill time (off: sequences do not slow each other)"},
 			&cli.BoolFlag{Name: "hang-on-peer-loss", Usage: "keep running when a gang peer is lost, as vLLM's ranks hang (only llmgw's gang teardown stops it)"},
 			// Only to say where it belongs: first.
 			&cli.StringFlag{Name: "personality", Usage: "vllm, sglang or llamacpp: must come first (see above)",
@@ -170,9 +189,15 @@ func plainFake() *cli.Command {
 				}
 				modules = append(modules, lm)
 			}
+			var kv fakeengine.KVTransfer
+			if v := c.String("kv-transfer-config"); v != "" {
+				if err := fakeengine.ParseVLLMKVTransferConfig(v, &kv); err != nil {
+					return usageError(err.Error())
+				}
+			}
 			g := &fakeengine.Gang{NNodes: int(c.Int("nnodes")), NodeRank: int(c.Int("node-rank")),
 				MasterAddr: c.String("master-addr"), MasterPort: int(c.Int("master-port")), HangOnPeerLoss: c.Bool("hang-on-peer-loss")}
-			return fakeExit(fakeengine.RunMaybeGang(ctx, fakeengine.Config{
+			cfg := fakeengine.Config{
 				Model: c.String("model"), Port: int(c.Int("port")), Host: c.String("host"),
 				StartupDelay: c.Duration("startup-delay"), CrashAfter: c.Duration("crash-after"),
 				ExitCode: int(c.Int("exit-code")), FailHealth: c.Bool("fail-health"),
@@ -185,8 +210,13 @@ func plainFake() *cli.Command {
 				MaxCPULoRAs: int(c.Int("max-cpu-loras")), LoRAModules: modules,
 				RuntimeLoRA:   fakeengine.EnvTrue(os.Getenv(fakeengine.EnvVLLMRuntimeLoRA)),
 				LoRAInfoSplit: fakeengine.EnvTrue(os.Getenv(fakeengine.EnvLoRAInfoSplit)),
-				Log:           os.Stderr, Now: time.Now,
-			}, g))
+				KV:            kv, StepInterference: c.Bool("step-interference"),
+				Log: os.Stderr, Now: time.Now,
+			}
+			if err := fakeengine.KVEnv(&cfg, os.Getenv); err != nil {
+				return usageError(err.Error())
+			}
+			return fakeExit(fakeengine.RunMaybeGang(ctx, cfg, g))
 		},
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -518,4 +519,93 @@ func TestStepInterference(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The real engines' disaggregation flags and variables reach KVTransfer,
+// with their defaults; what the real engine refuses, the fake refuses.
+func TestParseDisaggregation(t *testing.T) {
+	cfg, _, err := ParseCommandLine(PersonalityVLLM, []string{"serve", "m", "--tensor-parallel-size", "4",
+		"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"recompute","engine_id":"e1","kv_buffer_device":"cuda"}`},
+		env(map[string]string{"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.5", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
+			"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "60", EnvKVCompatVersion: "v2", EnvStepInterference: "1", EnvKVTransferPer1KTokens: "7ms"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := KVTransfer{Connector: "NixlConnector", Role: "kv_both", LoadFailurePolicy: "recompute", EngineID: "e1",
+		SideChannelHost: "10.0.0.5", SideChannelPort: 5601, TPSize: 4, AbortRequestTimeout: time.Minute,
+		TransferPer1KTokens: 7 * time.Millisecond, CompatVersion: "v2"}
+	if !reflect.DeepEqual(cfg.KV, want) || !cfg.StepInterference {
+		t.Errorf("vllm:\n got %+v (step interference %v)\nwant %+v", cfg.KV, cfg.StepInterference, want)
+	}
+	cfg, _, err = ParseCommandLine(PersonalityVLLM, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}`}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := cfg.KV; k.LoadFailurePolicy != "fail" || k.SideChannelHost != "localhost" || k.SideChannelPort != 5600 ||
+		k.AbortRequestTimeout != 480*time.Second || k.TPSize != 1 || len(k.EngineID) != 36 || k.TransferPer1KTokens != DefaultKVTransferPer1K {
+		t.Errorf("vllm defaults: %+v", k)
+	}
+	cfg, _, err = ParseCommandLine(PersonalitySGLang, strings.Fields("--model-path m --disaggregation-mode decode --disaggregation-transfer-backend nixl --disaggregation-bootstrap-port 9000"),
+		env(map[string]string{"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "5", EnvKVTransferFail: "true"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = KVTransfer{Mode: "decode", TransferBackend: "nixl", BootstrapPort: 9000, BootstrapTimeout: 300 * time.Second,
+		WaitingTimeout: 5 * time.Second, TransferPer1KTokens: DefaultKVTransferPer1K, FailTransfers: true}
+	if !reflect.DeepEqual(cfg.KV, want) {
+		t.Errorf("sglang:\n got %+v\nwant %+v", cfg.KV, want)
+	}
+	for _, bad := range []struct {
+		p    Personality
+		args []string
+		msg  string
+	}{
+		{PersonalityVLLM, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"both"}`}, "Unsupported kv_role: both"},
+		{PersonalityVLLM, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","nope":1}`}, `unknown field "nope"`},
+		{PersonalityVLLM, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`}, "NixlConnector only"},
+		{PersonalityVLLM, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"retry"}`}, "want fail or recompute"},
+		{PersonalitySGLang, strings.Fields("--model-path m --disaggregation-mode both"), "invalid choice: 'both'"},
+		{PersonalitySGLang, strings.Fields("--model-path m --disaggregation-mode prefill --disaggregation-transfer-backend ucx"), "mooncake and nixl"},
+	} {
+		if _, _, err := ParseCommandLine(bad.p, bad.args, env(nil)); err == nil || !strings.Contains(err.Error(), bad.msg) {
+			t.Errorf("%v: error %v, want one saying %q", bad.args, err, bad.msg)
+		}
+	}
+}
+
+// Run opens the side channel where the variables say, and a decode
+// reaches it there.
+func TestRunOpensSideChannel(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	_ = probe.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		done <- Run(ctx, Config{Model: "m", Listener: httpLn, KV: KVTransfer{Connector: "NixlConnector", Role: "kv_both",
+			SideChannelHost: "127.0.0.1", SideChannelPort: port}})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	_, got, raw := postJSON(t, "http://"+httpLn.Addr().String()+"/v1/completions", "", leg1(prompt40))
+	p, _ := got["kv_transfer_params"].(map[string]any)
+	if p == nil || p["remote_port"] != float64(port) || p["remote_host"] != "127.0.0.1" {
+		t.Fatalf("prefill answer %s", raw)
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatalf("side channel not listening: %v", err)
+	}
+	_ = c.Close()
 }

@@ -63,6 +63,9 @@ func MainForTests(args []string) (int, bool) {
 	})
 	m.RuntimeLoRA = EnvTrue(os.Getenv(EnvVLLMRuntimeLoRA))
 	m.LoRAInfoSplit, _ = envBool(cmp.Or(os.Getenv(EnvLoRAInfoSplit), "0"))
+	// Disaggregation, as `llmgw engine fake` takes it.
+	kvConfig := fs.String("kv-transfer-config", "", "")
+	fs.BoolVar(&m.StepInterference, "step-interference", false, "")
 	hang := os.Getenv(EnvHangAfter)
 	fs.Func("hang-after", "", func(v string) error { hang = v; return nil })
 	g := gangFlags(fs)
@@ -74,6 +77,16 @@ func MainForTests(args []string) (int, bool) {
 			return 2, true
 		}
 		m.HangAfter = d
+	}
+	if *kvConfig != "" {
+		if err := ParseVLLMKVTransferConfig(*kvConfig, &m.KV); err != nil {
+			fmt.Fprintf(os.Stderr, "fake engine: %v\n", err)
+			return 2, true
+		}
+	}
+	if err := KVEnv(&m, os.Getenv); err != nil {
+		fmt.Fprintf(os.Stderr, "fake engine: %v\n", err)
+		return 2, true
 	}
 	m.Model, m.Port, m.Host, m.CrashAfter, m.ExitCode, m.FailHealth, m.APIKey = *model, *port, *host, *crash, *code, *failHealth, *apiKey
 	err := RunMaybeGang(context.Background(), m, g)
