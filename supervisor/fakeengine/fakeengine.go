@@ -57,8 +57,12 @@
 //   - Time: the first token comes PrefillBase + PrefillPer1KTokens per
 //     thousand uncached prompt tokens after the sequence starts running
 //     (--prefill-base, --prefill-per-1k-tokens), then one token every
-//     TokenDelay (--token-delay). Sequences do not slow each other down.
-//     An embedding is its prefill alone, without the prefix cache.
+//     TokenDelay (--token-delay). Sequences do not slow each other down,
+//     unless StepInterference (--step-interference,
+//     FAKE_ENGINE_STEP_INTERFERENCE) makes a prefill of T uncached tokens
+//     delay every running sequence's next token by T × the per-token
+//     prefill time. An embedding is its prefill alone, without the
+//     prefix cache.
 //
 // LoRA adapters (Config.EnableLoRA; lora.go), as vLLM serves them:
 // --enable-lora, --max-loras (default 1), --max-lora-rank (default 16, one
@@ -79,6 +83,33 @@
 // and --lora-target-modules, POST /load_lora_adapter and
 // /unload_lora_adapter, and the adapter named as model "BASE:ADAPTER" or by
 // lora_path.
+//
+// Prefill/decode disaggregation (Config.KV; kv.go, sglangkv.go), in both
+// real protocols. vLLM's NixlConnector (--kv-transfer-config
+// '{"kv_connector":"NixlConnector","kv_role":"kv_both",
+// "kv_load_failure_policy":"fail"}', VLLM_NIXL_SIDE_CHANNEL_HOST/_PORT):
+// the engine opens its side channel (a real TCP port); a request with
+// kv_transfer_params.do_remote_decode runs its prefill and, when it ends
+// length-capped, answers with vLLM's top-level kv_transfer_params naming
+// that side channel, holding the prompt's full blocks for
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s); a request with
+// do_remote_prefill connects to the named side channel, handshakes (a
+// compatibility hash; FAKE_ENGINE_KV_COMPAT_VERSION stands for the
+// version), reads the blocks (which frees them there), waits
+// FAKE_ENGINE_KV_TRANSFER_PER_1K_TOKENS per thousand tokens and decodes
+// with no prefill. A failed load fails the request as vLLM does (500
+// "Internal server error"; streamed, an error event) under the policy
+// fail, or computes the prompt under recompute. SGLang's pair
+// (--disaggregation-mode prefill|decode, --disaggregation-bootstrap-port):
+// both get the same body with bootstrap_host, bootstrap_port and
+// bootstrap_room, the decode registers for its room on the prefill's
+// bootstrap port, the prefill sends the KV once computed and answers its
+// first token, each failing with a 500 after its timeout
+// (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, _WAITING_TIMEOUT).
+// vllm:prompt_tokens_by_source_total, vLLM's NIXL counters, SGLang's
+// failure counters and the fake's fakeengine_kv_* say what happened,
+// requests served whole by a decode included; FAKE_ENGINE_KV_TRANSFER_FAIL
+// makes a prefill refuse every read.
 //
 // The zero Config is today's fast engine (no delays, 256 sequences, 8192
 // blocks of 16 tokens). A benchmark in one process builds replicas with

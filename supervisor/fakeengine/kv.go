@@ -139,7 +139,7 @@ func (k *KVTransfer) defaults() error {
 		switch k.Role {
 		case "kv_both", "kv_producer", "kv_consumer":
 		default:
-			// vLLM's KVTransferConfig.__post_init__.
+			//lint:ignore ST1005 vLLM's own words (KVTransferConfig.__post_init__)
 			return fmt.Errorf("Unsupported kv_role: %s. Supported roles are ('kv_producer', 'kv_consumer', 'kv_both')", k.Role)
 		}
 		switch k.LoadFailurePolicy {
