@@ -1,9 +1,17 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/llmgw/llmgw/supervisor/fakeengine"
 )
 
 func decodeFields(t *testing.T, b []byte) map[string]any {
@@ -96,5 +104,70 @@ func TestPDUsage(t *testing.T) {
 	got := pdMergeUsage(pdUsage{PromptTokens: 900, CompletionTokens: 1, TotalTokens: 901}, pdUsage{PromptTokens: 4, CompletionTokens: 50, TotalTokens: 54})
 	if got != (pdUsage{PromptTokens: 900, CompletionTokens: 50, TotalTokens: 950}) {
 		t.Errorf("usage %+v", got)
+	}
+}
+
+// pdEngine is a fake engine speaking vLLM's NixlConnector protocol, its
+// side channel on a loopback listener.
+func pdEngine(t *testing.T, engineID string) (*httptest.Server, *fakeengine.Server) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := fakeengine.NewServer(fakeengine.Config{Model: "m", KV: fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both",
+		EngineID: engineID, SideChannelHost: "127.0.0.1", Listener: ln}})
+	if err != nil {
+		_ = ln.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return ts, s
+}
+
+// The legs work against engines that speak the protocol: the prefill's
+// answer carries parameters naming its side channel, and the decode,
+// given them verbatim, loads the prompt's blocks from it over a real
+// connection instead of computing them.
+func TestPDLegsAgainstFakeEngines(t *testing.T) {
+	pre, _ := pdEngine(t, "engine-p")
+	dec, _ := pdEngine(t, "engine-d")
+	client := []byte(`{"model":"m","prompt":"` + strings.Repeat("abcd", 40) + `","max_tokens":8,"min_tokens":8}`)
+	post := func(url string, body []byte) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url+"/v1/completions", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", "req-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	leg1, _ := pdPrefillBody(client)
+	code, answer := post(pre.URL, leg1)
+	if code != 200 {
+		t.Fatalf("prefill leg: %d %s", code, answer)
+	}
+	params, ok := pdPrefillParams(answer)
+	if !ok {
+		t.Fatalf("the prefill answered no parameters: %s", answer)
+	}
+	leg2, _ := pdDecodeBody(client, params)
+	if code, out := post(dec.URL, leg2); code != 200 || !strings.Contains(string(out), `"choices"`) {
+		t.Fatalf("decode leg: %d %s", code, out)
+	}
+	resp, err := http.Get(dec.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(metrics), `fakeengine_kv_transfers_total{model_name="m"} 1`) {
+		t.Errorf("the decode engine loaded nothing from the prefill's side channel:\n%s", metrics)
 	}
 }
