@@ -19,6 +19,10 @@ import (
 // otherwise be garbage at every request.
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
+// readerPool holds the event streams' buffered readers, for the same
+// reason: bufio.NewReaderSize allocates its own 32 KiB each time.
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+
 // eventEnd ends a server-sent event (engines end lines with "\n").
 var eventEnd = []byte("\n\n")
 
@@ -176,9 +180,12 @@ func brokeOff(a *attempt, err error, what string, out *outcome) (code, msg strin
 // events that completed and then a final error event, never half an event
 // or a stream that merely stops.
 func (x *exchange) relayEvents(a *attempt, resp *http.Response, out *outcome) {
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	br := bufio.NewReaderSize(resp.Body, len(*bp))
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(resp.Body)
+	defer func() {
+		br.Reset(nil) // not holding the body past the answer
+		readerPool.Put(br)
+	}()
 	var ev []byte
 	line := 0 // bytes of the current line read so far
 	// The inter-token latency is taken between the events that carry
