@@ -144,7 +144,9 @@ func fetchTop(ctx context.Context, cl *client) (topSnapshot, error) {
 	// More nodes than the page draws: top has a row per node anyway. An
 	// older node (404) leaves the sparklines out.
 	var h history.View
-	if err := cl.do(ctx, "GET", fmt.Sprintf("/v1/history?busiest=%d", history.MaxBusiest), nil, "", &h); err == nil {
+	// A cell per sparkline cell, the node's reduction: twelve numbers a
+	// series instead of an hour of them, every refresh.
+	if err := cl.do(ctx, "GET", fmt.Sprintf("/v1/history?busiest=%d&cells=%d", history.MaxBusiest, sparkWidth), nil, "", &h); err == nil {
 		s.history = &h
 	}
 	return s, nil

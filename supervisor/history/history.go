@@ -376,6 +376,50 @@ func (s Series) Points() int {
 	return n
 }
 
+// Downsample is v with every series in cells points: each the largest
+// reading of its share of the Points slots (a series shorter than Points,
+// on a node that has not run an hour, fills the newest slots), NaN where
+// the share had none. A sparkline of twelve cells then travels as twelve
+// numbers a series, not an hour of them.
+func (v View) Downsample(cells int) View {
+	if cells <= 0 || cells >= v.Points {
+		return v
+	}
+	slots := v.Points
+	reduce := func(s Series) Series {
+		if s == nil {
+			return nil
+		}
+		out := make(Series, cells)
+		for i := range out {
+			out[i] = math.NaN()
+		}
+		off := slots - len(s)
+		for i, x := range s {
+			if math.IsNaN(x) {
+				continue
+			}
+			c := min(max(off+i, 0)*cells/slots, cells-1)
+			if math.IsNaN(out[c]) || x > out[c] {
+				out[c] = x
+			}
+		}
+		return out
+	}
+	out := v
+	out.Points, out.StepSeconds = cells, v.StepSeconds*float64(slots)/float64(cells)
+	out.Deployments = make([]DeploymentHistory, len(v.Deployments))
+	for i, d := range v.Deployments {
+		out.Deployments[i] = DeploymentHistory{Name: d.Name, RequestsPerS: reduce(d.RequestsPerS), TTFBP50: reduce(d.TTFBP50), TTFBP99: reduce(d.TTFBP99),
+			Running: reduce(d.Running), Waiting: reduce(d.Waiting), KVCacheUsage: reduce(d.KVCacheUsage), Ready: reduce(d.Ready), Wanted: reduce(d.Wanted)}
+	}
+	out.Nodes = make([]NodeHistory, len(v.Nodes))
+	for i, n := range v.Nodes {
+		out.Nodes[i] = NodeHistory{Name: n.Name, Self: n.Self, MemoryPct: reduce(n.MemoryPct), UtilPct: reduce(n.UtilPct)}
+	}
+	return out
+}
+
 // View returns the series with this node and up to busiest others.
 func (r *Recorder) View(busiest int) View {
 	r.mu.Lock()
@@ -477,8 +521,9 @@ func (r *Recorder) pcts(ring []uint8) Series {
 // Pattern is the route of the history endpoint.
 const Pattern = "GET /v1/history"
 
-// ServeHTTP answers GET /v1/history[?busiest=N]: open like the page,
-// which draws from it.
+// ServeHTTP answers GET /v1/history[?busiest=N][&cells=C]: open like the
+// page, which draws from it; cells=C gives each series in C points
+// (Downsample), as top asks.
 func (r *Recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	busiest := DefaultBusiest
 	if q := req.URL.Query().Get("busiest"); q != "" {
@@ -491,7 +536,18 @@ func (r *Recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		busiest = n
 	}
+	cells := 0
+	if q := req.URL.Query().Get("cells"); q != "" {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 1 || n > r.cfg.Points {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "cells " + strconv.Quote(q) + ": want a number of points a series from 1 to " + strconv.Itoa(r.cfg.Points)})
+			return
+		}
+		cells = n
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(r.View(busiest))
+	_ = json.NewEncoder(w).Encode(r.View(busiest).Downsample(cells))
 }

@@ -245,3 +245,41 @@ func TestEndpoint(t *testing.T) {
 		t.Errorf("GET /v1/history: %d %s", rec.Code, body)
 	}
 }
+
+// cells=C reduces each series to C points, each the largest reading of
+// its share of the hour's slots, a young node's points in the newest
+// slots; a bad C is a 400 naming the bounds.
+func TestDownsample(t *testing.T) {
+	nan := math.NaN()
+	v := View{Points: 6, StepSeconds: 10, Deployments: []DeploymentHistory{{Name: "chat",
+		Running: Series{1, 5, nan, 2, 3, 0}, Waiting: Series{4, nan}}},
+		Nodes: []NodeHistory{{Name: "n1", UtilPct: Series{10, 20, 30, 40, 50, 60}}}}
+	got := v.Downsample(3)
+	same := func(a, b Series) bool {
+		if len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if a[i] != b[i] && !(math.IsNaN(a[i]) && math.IsNaN(b[i])) {
+				return false
+			}
+		}
+		return true
+	}
+	d := got.Deployments[0]
+	if got.Points != 3 || got.StepSeconds != 20 || !same(d.Running, Series{5, 2, 3}) || !same(d.Waiting, Series{nan, nan, 4}) ||
+		!same(got.Nodes[0].UtilPct, Series{20, 40, 60}) || d.RequestsPerS != nil {
+		t.Errorf("downsampled to 3: %+v", got)
+	}
+	if !same(v.Deployments[0].Running, Series{1, 5, nan, 2, 3, 0}) {
+		t.Error("Downsample changed its input")
+	}
+	r := New(Config{Self: "n1", Clock: clock.NewFake(t0), Status: func() Reading { return &world{} }})
+	for _, q := range []string{"?cells=0", "?cells=361", "?cells=x"} {
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/history"+q, nil))
+		if rec.Code != 400 || !strings.Contains(rec.Body.String(), "want a number of points a series from 1 to 360") {
+			t.Errorf("%s: %d %s", q, rec.Code, rec.Body)
+		}
+	}
+}
