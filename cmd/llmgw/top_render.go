@@ -174,20 +174,9 @@ func sparkline(s history.Series, slots int, top float64) string {
 	if s.Points() == 0 || slots <= 0 {
 		return "-"
 	}
-	cells := make([]float64, sparkWidth)
-	for i := range cells {
-		cells[i] = math.NaN()
-	}
-	off := slots - len(s)
-	for i, v := range s {
-		if math.IsNaN(v) {
-			continue
-		}
-		c := min((off+i)*sparkWidth/slots, sparkWidth-1)
-		if math.IsNaN(cells[c]) || v > cells[c] {
-			cells[c] = v
-		}
-		if top == 0 || v > top {
+	cells := history.Reduce(s, slots, sparkWidth)
+	for _, v := range cells {
+		if !math.IsNaN(v) && (top == 0 || v > top) {
 			top = max(top, v)
 		}
 	}

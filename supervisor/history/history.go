@@ -390,21 +390,7 @@ func (v View) Downsample(cells int) View {
 		if s == nil {
 			return nil
 		}
-		out := make(Series, cells)
-		for i := range out {
-			out[i] = math.NaN()
-		}
-		off := slots - len(s)
-		for i, x := range s {
-			if math.IsNaN(x) {
-				continue
-			}
-			c := min(max(off+i, 0)*cells/slots, cells-1)
-			if math.IsNaN(out[c]) || x > out[c] {
-				out[c] = x
-			}
-		}
-		return out
+		return Reduce(s, slots, cells)
 	}
 	out := v
 	out.Points, out.StepSeconds = cells, v.StepSeconds*float64(slots)/float64(cells)
@@ -416,6 +402,30 @@ func (v View) Downsample(cells int) View {
 	out.Nodes = make([]NodeHistory, len(v.Nodes))
 	for i, n := range v.Nodes {
 		out.Nodes[i] = NodeHistory{Name: n.Name, Self: n.Self, MemoryPct: reduce(n.MemoryPct), UtilPct: reduce(n.UtilPct)}
+	}
+	return out
+}
+
+// Reduce is s, placed at the right of slots points (the newest last), in
+// cells points: each the largest reading of its share, NaN where the
+// share had none.
+func Reduce(s Series, slots, cells int) Series {
+	out := make(Series, cells)
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	if slots <= 0 || cells <= 0 {
+		return out
+	}
+	off := slots - len(s)
+	for i, x := range s {
+		if math.IsNaN(x) {
+			continue
+		}
+		c := min(max(off+i, 0)*cells/slots, cells-1)
+		if math.IsNaN(out[c]) || x > out[c] {
+			out[c] = x
+		}
 	}
 	return out
 }
