@@ -77,8 +77,44 @@ func (a *autoscaler) run(ctx context.Context) {
 			return
 		case <-t.Chan():
 			a.pass()
+		case <-a.reads.next():
+			// A new snapshot: a deployment this node decides that is at
+			// zero and now has a request held at a gateway wakes at once,
+			// not at the next tick (up to AutoscaleInterval later).
+			if a.wakeDue() {
+				a.pass()
+			}
 		}
 	}
+}
+
+// wakeDue reports whether a deployment at zero that this node decides has
+// requests at a gateway in the stored snapshot. Cheap when nothing is at
+// zero: it reads the published targets and the deployment list only.
+func (a *autoscaler) wakeDue() bool {
+	if !a.settled.Load() {
+		return false
+	}
+	var zero []string
+	for _, t := range a.cluster.Local().Scale {
+		if t.Replicas == 0 {
+			zero = append(zero, t.Deployment)
+		}
+	}
+	if len(zero) == 0 {
+		return false
+	}
+	for _, m := range a.reads.load().Members() {
+		if m.State != gossip.StateAlive && m.State != gossip.StateSuspect {
+			continue
+		}
+		for _, d := range zero {
+			if m.GatewayRates[d] > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // pass decides once for every autoscaled deployment this node decides,

@@ -1,26 +1,39 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/gossip"
 	"github.com/llmgw/llmgw/internal/clock"
+	"github.com/llmgw/llmgw/internal/testwait"
 	"github.com/llmgw/llmgw/placement"
 	"github.com/llmgw/llmgw/supervisor/status"
 )
 
 // scaleWorld is the gossip state of a few nodes as one of them holds it.
 type scaleWorld struct {
+	// mu guards the records for a test whose autoscaler runs its loop.
+	mu      sync.Mutex
 	self    string
 	members []gossip.Member
 	deps    []gossip.DeploymentRecord
 	wall    int64
 	updates int
+}
+
+// scaleOf is a copy of node name's published targets.
+func (w *scaleWorld) scaleOf(name string) []gossip.ScaleTarget {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.record(name).Scale)
 }
 
 func (w *scaleWorld) Members() []gossip.Member               { return w.members }
@@ -35,9 +48,15 @@ func (w *scaleWorld) record(name string) *gossip.NodeRecord {
 	return nil
 }
 
-func (w *scaleWorld) Local() gossip.NodeRecord { return *w.record(w.self) }
+func (w *scaleWorld) Local() gossip.NodeRecord {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return *w.record(w.self)
+}
 
 func (w *scaleWorld) UpdateLocal(fn func(r *gossip.NodeRecord)) gossip.NodeRecord {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.updates++
 	fn(w.record(w.self))
 	return *w.record(w.self)
@@ -314,4 +333,35 @@ func TestQueuedRequestsAreDemand(t *testing.T) {
 	if got := decide(5); got.Replicas != 4 {
 		t.Errorf("two running and five queued at a gateway, two per replica: %+v, want ceil(7/2) = 4", got)
 	}
+}
+
+// A deployment at zero that this node decides wakes as soon as a snapshot
+// shows a request held at a gateway, not at the next tick: the clock does
+// not move here.
+func TestWakeAtOnceOnARequest(t *testing.T) {
+	w := newScaleWorld("n1", "n1")
+	spec := w.deps[0].Spec
+	spec.Autoscale.Min, spec.Replicas = 0, 0
+	a := scalerOn(w)
+	snapshot := func(rate float64) *status.Snapshot {
+		now := a.clock.Now()
+		rec := &gossip.NodeRecord{Name: "n1", Gateway: "127.0.0.1:8000", GatewayRates: map[string]float64{"chat": rate}}
+		return status.Build(status.Input{Self: "n1", Now: now, TTL: time.Hour, Settled: true,
+			Members: []gossip.Member{{Name: "n1", State: gossip.StateAlive, SeenAt: now, Record: rec}}, Deployments: w.deps})
+	}
+	a.reads.store(snapshot(0), 0)
+	a.pass() // at zero, published
+	if got := w.record("n1").Scale; len(got) != 1 || got[0].Replicas != 0 {
+		t.Fatalf("idle at zero: %+v", got)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { a.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// The loop waits for the next snapshot; a store while it waits wakes it.
+	testwait.Until(t, 5*time.Second, "woken to 1 by a request held at a gateway, the clock standing still", func() (bool, string) {
+		a.reads.store(snapshot(0.1), 0)
+		got := w.scaleOf("n1")
+		return len(got) == 1 && got[0].Replicas == 1, fmt.Sprintf("%+v", got)
+	})
 }
