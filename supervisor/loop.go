@@ -250,13 +250,22 @@ func (p *planCache) plan(v placement.View) placement.Plan {
 // takes a shard's GPUs for a deployment with demand (placement/share.go):
 // the engine's stop that follows says only that it is no longer planned.
 func (c *controlLoop) logEvictions(plan placement.Plan) {
+	var evicted []placement.Unplaced
+	for _, u := range plan.Unplaced {
+		if strings.HasPrefix(u.Reason, placement.EvictionPrefix) {
+			evicted = append(evicted, u)
+		}
+	}
+	if len(evicted) == 0 && len(c.evicting) == 0 {
+		return // every pass but those of an eviction: no look at the runner
+	}
 	held := map[string]bool{}
 	for _, h := range c.runner.Shards() {
 		held[h.ShardID] = true
 	}
 	now := map[string]bool{}
-	for _, u := range plan.Unplaced {
-		if !held[u.ShardID] || !strings.HasPrefix(u.Reason, placement.EvictionPrefix) {
+	for _, u := range evicted {
+		if !held[u.ShardID] {
 			continue
 		}
 		now[u.ShardID] = true

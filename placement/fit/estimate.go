@@ -314,8 +314,10 @@ func ceilDiv(a, b uint64) uint64 { return (a + b - 1) / b }
 // down (each expert's, for a mixture of experts). With tensor
 // parallelism vLLM shards half of each pair by default
 // (fully_sharded_loras off): a column-parallel module (q, k, v, gate, up)
-// keeps A whole and B split, a row-parallel one (o, down) A split and B
-// whole. The dtype is the model's (lora_dtype auto), 2 bytes unless the
+// keeps A whole and B split ("LoRA B is sliced for tensor parallelism",
+// ColumnParallelLinearWithLoRA in vllm/lora/layers, whose
+// create_lora_weights sizes A by the whole input and B by the output
+// partition), a row-parallel one (o, down) A split and B whole. The dtype is the model's (lora_dtype auto), 2 bytes unless the
 // model is in 32-bit floats.
 func (p Profile) loraBytes(r Request) (perGPU, cpu uint64) {
 	c := p.Config

@@ -227,8 +227,8 @@ func TestSplitChecks(t *testing.T) {
 }
 
 // LoRA's slots: a rank-16 adapter on every linear module of Llama 3.1 8B
-// is 41.9 M parameters (the size such adapters have on the hub, 84 MB in
-// 16 bits), one per slot at TP 1; at TP 2 each GPU keeps the unsharded
+// is 41.9 M parameters (16 × (in + out) of q, k, v, o, gate, up and down,
+// summed, × 32 layers), 80 MiB in 16 bits, one per slot at TP 1; at TP 2 each GPU keeps the unsharded
 // halves whole (vLLM's default); the CPU cache, host memory, stays out of
 // the total. llama.cpp allocates no slots.
 func TestLoRATerm(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -229,36 +230,17 @@ func engineMessage(body []byte) string {
 	return strings.TrimSpace(string(body))
 }
 
-func sortedNames(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
+func sortedNames(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 
 // setRegistered records what the engine's models list says of adapters.
 func (e *managed) setRegistered(reg map[string]string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if mapsEqual(e.registered, reg) {
+	if maps.Equal(e.registered, reg) {
 		return
 	}
 	e.registered = reg
 	notify(e.changes)
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // setAdapterError records why adapter name could not be registered ("":

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -174,7 +173,7 @@ func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now 
 	var out outcome
 	defer func() { x.done(a, out) }()
 	body := t.body
-	if x.adapter != "" && strings.EqualFold(x.entryEngine, "llamacpp") {
+	if x.byIndex {
 		// The adapter's index is the route's engine's (its spec's order).
 		if b := llamaCppAdapterBody(body, lr, x.adapter); b != nil {
 			body = b

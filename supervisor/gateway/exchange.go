@@ -33,12 +33,13 @@ type exchange struct {
 	// model is the deployment once resolved, else unknownModel.
 	model string
 	// adapter is the LoRA adapter the request names, of deployment
-	// model, whose engine kind is entryEngine; empty for the deployment
-	// itself (lora.go).
-	adapter, entryEngine string
-	resolved             bool
-	status               int
-	gone                 bool // the client went away
+	// model; empty for the deployment itself (lora.go). byIndex: its
+	// engine takes it by index, per route (llamaCppAdapterBody).
+	adapter  string
+	byIndex  bool
+	resolved bool
+	status   int
+	gone     bool // the client went away
 	// held: the request waited for its deployment to start from zero as
 	// a stream, whose status and headers went out then (wake.go): from
 	// then on every answer is an event of that stream.
@@ -152,8 +153,8 @@ func (g *Gateway) proxyPost(w http.ResponseWriter, r *http.Request, ep endpoint)
 	}
 	x.model, x.resolved = e.Name, true
 	if dep, ok := rt.table.adapter(p.model); ok && dep == e.Name {
-		x.adapter, x.entryEngine = p.model, e.Engine
-		if name := adapterModel(e, x.adapter); name != p.model {
+		x.adapter, x.byIndex = p.model, g.byIndex(e.Engine)
+		if name := g.adapterModel(e, x.adapter); name != p.model {
 			body = withModel(body, p.modelSpan, name)
 		}
 	}

@@ -4,10 +4,10 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/llmgw/llmgw/probes/load"
+	"github.com/llmgw/llmgw/supervisor/profile"
 )
 
 // LoRA adapters. A request whose model names an adapter of a deployment
@@ -94,26 +94,30 @@ func (x *exchange) adapterRoutes(routes []*liveRoute, e *Entry) []*liveRoute {
 	return out
 }
 
-// adapterModel is the model the engine is asked for to get adapter a of
-// deployment e: llama.cpp serves the deployment's name, and is given the
-// adapter by its index (llamaCppAdapterBody).
-func adapterModel(e *Entry, a string) string {
-	switch {
-	case strings.EqualFold(e.Engine, "sglang"):
+// adapterModel is the model engine kind lr is asked for to get adapter a
+// of deployment e, as its profile says (profile.Profile.LoRARequest).
+func (g *Gateway) adapterModel(e *Entry, a string) string {
+	switch g.cfg.Profiles[e.Engine].LoRARequest {
+	case profile.LoRABaseColon:
 		return e.Name + ":" + a
-	case strings.EqualFold(e.Engine, "llamacpp"):
-		return e.Name
+	case profile.LoRAByIndex:
+		return e.Name // and the adapter by its index: llamaCppAdapterBody
 	}
 	return a
+}
+
+// byIndex says whether engine kind takes adapters by index.
+func (g *Gateway) byIndex(engine string) bool {
+	return g.cfg.Profiles[engine].LoRARequest == profile.LoRAByIndex
 }
 
 // llamaCppAdapterBody is body with adapter a of route lr turned on for
 // this request alone: llama.cpp loads a deployment's adapters at start in
 // the spec's order (--lora, each at scale 0 with --lora-init-without-apply),
 // numbers them from 0 in that order, and takes a request's adapters as
-// "lora": [{"id", "scale"}] (tools/server, parse_lora_request); the
-// route's record lists them in that order. nil when lr's engine does not
-// have it.
+// "lora": [{"id", "scale"}] (parse_lora_request in tools/server: it
+// clears every adapter's scale, then sets the listed ones); the route's
+// record lists them in that order. nil when lr's engine does not have it.
 func llamaCppAdapterBody(body []byte, lr *liveRoute, a string) []byte {
 	i := slices.Index(lr.Adapters, a)
 	if i < 0 {

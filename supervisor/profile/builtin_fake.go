@@ -30,7 +30,7 @@ func fakeProfile() Profile {
 		KeyEnv:       "VLLM_API_KEY",
 		HealthPath:   "/health",
 		ModelsPath:   "/v1/models",
-		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter",
+		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter", LoRARequest: LoRAByName,
 		MetricsPath: "/metrics",
 		// As vLLM: the fake engine exports vLLM's series.
 		Metrics: vllmMetrics(),

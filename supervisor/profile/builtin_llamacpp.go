@@ -101,7 +101,10 @@ func llamacppProfile() Profile {
 		},
 		// With a key llama.cpp guards /metrics too, so the load
 		// scrape sends it.
-		KeyEnv:      "LLAMA_API_KEY",
+		KeyEnv: "LLAMA_API_KEY",
+		// Adapters are loaded at start, and a request turns one on by
+		// its index (parse_lora_request, tools/server).
+		LoRARequest: LoRAByIndex,
 		HealthPath:  "/health",
 		ModelsPath:  "/v1/models",
 		MetricsPath: "/metrics",

@@ -86,7 +86,7 @@ func sglangProfile() Profile {
 		Env:            slices.Concat([]string{hfHome, sglangCheapHealth}, compileCaches, gangEnv),
 		HealthPath:     "/health",
 		ModelsPath:     "/v1/models",
-		LoRALoadPath:   "/load_lora_adapter", LoRAUnloadPath: "/unload_lora_adapter",
+		LoRALoadPath:   "/load_lora_adapter", LoRAUnloadPath: "/unload_lora_adapter", LoRARequest: LoRABaseColon,
 		MetricsPath: "/metrics",
 		Metrics: Metrics{
 			Running:          "sglang:num_running_reqs",

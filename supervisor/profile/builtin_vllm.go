@@ -96,7 +96,7 @@ func vllmProfile() Profile {
 		KeyEnv:       "VLLM_API_KEY",
 		HealthPath:   "/health",
 		ModelsPath:   "/v1/models",
-		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter",
+		LoRALoadPath: "/v1/load_lora_adapter", LoRAUnloadPath: "/v1/unload_lora_adapter", LoRARequest: LoRAByName,
 		MetricsPath: "/metrics",
 		Metrics:     vllmMetrics(),
 		// vLLM's /health runs on the API server's asyncio loop, the

@@ -52,6 +52,13 @@ type Metrics struct {
 	LoRAInfo string `json:"lora_info,omitempty"`
 }
 
+// How a request names a LoRA adapter to an engine (Profile.LoRARequest).
+const (
+	LoRAByName    = "name"
+	LoRABaseColon = "base:adapter"
+	LoRAByIndex   = "index"
+)
+
 // Profile is one engine kind.
 type Profile struct {
 	Name string `json:"name"`
@@ -82,10 +89,16 @@ type Profile struct {
 	// "lora_path"} and {"lora_name"}); empty for an engine that takes
 	// adapters only at start. Registered adapters are read back from
 	// ModelsPath: entries whose parent is the served model.
-	LoRALoadPath   string  `json:"lora_load_path,omitempty"`
-	LoRAUnloadPath string  `json:"lora_unload_path,omitempty"`
-	MetricsPath    string  `json:"metrics_path,omitempty"`
-	Metrics        Metrics `json:"metrics"`
+	LoRALoadPath   string `json:"lora_load_path,omitempty"`
+	LoRAUnloadPath string `json:"lora_unload_path,omitempty"`
+	// LoRARequest is how a request names an adapter to the engine:
+	// LoRAByName (model is the adapter's name: vLLM), LoRABaseColon
+	// (model is "<served>:<adapter>": SGLang) or LoRAByIndex (model is
+	// the served name, and "lora": [{"id", "scale"}] turns the adapter
+	// on by its place in the start flags: llama.cpp).
+	LoRARequest string  `json:"lora_request,omitempty"`
+	MetricsPath string  `json:"metrics_path,omitempty"`
+	Metrics     Metrics `json:"metrics"`
 	// Readiness is how busy this engine may look before llmgw calls it
 	// dead, and how long the gateway waits on it (see Readiness).
 	Readiness Readiness `json:"readiness"`

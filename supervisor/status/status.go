@@ -457,6 +457,9 @@ func (s *Snapshot) Shards(now time.Time) []ShardInfo {
 // and of two deployments with an adapter of one name, the one whose name
 // sorts first (the gateways' rule, supervisor/gateway Table.adapter).
 func adapterShadows(recs []gossip.DeploymentRecord) map[string]string {
+	if !slices.ContainsFunc(recs, func(r gossip.DeploymentRecord) bool { return r.Spec != nil && len(r.Spec.Adapters) > 0 }) {
+		return nil // every pass of a cluster without adapters
+	}
 	names := map[string]bool{}
 	var live []gossip.DeploymentRecord
 	for _, r := range recs {
