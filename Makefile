@@ -45,8 +45,9 @@ race:
 # API under load, the gateway's cost; then the routing policies compared,
 # once (each takes two minutes of fake engines). Benchmarks here are noisy: -count gives medians.
 bench:
-	$(GO) test -run '^$$' -bench . -skip Policies -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
+	$(GO) test -run '^$$' -bench . -skip 'Policies|PDStepInterference' -benchtime 5x -count 3 -timeout 30m ./placement/ ./gossip/ ./supervisor/...
 	$(GO) test -run '^$$' -bench Policies -benchtime 1x -timeout 30m ./supervisor/gateway/
+	$(GO) test -run '^$$' -bench PDStepInterference -benchtime 3x -timeout 30m ./supervisor/gateway/
 
 # Many full nodes in one process, measured at each size (supervisor/scaletest):
 # idle CPU, gossip bytes, passes, and how soon every node sees every member and

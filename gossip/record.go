@@ -75,9 +75,15 @@ const (
 
 // ShardRecord is one shard a node holds, as that node reports it.
 type ShardRecord struct {
-	ShardID      string `json:"shard_id"`
-	ReplicaID    string `json:"replica_id"`
-	Deployment   string `json:"deployment"`
+	ShardID    string `json:"shard_id"`
+	ReplicaID  string `json:"replica_id"`
+	Deployment string `json:"deployment"`
+	// Role is the replica's role in a disaggregated deployment (prefill
+	// or decode; protocol 7), and KVPort the engine's KV transfer port
+	// on its holder: an SGLang prefill's bootstrap port, which gateways
+	// name to its decode (vLLM's prefill names its side channel itself).
+	Role         string `json:"role,omitempty"`
+	KVPort       int    `json:"kv_port,omitempty"`
 	SpecVersion  string `json:"spec_version"`
 	GPUs         []int  `json:"gpus"`
 	MemoryPerGPU uint64 `json:"memory_per_gpu_bytes,omitempty"`

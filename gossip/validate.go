@@ -239,6 +239,18 @@ func checkNode(r NodeRecord, now time.Time) (DropReason, error) {
 		if len(s.GPUs) > maxShardGPUs {
 			return bad(field+".gpus", "%d GPUs, at most %d", len(s.GPUs), maxShardGPUs)
 		}
+		if s.Role != "" {
+			// A role's replica is named for it (placement.RoleReplicaID),
+			// so a gateway never sends a prefill leg to a replica that
+			// only claims the role.
+			dep, role, _, ok := placement.ParseReplicaID(s.ReplicaID)
+			if !ok || dep != s.Deployment || role != s.Role {
+				return bad(field+".role", "%q for replica %q of %q, want the role its replica ID names", s.Role, s.ReplicaID, s.Deployment)
+			}
+		}
+		if s.KVPort < 0 || s.KVPort > 65535 || (s.KVPort != 0 && s.Role == "") {
+			return bad(field+".kv_port", "%d, want a port, and only with a role", s.KVPort)
+		}
 		if l := s.Load; l.PrefixHitRate < 0 || l.PrefixHitRate > 1 || l.PrefixQueriesPS < 0 {
 			return bad(field+".load", "prefix cache hit rate %g of %g/s, want a share 0-1 of a rate at least 0", l.PrefixHitRate, l.PrefixQueriesPS)
 		}

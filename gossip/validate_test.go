@@ -247,6 +247,9 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 			r.Telemetry = Telemetry{GPUs: []GPUTelemetry{{Index: 0, UtilPct: 100, TempC: 58, PowerW: 690}, {Index: 1, NoPower: true}},
 				Links: []LinkRate{{Device: "mlx5_0", Port: 1, Up: true, TxMBps: 12.5, RxMBps: 0.1}, {Device: "mlx5_1", Port: 1}}}
 		})},
+		{"a prefill replica and its KV port", rec(func(r *NodeRecord) {
+			r.Shards[0].ShardID, r.Shards[0].ReplicaID, r.Shards[0].Role, r.Shards[0].KVPort = "chat-p0", "chat-p0", "prefill", 8998
+		})},
 		{"cached models", rec(func(r *NodeRecord) {
 			r.CachedModels = []CachedModel{{Model: "meta-llama/Llama-3.1-8B", Bytes: 16 << 30}, {Model: "m.gguf"}}
 		})},
@@ -297,6 +300,14 @@ func TestNodeRecordsAreChecked(t *testing.T) {
 		{"a queue of no valid deployment", "gateway_queued", rec(func(r *NodeRecord) { r.Gateway, r.GatewayQueued = "10.0.0.1:8000", map[string]int{"Chat!": 1} })},
 		{"too many targets", "scale", rec(func(r *NodeRecord) { r.Scale = make([]ScaleTarget, maxScaleTargets+1) })},
 		{"a negative fault count", "probes", rec(func(r *NodeRecord) { r.Probes.DriverFaultsRecent = -1 })},
+		{"a role its replica ID does not name", "role", rec(func(r *NodeRecord) { r.Shards[0].Role = "prefill" })},
+		{"a decode role on a prefill replica", "role", rec(func(r *NodeRecord) {
+			r.Shards[0].ShardID, r.Shards[0].ReplicaID, r.Shards[0].Role = "chat-p0", "chat-p0", "decode"
+		})},
+		{"a KV port without a role", "kv_port", rec(func(r *NodeRecord) { r.Shards[0].KVPort = 8998 })},
+		{"a KV port out of range", "kv_port", rec(func(r *NodeRecord) {
+			r.Shards[0].ShardID, r.Shards[0].ReplicaID, r.Shards[0].Role, r.Shards[0].KVPort = "chat-p0", "chat-p0", "prefill", 70000
+		})},
 		{"a fault line with an escape", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = "NVRM: \x1b[2J" })},
 		{"a fault line too long", "last_driver_fault", rec(func(r *NodeRecord) { r.Probes.LastDriverFault = strings.Repeat("x", MaxFaultLine+1) })},
 		{"utilisation over 100%", "telemetry.gpus", rec(func(r *NodeRecord) { r.Telemetry.GPUs = []GPUTelemetry{{UtilPct: 101}} })},

@@ -147,6 +147,10 @@ func describeJSONType(t reflect.Type) string {
 		return `an object {"min": N, "max": M, "target_inflight": T, "scale_down_delay": "5m", "idle_window": "10m"}`
 	case t == reflect.TypeFor[[]Adapter]():
 		return `a list of {"name": N, "source": S}`
+	case t == reflect.TypeFor[*Role]():
+		return `an object {"replicas": N, "tp": T}`
+	case t == reflect.TypeFor[*Transfer]():
+		return `an object {"backend": "nixl", "nic": "mlx5_0", "domain": "rack", "fallback": false, "skip_below": 0}`
 	case t.Kind() == reflect.String:
 		return "a string"
 	case t.Kind() == reflect.Int:
@@ -244,6 +248,11 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 	}
 	if err := ranged.apply(&d); err != nil {
 		return invalid(err)
+	}
+	if given("replicas") && d.Prefill != nil && d.Decode != nil && d.Replicas != d.Prefill.Replicas+d.Decode.Replicas {
+		// A stored spec says the sum (WithDefaults); any other count
+		// contradicts the roles.
+		return invalid(&FieldError{Field: "replicas", Value: clip(string(raw["replicas"]), 64), Want: fmt.Sprintf("left out with prefill and decode, or their sum (%d): each role says its own count (prefill.replicas, decode.replicas)", d.Prefill.Replicas+d.Decode.Replicas)})
 	}
 	switch {
 	case !given("replicas") && d.Autoscale != nil:

@@ -106,6 +106,12 @@ type Deployment struct {
 	// out of the spec version (adding one restarts nothing), except for
 	// llama.cpp, which takes them only at start. See lora.go.
 	Adapters []Adapter `json:"adapters,omitempty"`
+	// Prefill and Decode split the deployment into roles (prefill/decode
+	// disaggregation, roles.go); both or neither. Replicas is then their
+	// sum. Transfer is how the KV cache moves between them. Protocol 7.
+	Prefill  *Role     `json:"prefill,omitempty"`
+	Decode   *Role     `json:"decode,omitempty"`
+	Transfer *Transfer `json:"transfer,omitempty"`
 }
 
 // The bounds of Deployment.Priority.
@@ -160,6 +166,7 @@ func (d Deployment) WithDefaults() Deployment {
 	if d.PipelineParallel == 0 {
 		d.PipelineParallel = 1
 	}
+	d.rolesWithDefaults()
 	return d
 }
 
@@ -246,6 +253,9 @@ func (d Deployment) Validate() error {
 	if err := d.validateLoRA(); err != nil {
 		return err
 	}
+	if err := d.validateRoles(); err != nil {
+		return err
+	}
 	if d.Priority < MinPriority || d.Priority > MaxPriority {
 		return bad("priority", strconv.Itoa(d.Priority), fmt.Sprintf("an integer from %d to %d (higher keeps its GPUs longer when the cluster shares them; or leave it out: 0)", MinPriority, MaxPriority))
 	}
@@ -305,6 +315,23 @@ func (d Deployment) SpecVersion() string {
 	d.Replicas, d.Update, d.StartTimeout, d.Autoscale, d.Priority = 0, "", 0, nil, 0
 	if !d.AdaptersAtStart() {
 		d.Adapters = nil // registered at runtime: adding one restarts nothing
+	}
+	// A role's count scales like replicas; the gateways' P/D settings
+	// restart nothing. A role's image equals the deployment's.
+	for _, r := range []**Role{&d.Prefill, &d.Decode} {
+		if *r != nil {
+			c := **r
+			c.Replicas, c.Image = 0, ""
+			*r = &c
+		}
+	}
+	if d.Transfer != nil {
+		t := *d.Transfer
+		t.Fallback, t.SkipBelow = false, 0
+		d.Transfer = &t
+		if t == (Transfer{}) {
+			d.Transfer = nil // as a spec without it: setting fallback restarts nothing
+		}
 	}
 	// json.Marshal sorts map keys, so the hash is stable.
 	b, err := json.Marshal(d)
@@ -441,6 +468,9 @@ func fieldVersions() []fieldVersion {
 		{FieldVersion{Field: "max_loras", Protocol: 6}, func(d Deployment) bool { return d.MaxLoras != 0 }},
 		{FieldVersion{Field: "max_lora_rank", Protocol: 6}, func(d Deployment) bool { return d.MaxLoraRank != 0 }},
 		{FieldVersion{Field: "adapters", Protocol: 6}, func(d Deployment) bool { return len(d.Adapters) > 0 }},
+		{FieldVersion{Field: "prefill", Protocol: 7}, func(d Deployment) bool { return d.Prefill != nil }},
+		{FieldVersion{Field: "decode", Protocol: 7}, func(d Deployment) bool { return d.Decode != nil }},
+		{FieldVersion{Field: "transfer", Protocol: 7}, func(d Deployment) bool { return d.Transfer != nil }},
 	}
 }
 

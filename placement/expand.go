@@ -39,7 +39,12 @@ func (n *nodeState) spreadOf(seq int32) int32 {
 
 // depState is one valid deployment, expanded.
 type depState struct {
-	d        Deployment // with defaults
+	d    Deployment // with defaults; a role's shape for a role
+	role string     // "" or RolePrefill or RoleDecode
+	// sibling is the other role of a disaggregated deployment, and near
+	// the nodes near its shards in the current pass (rank.go nearOther).
+	sibling  *depState
+	near     map[*nodeState]int32
 	version  string
 	seq      int32 // 1-based, unique per deployment: scratch stamps use it
 	shapeID  int32
@@ -220,28 +225,45 @@ func (p *planner) readDeployments(in []Deployment) {
 		total += d.Replicas * d.PipelineParallel
 	}
 	p.shards = make(map[string]*shardState, total)
-	for _, d := range valid {
-		dst := &depState{d: d, version: d.SpecVersion(), seq: int32(len(p.deps) + 1)}
-		pp := d.PipelineParallel
-		// One allocation per kind per deployment, not one per shard.
-		reps := make([]replicaState, d.Replicas)
-		shards := make([]shardState, d.Replicas*pp)
-		ptrs := make([]*shardState, d.Replicas*pp)
-		dst.replicas = make([]*replicaState, d.Replicas)
-		for i := range reps {
-			r := &reps[i]
-			*r = replicaState{dep: dst, id: ReplicaID(d.Name, i), index: i, shards: ptrs[i*pp : (i+1)*pp : (i+1)*pp]}
-			for j := range pp {
-				s := &shards[i*pp+j]
-				*s = shardState{rep: r, id: ShardID(r.id, j, pp)}
-				s.hash = fnv1a(s.id)
-				r.shards[j] = s
-				p.shards[s.id] = s
-			}
-			dst.replicas[i] = r
+	for _, whole := range valid {
+		roles := whole.Roles()
+		if roles == nil {
+			roles = []string{""}
 		}
-		p.deps = append(p.deps, dst)
+		version := whole.SpecVersion()
+		for _, role := range roles {
+			p.expand(whole.ForRole(role), role, version)
+		}
+		if len(roles) == 2 {
+			a, b := p.deps[len(p.deps)-2], p.deps[len(p.deps)-1]
+			a.sibling, b.sibling = b, a
+		}
 	}
+}
+
+// expand adds one deployment, or one role of a disaggregated one, to the
+// planner: its replicas and their shards.
+func (p *planner) expand(d Deployment, role, version string) {
+	dst := &depState{d: d, role: role, version: version, seq: int32(len(p.deps) + 1)}
+	pp := d.PipelineParallel
+	// One allocation per kind per deployment, not one per shard.
+	reps := make([]replicaState, d.Replicas)
+	shards := make([]shardState, d.Replicas*pp)
+	ptrs := make([]*shardState, d.Replicas*pp)
+	dst.replicas = make([]*replicaState, d.Replicas)
+	for i := range reps {
+		r := &reps[i]
+		*r = replicaState{dep: dst, id: RoleReplicaID(d.Name, role, i), index: i, shards: ptrs[i*pp : (i+1)*pp : (i+1)*pp]}
+		for j := range pp {
+			s := &shards[i*pp+j]
+			*s = shardState{rep: r, id: ShardID(r.id, j, pp)}
+			s.hash = fnv1a(s.id)
+			r.shards[j] = s
+			p.shards[s.id] = s
+		}
+		dst.replicas[i] = r
+	}
+	p.deps = append(p.deps, dst)
 }
 
 // replicaOf finds the replica a held shard ID belongs to under any
@@ -455,13 +477,19 @@ func (p *planner) judgeRemoved(h holder) {
 		return
 	}
 	replica := replicaPart(hs.ShardID)
-	i := strings.LastIndexByte(replica, '-')
-	if i <= 0 || !allDigits(replica[i+1:]) {
+	name, role, _, ok := ParseReplicaID(replica)
+	if !ok {
 		return
 	}
-	name := replica[:i]
 	k, found := slices.BinarySearchFunc(p.deps, name, func(d *depState, name string) int { return strings.Compare(d.d.Name, name) })
 	if !found {
+		return
+	}
+	// The roles of one deployment sit side by side, prefill first.
+	for k < len(p.deps) && p.deps[k].d.Name == name && p.deps[k].role != role {
+		k++
+	}
+	if k == len(p.deps) || p.deps[k].d.Name != name {
 		return
 	}
 	d := p.deps[k]

@@ -36,7 +36,8 @@ func TestFieldsAboveListsWhatTheVersionDoesNotKnow(t *testing.T) {
 // the field set lists it at protocol 1.
 func TestFieldVersionsNameRealFields(t *testing.T) {
 	full := Deployment{Name: "chat", Model: "m", StartTimeout: Duration(time.Hour), Fit: &Fit{SeqsChosen: true}, Autoscale: &Autoscale{Min: 1, Max: 2}, Priority: 3,
-		MaxLoras: 2, MaxLoraRank: 8, Adapters: []Adapter{{Name: "sql", Source: "org/sql-lora"}}}
+		MaxLoras: 2, MaxLoraRank: 8, Adapters: []Adapter{{Name: "sql", Source: "org/sql-lora"}},
+		Prefill: &Role{Replicas: 1}, Decode: &Role{Replicas: 1}, Transfer: &Transfer{Fallback: true}}
 	b, err := json.Marshal(full)
 	if err != nil {
 		t.Fatal(err)

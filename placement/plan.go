@@ -19,7 +19,7 @@ func (p *planner) plan() Plan {
 	for _, d := range p.deps {
 		for _, rm := range d.removed {
 			out.Assignments = append(out.Assignments, Assignment{
-				ShardID: rm.h.held.ShardID, ReplicaID: rm.replica, Deployment: d.d.Name,
+				ShardID: rm.h.held.ShardID, ReplicaID: rm.replica, Deployment: d.d.Name, Role: d.role,
 				SpecVersion: rm.h.held.SpecVersion, Node: rm.h.node.name,
 				GPUs: p.gpuList(rm.h.held.GPUs), MemoryPerGPU: rm.h.held.MemoryPerGPU,
 				Kept: true, Draining: true,
@@ -38,7 +38,7 @@ func (p *planner) plan() Plan {
 					out.Assignments = append(out.Assignments, p.heldAssignment(r, s.kept))
 				case s.placed != nil:
 					out.Assignments = append(out.Assignments, Assignment{
-						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name,
+						ShardID: s.id, ReplicaID: r.id, Deployment: d.d.Name, Role: d.role,
 						SpecVersion: d.version, Node: s.placed.name,
 						GPUs: s.gpus, MemoryPerGPU: uint64(d.d.GPUMemory),
 					})
@@ -86,7 +86,7 @@ func (p *planner) heldAssignment(r *replicaState, h holder) Assignment {
 		mem = uint64(r.dep.d.GPUMemory)
 	}
 	return Assignment{
-		ShardID: h.held.ShardID, ReplicaID: r.id, Deployment: r.dep.d.Name,
+		ShardID: h.held.ShardID, ReplicaID: r.id, Deployment: r.dep.d.Name, Role: r.dep.role,
 		SpecVersion: h.held.SpecVersion, Node: h.node.name,
 		GPUs: p.gpuList(h.held.GPUs), MemoryPerGPU: mem,
 		Kept: true,

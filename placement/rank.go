@@ -58,6 +58,7 @@ func nvlinkScore(gs []gpuState, pos []int) int64 {
 // the shards it already has, and the feasible classes sorted by rank.
 func (p *planner) beginDeployment(d *depState) {
 	d.penalized = d.penalized[:0]
+	d.near = p.nearOther(d)
 	for _, r := range d.replicas {
 		for _, s := range r.shards {
 			switch {
@@ -120,6 +121,21 @@ func sortByRank(cs []*class, count *[]int) []*class {
 // rendezvous hash. Classes are visited best rank first; within the first
 // rank group that has an unpenalised node, the hash decides.
 func (p *planner) pick(d *depState, s *shardState) *nodeState {
+	if d.near != nil {
+		// A role of a disaggregated deployment: the other role's nodes
+		// first, then nodes of their transfer domain, then any.
+		for tier := int32(2); tier >= 1; tier-- {
+			if n := p.pickWhere(d, s, func(n *nodeState) bool { return d.near[n] >= tier }); n != nil {
+				return n
+			}
+		}
+	}
+	return p.pickWhere(d, s, nil)
+}
+
+// pickWhere is pick among the nodes ok accepts (nil: all), falling back
+// to pickPenalized only when ok is nil.
+func (p *planner) pickWhere(d *depState, s *shardState, ok func(*nodeState) bool) *nodeState {
 	for i := 0; i < len(p.cands); {
 		if len(p.cands[i].members) == 0 {
 			p.cands[i].inCands = false
@@ -137,7 +153,7 @@ func (p *planner) pick(d *depState, s *shardState) *nodeState {
 				continue
 			}
 			for _, n := range c.members {
-				if n.spreadOf(d.seq) > 0 || n.exclSeq == p.gangSeq || slices.Contains(s.avoid, n) || slices.Contains(s.exclude, n) {
+				if n.spreadOf(d.seq) > 0 || n.exclSeq == p.gangSeq || slices.Contains(s.avoid, n) || slices.Contains(s.exclude, n) || (ok != nil && !ok(n)) {
 					continue
 				}
 				h := rendezvous(s.hash, n.key)
@@ -150,6 +166,9 @@ func (p *planner) pick(d *depState, s *shardState) *nodeState {
 			return best
 		}
 		i = j
+	}
+	if ok != nil {
+		return nil
 	}
 	return p.pickPenalized(d, s)
 }
@@ -198,4 +217,48 @@ func cmpKey(a, b [4]uint64) int {
 		}
 	}
 	return 0
+}
+
+// nearOther is, for a role of a disaggregated deployment, the nodes near
+// the other role's shards (kept, or placed in this pass): 2 for a node
+// holding one, 1 for a node of the same transfer domain (the value of the
+// label transfer.domain names). Nil for a deployment without roles, or
+// while the other role has no shard anywhere.
+func (p *planner) nearOther(d *depState) map[*nodeState]int32 {
+	o := d.sibling
+	if o == nil {
+		return nil
+	}
+	var near map[*nodeState]int32
+	domains := map[string]bool{}
+	key := ""
+	if t := d.d.Transfer; t != nil {
+		key = t.Domain
+	}
+	for _, r := range o.replicas {
+		for _, s := range r.shards {
+			n := s.placed
+			if s.kept.ok() {
+				n = s.kept.node
+			}
+			if n == nil {
+				continue
+			}
+			if near == nil {
+				near = map[*nodeState]int32{}
+			}
+			near[n] = 2
+			if v, ok := n.node.Labels[key]; ok && key != "" {
+				domains[v] = true
+			}
+		}
+	}
+	if len(domains) > 0 {
+		for _, n := range p.nodes {
+			if v, ok := n.node.Labels[key]; ok && domains[v] && near[n] == 0 {
+				near[n] = 1
+			}
+		}
+	}
+	return near
 }

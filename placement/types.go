@@ -140,9 +140,12 @@ type Usage struct {
 
 // Assignment places one shard of one spec version on one node's GPUs.
 type Assignment struct {
-	ShardID     string `json:"shard_id"`
-	ReplicaID   string `json:"replica_id"`
-	Deployment  string `json:"deployment"`
+	ShardID    string `json:"shard_id"`
+	ReplicaID  string `json:"replica_id"`
+	Deployment string `json:"deployment"`
+	// Role is the replica's role in a disaggregated deployment
+	// (RolePrefill or RoleDecode), "" in any other.
+	Role        string `json:"role,omitempty"`
 	SpecVersion string `json:"spec_version"`
 	Node        string `json:"node"`
 	GPUs        []int  `json:"gpus"`

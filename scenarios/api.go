@@ -84,6 +84,7 @@ type shardRow struct {
 	ShardID     string `json:"shard_id"`
 	ReplicaID   string `json:"replica_id"`
 	Deployment  string `json:"deployment"`
+	Role        string `json:"role"`
 	SpecVersion string `json:"spec_version"`
 	Node        string `json:"node"`
 	GPUs        []int  `json:"gpus"`
@@ -327,8 +328,8 @@ type gatewayAnswer struct {
 // Each request of a loop asks something of its own (seq numbers it), as
 // clients do: with one prompt for all, the prefix policy would send every
 // request to the one replica that prompt prefers.
-func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, gatewayURL, deployment string, stream bool, seq, tokens int, hdr ...string) (ans gatewayAnswer, err error) {
-	body := chatBody(deployment, fmt.Sprintf("ping %d", seq), tokens)
+func (r *runner) chatThroughGateway(ctx context.Context, client *http.Client, gatewayURL, deployment string, stream bool, prompt string, tokens int, hdr ...string) (ans gatewayAnswer, err error) {
+	body := chatBody(deployment, prompt, tokens)
 	body["stream"] = stream
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, "POST", gatewayURL+"/v1/chat/completions", bytes.NewReader(b))

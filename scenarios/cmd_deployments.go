@@ -94,6 +94,38 @@ func (r *runner) cmdPlace(d *directive) (string, time.Time, error) {
 			}
 		}
 	}
+	// Prefill and decode roles: {replicas, tp} each, and the gateways'
+	// P/D settings in transfer.
+	for _, role := range []string{"prefill", "decode"} {
+		if !d.has(role + "-replicas") {
+			continue
+		}
+		n, err := d.integer(role+"-replicas", 0)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		rs := map[string]any{"replicas": n}
+		if d.has(role + "-tp") {
+			if rs["tp"], err = d.integer(role+"-tp", 0); err != nil {
+				return "", time.Time{}, err
+			}
+		}
+		spec[role] = rs
+	}
+	transfer := map[string]any{}
+	if d.has("pd-fallback") {
+		if transfer["fallback"], err = d.boolean("pd-fallback", false); err != nil {
+			return "", time.Time{}, err
+		}
+	}
+	if d.has("pd-skip-below") {
+		if transfer["skip_below"], err = d.integer("pd-skip-below", 0); err != nil {
+			return "", time.Time{}, err
+		}
+	}
+	if len(transfer) > 0 {
+		spec["transfer"] = transfer
+	}
 	if args, ok := d.list("args"); ok {
 		spec["args"] = args
 	}

@@ -57,6 +57,12 @@ func (r *runner) cmdExpect(d *directive) (string, time.Time, error) {
 		}
 		out, err := perNode(obs, func(n *node) (string, error) { return r.shardsTable(n, cols) })
 		return out, time.Time{}, err
+	case "pd-legs":
+		out, err := r.expectPDLegs(d, obs)
+		return out, time.Time{}, err
+	case "pd-outcomes":
+		out, err := r.expectPDOutcomes(d, obs)
+		return out, time.Time{}, err
 	case "members":
 		out, err := perNode(obs, r.membersTable)
 		return out, time.Time{}, err
@@ -163,7 +169,7 @@ func (r *runner) modelsTable(n *node) (string, error) {
 }
 
 // shardColumns are the columns expect shards can print, comma-separated.
-const shardColumns = "shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason"
+const shardColumns = "shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason,role"
 
 func (r *runner) shardsTable(n *node, cols []string) (string, error) {
 	var rows []shardRow
@@ -204,6 +210,8 @@ func (r *runner) shardsTable(n *node, cols []string) (string, error) {
 				v = r.engineState(row)
 			case "reason":
 				v = row.Reason
+			case "role":
+				v = row.Role
 			}
 			if v == "" {
 				v = "-"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -44,6 +45,9 @@ type requestLoop struct {
 	// default).
 	client *http.Client
 	tokens int
+	// promptWords (prompt-words=) lengthens each prompt by that many
+	// words, so that it spans KV blocks (a prefill then hands blocks over).
+	promptWords int
 	// header is what every request carries besides (priority=: the
 	// cluster's priority header and the class).
 	header []string
@@ -91,6 +95,15 @@ type loopRequest struct {
 	ttfb time.Duration
 }
 
+// prompt is request seq's message: "ping N", and promptWords more words.
+func (l *requestLoop) prompt(seq int) string {
+	p := fmt.Sprintf("ping %d", seq)
+	if l.promptWords > 0 {
+		p += strings.Repeat(" lorem", l.promptWords)
+	}
+	return p
+}
+
 // workerStagger spaces the workers' first requests, so that long streams
 // do not all begin and end together.
 const workerStagger = 50 * time.Millisecond
@@ -103,7 +116,7 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb or expect-refused")
+	action, err := d.nextPos("start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb, expect-refused or expect-fail-fast")
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -137,8 +150,11 @@ func (r *runner) cmdRequestLoop(d *directive) (string, time.Time, error) {
 	case "expect-refused":
 		out, err := loopRefused(d, l)
 		return out, time.Time{}, err
+	case "expect-fail-fast":
+		out, err := r.loopFailFast(d, l)
+		return out, time.Time{}, err
 	}
-	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb or expect-refused, got %q", action)
+	return "", time.Time{}, usagef("request-loop: want start, stop, expect-no-errors, expect-none-from, expect-spread, expect-cut, expect-ttfb, expect-refused or expect-fail-fast, got %q", action)
 }
 
 func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time, error) {
@@ -173,6 +189,13 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 	}
 	if d.has("tokens") && tokens < 1 {
 		return "", time.Time{}, usagef("request-loop: tokens=%d: want at least 1", tokens)
+	}
+	words, err := d.integer("prompt-words", 0)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if words < 0 || words > 100000 {
+		return "", time.Time{}, usagef("request-loop: prompt-words=%d: want 0 to 100000", words)
 	}
 	retry, err := d.str("retry", "none")
 	if err != nil {
@@ -222,7 +245,7 @@ func (r *runner) startRequestLoop(d *directive, name string) (string, time.Time,
 		return "", time.Time{}, err
 	}
 	l := &requestLoop{name: name, deployment: dep, answeredAs: answeredAs, viaGateway: via == "gateway", stream: stream, only: only, workers: workers,
-		client: client, tokens: tokens, header: header, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
+		client: client, tokens: tokens, promptWords: words, header: header, nextGateway: retry == "next-gateway", stopping: make(chan struct{}), done: make(chan struct{}), minRoutable: -1,
 		inFlight: map[int]time.Time{}}
 	r.loops[name] = l
 	var wg sync.WaitGroup
@@ -580,7 +603,7 @@ func (r *runner) runRequestLoop(l *requestLoop, delay time.Duration) {
 			id, q := l.begin()
 			for try := 0; ; try++ {
 				gw := obs[(next+try)%len(obs)]
-				ans, err := r.chatThroughGateway(r.ctx, l.client, gw.gateway(), l.deployment, l.stream, next, l.tokens, l.header...)
+				ans, err := r.chatThroughGateway(r.ctx, l.client, gw.gateway(), l.deployment, l.stream, l.prompt(next), l.tokens, l.header...)
 				q.end = time.Now()
 				q.node, q.replica, q.first = ans.node, ans.replica, ans.head
 				q.ttfb = 0
@@ -855,6 +878,61 @@ func (r *runner) loopTTFB(d *directive, l *requestLoop) (string, error) {
 		return fmt.Sprintf("%s time to first byte %v, over %v", name, got.Round(time.Millisecond), under), nil
 	}
 	return fmt.Sprintf("%s time to first byte within %v", name, under), nil
+}
+
+// loopFailFast judges the failures of requests sent after a mark: each an
+// OpenAI-shaped error (an error code in its body), none later than under
+// after its sending. The slowest goes to the notes.
+func (r *runner) loopFailFast(d *directive, l *requestLoop) (string, error) {
+	under, err := d.duration("under", 0)
+	if err != nil {
+		return "", err
+	}
+	if under <= 0 {
+		return "", usagef("request-loop %s expect-fail-fast: want under=DURATION", l.name)
+	}
+	var from time.Time
+	if ref, ok := d.kvRaw("after"); ok {
+		if from, err = r.eventAt("after", ref); err != nil {
+			return "", err
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var slowest time.Duration
+	failed, answered := 0, 0
+	codes := map[string]int{}
+	for _, q := range l.reqs {
+		if q.sent.Before(from) {
+			continue
+		}
+		if q.err == "" {
+			answered++
+			continue
+		}
+		failed++
+		slowest = max(slowest, q.end.Sub(q.sent))
+		code := "not an OpenAI error"
+		if i := strings.Index(q.err, `"code":"`); i >= 0 {
+			code = errorKind(q.err)
+		}
+		codes[code]++
+	}
+	var cs []string
+	for _, c := range slices.Sorted(maps.Keys(codes)) {
+		cs = append(cs, fmt.Sprintf("%s %d", c, codes[c]))
+	}
+	r.res.Notes = append(r.res.Notes, fmt.Sprintf("request-loop %s after the mark: %d answered, %d failed (%s), the slowest failure in %v",
+		l.name, answered, failed, strings.Join(cs, ", "), slowest.Round(time.Millisecond)))
+	switch {
+	case failed == 0:
+		return "no request failed", nil
+	case codes["not an OpenAI error"] > 0:
+		return fmt.Sprintf("%d failures without an OpenAI error", codes["not an OpenAI error"]), nil
+	case slowest > under:
+		return fmt.Sprintf("the slowest failure took %v, over %v", slowest.Round(time.Millisecond), under), nil
+	}
+	return fmt.Sprintf("every failure an OpenAI error within %v", under), nil
 }
 
 // errorKind is the deterministic part of a loop request's error: what a

@@ -127,7 +127,8 @@
 //
 //	place NAME model=M [engine=fake] [replicas=N] [tp=N|auto] [pp=N] [gpu-memory=70GiB|auto]
 //	      [max-model-len=N] [max-num-seqs=N] [gpu-type=H100] [labels=(k=v)] [args=(a,b)] [env=(K=V)] [update=surge|recreate]
-//	      [start-timeout=2h] [min-replicas=N max-replicas=M [target-inflight=T] [scale-down-delay=5m] [idle-window=10m]] [priority=N] [max-loras=N [max-lora-rank=R] [adapters=(NAME=SOURCE,...)]] [via=NODE]
+//	      [start-timeout=2h] [min-replicas=N max-replicas=M [target-inflight=T] [scale-down-delay=5m] [idle-window=10m]] [priority=N] [max-loras=N [max-lora-rank=R] [adapters=(NAME=SOURCE,...)]]
+//	      [prefill-replicas=N decode-replicas=M [prefill-tp=T] [decode-tp=T] [pd-fallback=true] [pd-skip-below=TOKENS]] [via=NODE]
 //	    POST the deployment to one node (default: the first observer). Keys
 //	    left out are not sent: the node's defaults apply. start-timeout is
 //	    sent as start_timeout, a duration string; min-replicas and
@@ -166,9 +167,10 @@
 // A background client (cmd_request_loop.go):
 //
 //	request-loop NAME start deployment=D [via=engines|gateway] [stream=false] [on=(NODES)] [workers=1]
-//	        [tokens=N] [timeout=DURATION] [retry=none|next-gateway] [priority=CLASS]
+//	        [tokens=N] [prompt-words=N] [timeout=DURATION] [retry=none|next-gateway] [priority=CLASS]
 //	        [answered-as=MODEL]
-//	    Chat completions in a loop. answered-as=MODEL: an answer whose model
+//	    Chat completions in a loop. prompt-words=N adds N words to each
+//	    prompt ("ping 7 lorem lorem ..."), so that it spans KV blocks. answered-as=MODEL: an answer whose model
 //	    field is not MODEL counts as an error (a LoRA adapter answers as
 //	    itself; deployment=ADAPTER asks for it through a gateway). via=engines (the default): each to a
 //	    replica whose lease is valid in a fresh /v1/shards, with that
@@ -230,6 +232,11 @@
 //	    first byte (sent after after=) is within DURATION: "p95 time to
 //	    first byte within 2s", or the figure over it. p50, the quantile,
 //	    the max and the count go to the summary.
+//	request-loop NAME expect-fail-fast under=DURATION [after=EVENT[+DURATION]]
+//	    Every request sent after after= that failed did so with an
+//	    OpenAI-shaped error (a code in its body) within DURATION of its
+//	    sending: "every failure an OpenAI error within 10s", or "no
+//	    request failed". Counts, codes and the slowest go to the summary.
 //	request-loop NAME expect-refused match=TEXT
 //	    The loop sent requests and every one failed with TEXT in its error
 //	    (a removed model's 404, say): "every request refused with TEXT".
@@ -357,7 +364,7 @@
 // # Reports (expect)
 //
 //	expect models [on=(NODES)]                   /v1/deployments as a table (why below it)
-//	expect shards [on=(NODES)] [columns=(shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason)]
+//	expect shards [on=(NODES)] [columns=(shard,replica,deployment,node,gpus,lease,status,restarts,draining,engine,reason,role)]
 //	                                             default columns: shard,deployment,lease,status,draining
 //	expect members [on=(NODES)]                  name, state and GPU count of every member
 //	expect plan-agrees [on=(NODES)]              every observer has the same plan
@@ -365,6 +372,11 @@
 //	expect pids-unchanged since=SNAPSHOT         engines kept their pids
 //	expect plan-diff since=SNAPSHOT              assignments added, removed or moved
 //	expect no-orphans
+//	expect pd-legs DEPLOYMENT                    a disaggregated deployment's engines (the fake's counters) and
+//	                                             gateways agree: one prefill leg and one decode KV load per
+//	                                             disaggregated request, no decode prompt computed alone
+//	expect pd-outcomes DEPLOYMENT                the outcomes other than disaggregated the alive gateways
+//	                                             counted: "none" or their names (counts to the summary)
 //	expect request-loop NAME [min-routable=N] [min-success=P%] [before=EVENT]
 //	                                             same as request-loop NAME expect-no-errors
 //	expect log NODE match=TEXT                   how many lines of the node's log (all its

@@ -125,7 +125,7 @@ func commandTable() map[string]cmdSpec {
 		"thaw":         {"", (*runner).cmdThaw},
 		"partition":    {"", (*runner).cmdPartition},
 		"heal":         {"", (*runner).cmdHeal},
-		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update start-timeout min-replicas max-replicas target-inflight scale-down-delay idle-window priority max-loras max-lora-rank adapters via", (*runner).cmdPlace},
+		"place":        {"model engine replicas tp pp gpu-memory max-model-len max-num-seqs gpu-type labels args env update start-timeout min-replicas max-replicas target-inflight scale-down-delay idle-window priority max-loras max-lora-rank adapters prefill-replicas decode-replicas prefill-tp decode-tp pd-fallback pd-skip-below via", (*runner).cmdPlace},
 		"weights":      {"family model", (*runner).cmdWeights},
 		"unplace":      {"via", (*runner).cmdUnplace},
 		"crash-engine": {"", (*runner).cmdCrashEngine},
@@ -135,7 +135,7 @@ func commandTable() map[string]cmdSpec {
 		"snapshot":     {"", (*runner).cmdSnapshot},
 		"measure":      {"from to max", (*runner).cmdMeasure},
 		"dump":         {"", (*runner).cmdDump},
-		"request-loop": {"deployment via stream on workers tokens timeout retry priority answered-as match min-routable min-success min-share before after at except-binary under quantile", (*runner).cmdRequestLoop},
+		"request-loop": {"deployment via stream on workers tokens prompt-words timeout retry priority answered-as match min-routable min-success min-share before after at except-binary under quantile", (*runner).cmdRequestLoop},
 		"health-loop":  {"deployment timeout", (*runner).cmdHealthLoop},
 		"affinity":     {"deployment via tenants rounds", (*runner).cmdAffinity},
 	}

@@ -17,6 +17,12 @@ import (
 // it runs.
 func (s *apiServer) handleDeployments(w http.ResponseWriter, r *http.Request) {
 	out := s.node.Status().Deployments(s.clock.Now())
+	if s.conf.gatewayPD != nil {
+		pd := s.conf.gatewayPD()
+		for i := range out {
+			out[i].PDOutcomes = pd[out[i].Name]
+		}
+	}
 	// Reading needs no token, but env is where hub and registry secrets
 	// go, and args may carry an API key: without the token they are
 	// shown redacted.

@@ -153,7 +153,7 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 	var mine []engine.Desired
 	for _, a := range plan.Assignments {
 		if a.Node == c.name {
-			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment]})
+			mine = append(mine, engine.Desired{Assignment: a, Spec: specs[a.Deployment].ForRole(a.Role)})
 		}
 	}
 	gangViews(mine, plan, members, now, c.ttl)

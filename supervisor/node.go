@@ -97,6 +97,11 @@ type Config struct {
 	// queues per deployment now (gateway.Gateway.Queued), published with
 	// the rates: demand the deployments' deciders add to their engines'.
 	GatewayQueued func() map[string]int
+	// GatewayPD, when set, is the latest reason the node's gateway saw
+	// for each outcome of a disaggregated deployment's requests other
+	// than disaggregated (gateway.Gateway.PDOutcomes), shown with the
+	// deployments.
+	GatewayPD func() map[string]map[string]string
 	// Join lists gossip addresses to join, retried in the background.
 	Join      []string
 	GossipKey []byte
@@ -338,7 +343,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		cluster: cluster, runner: n.runner, leases: leases, isolation: n.isolation, reads: n.reads,
 		load: publish.NewLoad(cluster, rates, queued), wake: wake, settled: &n.join.settled}
 	n.api = &apiServer{node: n, gossip: cluster, shards: n.runner, isolation: n.isolation, hops: &n.hops, drops: &n.drops,
-		conf: apiConfig{name: cfg.Name, token: cfg.Token, allowFrom: cfg.AllowFrom, testHooks: cfg.TestHooks, weightsDir: cfg.WeightsDir,
+		conf: apiConfig{gatewayPD: cfg.GatewayPD, name: cfg.Name, token: cfg.Token, allowFrom: cfg.AllowFrom, testHooks: cfg.TestHooks, weightsDir: cfg.WeightsDir,
 			runtime: cfg.RuntimeName, profile: cfg.Profile.Name, version: cfg.Version, leaseTTL: cfg.LeaseTTL, started: started},
 		clock: cfg.Clock, log: log, closed: n.closed}
 	mux := http.NewServeMux()

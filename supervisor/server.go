@@ -85,6 +85,8 @@ type apiConfig struct {
 	weightsDir, runtime, profile, version string
 	leaseTTL                              time.Duration
 	started                               time.Time
+	// gatewayPD is Config.GatewayPD (nil: no gateway, or none to show).
+	gatewayPD func() map[string]map[string]string
 }
 
 // maxBody bounds request bodies: a deployment spec is a few KiB.

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -175,6 +177,15 @@ func placeCommand() *cli.Command {
 		&cli.IntFlag{Name: "max-loras", HideDefault: true, Usage: "LoRA: how many adapters one batch may hold (vLLM --max-loras, SGLang --max-loras-per-batch); turns LoRA on; a start flag, so changing it restarts the engines"},
 		&cli.IntFlag{Name: "max-lora-rank", HideDefault: true, Usage: "LoRA: the largest adapter rank (1, 8, 16, 32, 64, 128, 256, 320 or 512; default 16); changing it restarts the engines"},
 		&cli.StringSliceFlag{Name: "adapter", Usage: "LoRA adapter NAME=SOURCE (repeatable): SOURCE is a directory in the weights dir, an absolute path the engine reads, or a hub id; registered on every replica at runtime (llama.cpp: at start)"},
+		&cli.IntFlag{Name: "prefill-replicas", HideDefault: true, Usage: "prefill/decode disaggregation: prefill replicas (with --decode-replicas; instead of --replicas); engines vllm, sglang and fake"},
+		&cli.IntFlag{Name: "decode-replicas", HideDefault: true, Usage: "prefill/decode disaggregation: decode replicas (with --prefill-replicas)"},
+		&cli.IntFlag{Name: "prefill-tp", HideDefault: true, Usage: "a prefill replica's tensor parallel size (default --tp)"},
+		&cli.IntFlag{Name: "decode-tp", HideDefault: true, Usage: "a decode replica's tensor parallel size (default --tp)"},
+		&cli.StringFlag{Name: "transfer-backend", Usage: "the KV transfer library: nixl (vllm, fake), mooncake or nixl (sglang); default the engine's"},
+		&cli.StringFlag{Name: "transfer-nic", Usage: "the RDMA device the KV transfer uses, e.g. mlx5_0 (default: the library's choice)"},
+		&cli.StringFlag{Name: "transfer-domain", Usage: "a node label key (e.g. rack): a role's replicas prefer nodes whose value of it matches the other role's nodes"},
+		&cli.BoolFlag{Name: "pd-fallback", Usage: "let a decode replica serve a request alone when no prefill replica can (counted as fallback); default: such a request fails with an error saying why"},
+		&cli.IntFlag{Name: "pd-skip-below", HideDefault: true, Usage: "skip the prefill leg for prompts whose uncached part is below this many tokens, as the gateway estimates it (counted as skipped); default 0: always disaggregate"},
 		&cli.IntFlag{Name: "priority", HideDefault: true, Usage: "GPU sharing: when a deployment with demand does not fit, idle autoscaled replicas above their min give their GPUs up, lowest priority first (-1000 to 1000, default 0); changing it restarts nothing"},
 	)
 	return &cli.Command{
@@ -194,7 +205,8 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		// The file is the whole spec: a flag beside it would be ignored
 		// silently, so it is refused.
 		for _, name := range []string{"model", "engine", "replicas", "tp", "pp", "gpu-memory", "max-model-len", "max-num-seqs", "gpu-type", "label", "image", "arg", "env", "update", "start-timeout",
-			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window", "priority", "max-loras", "max-lora-rank", "adapter"} {
+			"min-replicas", "max-replicas", "target-inflight", "scale-down-delay", "idle-window", "priority", "max-loras", "max-lora-rank", "adapter",
+			"prefill-replicas", "decode-replicas", "prefill-tp", "decode-tp", "transfer-backend", "transfer-nic", "transfer-domain", "pd-fallback", "pd-skip-below"} {
 			if c.IsSet(name) {
 				return nil, "", fmt.Errorf("--%s: not with --file; put it in the file", name)
 			}
@@ -268,6 +280,9 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 	if err := autoscaleFlags(c, &d); err != nil {
 		return nil, "", err
 	}
+	if err := roleFlags(c, &d); err != nil {
+		return nil, "", err
+	}
 	d.GPUMemoryAuto = c.String("gpu-memory") == "auto"
 	if d.TensorParallelAuto && !d.GPUMemoryAuto {
 		return nil, "", fmt.Errorf("--tp auto chooses the split from the model's size: add --gpu-memory auto")
@@ -287,6 +302,45 @@ func placeBody(c *cli.Command) ([]byte, string, error) {
 		return nil, "", err
 	}
 	return autoBody(d)
+}
+
+// roleFlags puts --prefill-replicas, --decode-replicas, their TP and the
+// transfer's settings in d; the node checks the values and names the
+// fields, this what only the flags can get wrong.
+func roleFlags(c *cli.Command, d *placement.Deployment) error {
+	roles := c.IsSet("prefill-replicas") || c.IsSet("decode-replicas")
+	if !roles {
+		for _, f := range []string{"prefill-tp", "decode-tp", "transfer-backend", "transfer-nic", "transfer-domain", "pd-fallback", "pd-skip-below"} {
+			if c.IsSet(f) {
+				return fmt.Errorf("--%s: only with --prefill-replicas and --decode-replicas", f)
+			}
+		}
+		return nil
+	}
+	if c.IsSet("replicas") {
+		return fmt.Errorf("--replicas: not with --prefill-replicas and --decode-replicas, which say each role's count")
+	}
+	if c.IsSet("prefill-replicas") {
+		d.Prefill = &placement.Role{Replicas: int(c.Int("prefill-replicas")), TensorParallel: int(c.Int("prefill-tp"))}
+	}
+	if c.IsSet("decode-replicas") {
+		d.Decode = &placement.Role{Replicas: int(c.Int("decode-replicas")), TensorParallel: int(c.Int("decode-tp"))}
+	}
+	for _, f := range []string{"prefill-tp", "decode-tp"} {
+		if c.IsSet(f) && c.Int(f) < 1 {
+			return fmt.Errorf("--%s %d: want 1 to 64 (or leave it out: --tp)", f, c.Int(f))
+		}
+	}
+	d.Replicas = 0
+	if d.Prefill != nil && d.Decode != nil {
+		d.Replicas = d.Prefill.Replicas + d.Decode.Replicas
+	}
+	t := placement.Transfer{Backend: c.String("transfer-backend"), NIC: c.String("transfer-nic"), Domain: c.String("transfer-domain"),
+		Fallback: c.Bool("pd-fallback"), SkipBelow: int(c.Int("pd-skip-below"))}
+	if t != (placement.Transfer{}) {
+		d.Transfer = &t
+	}
+	return nil
 }
 
 // autoscaleFlags puts --min-replicas, --max-replicas, --target-inflight
@@ -437,6 +491,14 @@ func modelsCommand() *cli.Command {
 					}
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Name, d.Model, d.Engine, replicas, d.Ready, nodes, why)
+				// A disaggregated deployment's roles under it, and every
+				// way its requests lately were not disaggregated.
+				for _, r := range d.Roles {
+					fmt.Fprintf(tw, "  %s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", r.Role, "-", "role", r.Placed, r.Replicas, r.Ready, "-", "-")
+				}
+				for _, o := range slices.Sorted(maps.Keys(d.PDOutcomes)) {
+					fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", o, "-", "pd outcome", "-", "-", "-", d.PDOutcomes[o])
+				}
 				// Its LoRA adapters under it: the source, the replicas
 				// that list it (READY), and why others do not.
 				for _, a := range d.AdapterStatus {
@@ -520,7 +582,7 @@ func shardsCommand() *cli.Command {
 			}
 			sort.SliceStable(shards, func(i, j int) bool { return shards[i].ShardID < shards[j].ShardID })
 			tw := tabwriter.NewWriter(c.Root().Writer, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SHARD\tRANK\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
+			fmt.Fprintln(tw, "SHARD\tROLE\tRANK\tSPEC\tNODE\tGPUS\tLEASE\tSTATUS\tPID/CONTAINER\tURL\tRESTARTS\tUPTIME\tNOTE")
 			for _, s := range shards {
 				who := "-"
 				if s.Container != "" {
@@ -540,7 +602,7 @@ func shardsCommand() *cli.Command {
 					note = strings.TrimSpace(fmt.Sprintf("last exit %d %s", *s.LastExit, note))
 				}
 				note = strings.TrimSpace(note + " " + gangNote(s) + " " + engineNote(s, time.Now()))
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, gangRank(s), dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ShardID, dash(s.Role), gangRank(s), dash(s.SpecVersion), dash(s.Node), ints(s.GPUs), s.Lease, s.Status, who, dash(s.URL), s.Restarts, up, dash(note))
 			}
 			return tw.Flush()
 		},

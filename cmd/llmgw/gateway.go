@@ -43,6 +43,7 @@ func gatewayFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "gateway-scrape-interval", Value: gateway.DefaultScrapeInterval, Usage: "the least time between two reads of one engine's /metrics for routing; engines are read every tenth of their requests' duration, within this and 1s", Sources: cli.EnvVars("LLMGW_GATEWAY_SCRAPE_INTERVAL")},
 		&cli.DurationFlag{Name: "gateway-first-byte-timeout", Usage: "how long the gateway waits for the first byte of an engine's answer before it answers 504 and counts a failure against the replica; 0: the engine profile's (10m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT")},
 		&cli.DurationFlag{Name: "gateway-stream-idle-timeout", Usage: "the longest the gateway waits between two reads of an engine's answer before it cuts it (a stream ends with an error event); 0: the engine profile's (2m for vllm, sglang and llamacpp)", Sources: cli.EnvVars("LLMGW_GATEWAY_STREAM_IDLE_TIMEOUT")},
+		&cli.DurationFlag{Name: "pd-leg-timeout", Value: gateway.DefaultPDLegTimeout, Usage: "for deployments with prefill and decode roles: the longest the prefill leg, the decode's first byte (which waits for the KV transfer) and each gap in its answer may take before the request fails with an error (the engines' own waits are 300s and more)", Sources: cli.EnvVars("LLMGW_PD_LEG_TIMEOUT")},
 		&cli.BoolFlag{Name: "gateway-access-log", Value: true, Usage: "one line per gateway request on stderr (never the prompt)", Sources: cli.EnvVars("LLMGW_GATEWAY_ACCESS_LOG")},
 		&cli.StringFlag{Name: "priority-header", Usage: "a request header whose value (interactive, default or batch) sets the request's class in the gateway's queue, ahead of its API key's priority= (e.g. X-Priority); empty: no header is honoured", Sources: cli.EnvVars("LLMGW_PRIORITY_HEADER")},
 		&cli.IntFlag{Name: "queue-depth", Value: gateway.DefaultQueueDepth, Usage: "requests that may wait in the gateway's queue per deployment, once every replica holds its bound (target_inflight, else max_num_seqs); more get 429", Sources: cli.EnvVars("LLMGW_QUEUE_DEPTH")},
@@ -66,6 +67,8 @@ type gatewaySetup struct {
 	// engine kind's profile.
 	firstByte  time.Duration
 	streamIdle time.Duration
+	// pdLeg bounds each leg of a disaggregated request (pdroute.go).
+	pdLeg time.Duration
 	// drain bounds the gateway's stop (Server.Shutdown).
 	drain time.Duration
 	// tracer, when tracing is on (tracing.go), traces its requests.
@@ -111,6 +114,9 @@ func gatewayConfig(c *cli.Command) (gatewaySetup, error) {
 	}
 	if s.streamIdle < 0 {
 		return s, fmt.Errorf("--gateway-stream-idle-timeout %v: want 0 (the engine profile's) or more", s.streamIdle)
+	}
+	if s.pdLeg = c.Duration("pd-leg-timeout"); s.pdLeg < 100*time.Millisecond || s.pdLeg > 10*time.Minute {
+		return s, fmt.Errorf("--pd-leg-timeout %v: want 100ms to 10m (default %v)", s.pdLeg, gateway.DefaultPDLegTimeout)
 	}
 	if s.drain = c.Duration("gateway-drain-timeout"); s.drain < time.Second || s.drain > time.Hour {
 		return s, fmt.Errorf("--gateway-drain-timeout %v: want 1s to 1h (default %v)", s.drain, gateway.DefaultDrainTimeout)
@@ -175,7 +181,7 @@ func listenGateway(s gatewaySetup, name, token string, clk clock.Clock, log *slo
 		access = os.Stderr
 	}
 	gw := gateway.New(gateway.Config{Keys: s.keys, MaxInflight: s.inflight, AccessLog: access, Policy: s.policy, ScrapeInterval: s.scrape,
-		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle, Tracer: s.tracer,
+		FirstByteTimeout: s.firstByte, StreamIdleTimeout: s.streamIdle, Tracer: s.tracer, PDLegTimeout: s.pdLeg, Logger: log,
 		PriorityHeader: s.priorityHeader, QueueDepth: s.queueDepth, QueueWait: s.queueWait,
 		// Each engine demands its own key; the gateway presents it in
 		// place of the client's.

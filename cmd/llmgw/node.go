@@ -282,7 +282,7 @@ func nodeUp(ctx context.Context, c *cli.Command) error {
 		return failure(err.Error())
 	}
 	if ln != nil {
-		cfg.GatewayAddr, cfg.GatewayTLS, cfg.GatewayRates, cfg.GatewayQueued = ln.Addr().String(), gws.tls != nil, gw.Rates, gw.Queued
+		cfg.GatewayAddr, cfg.GatewayTLS, cfg.GatewayRates, cfg.GatewayQueued, cfg.GatewayPD = ln.Addr().String(), gws.tls != nil, gw.Rates, gw.Queued, gw.PDOutcomes
 	}
 	relay := newRelay(runner, cfg, gws)
 	var hist *history.Recorder

@@ -71,3 +71,46 @@ func TestPlaceSaysWhatHappenedAndWaits(t *testing.T) {
 		t.Errorf("--wait=soon: %v", err)
 	}
 }
+
+// A deployment of prefill and decode roles from place's flags: its
+// replicas are named for their role, shards says each one's role (in
+// --json too), and models lists the roles. Flags that contradict the
+// roles are refused, naming the flag or the field.
+func TestPlaceRoles(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir(), "--simulate-gpus", "2xH100-80GB")
+	cli := func(args ...string) (string, error) {
+		return run(t, append(args, "--addr", n.api, "--token-file", filepath.Join(n.dataDir, "token"))...)
+	}
+	if out, err := cli("place", "pd", "--model", "m/tiny", "--engine", "fake", "--prefill-replicas", "1", "--decode-replicas", "1", "--wait=30s"); err != nil || !strings.Contains(out, "ready: 2 of 2 replicas of pd serve") {
+		t.Fatalf("place with roles: %v\n%s", err, out)
+	}
+	out, err := cli("shards")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []*regexp.Regexp{regexp.MustCompile(`(?m)^SHARD\s+ROLE\s+RANK`), regexp.MustCompile(`(?m)^pd-d0\s+decode\s`), regexp.MustCompile(`(?m)^pd-p0\s+prefill\s`)} {
+		if !want.MatchString(out) {
+			t.Errorf("shards lacks %s:\n%s", want, out)
+		}
+	}
+	if out, err = cli("shards", "--json"); err != nil || !strings.Contains(out, `"role": "prefill"`) || !strings.Contains(out, `"role": "decode"`) {
+		t.Errorf("shards --json: %v\n%s", err, out)
+	}
+	if out, err = cli("models"); err != nil || !regexp.MustCompile(`(?m)^\s+prefill\s+-\s+role\s+1/1\s+1`).MatchString(out) {
+		t.Errorf("models: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--replicas", "2", "--prefill-replicas", "1", "--decode-replicas", "1"}, "--replicas: not with --prefill-replicas and --decode-replicas"},
+		{[]string{"--prefill-replicas", "1"}, "decode: invalid value"},
+		{[]string{"--pd-fallback"}, "--pd-fallback: only with --prefill-replicas and --decode-replicas"},
+		{[]string{"--engine", "llamacpp", "--prefill-replicas", "1", "--decode-replicas", "1"}, "prefill: invalid value \"engine llamacpp\""},
+	} {
+		args := append([]string{"place", "x", "--model", "m/tiny"}, c.args...)
+		if _, err := cli(args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}

@@ -60,6 +60,14 @@ const (
 	// and records say which each replica holds; a V5 node would run the
 	// engines without LoRA and relay the spec without it.
 	V6 = 6
+	// V7: prefill/decode disaggregation. A spec may carry prefill,
+	// decode and transfer (placement/roles.go): placement expands the
+	// roles into replicas named <name>-p<i> and <name>-d<i>, engines
+	// start with their role's KV transfer flags, shard records say the
+	// role and its KV port, and gateways route each request as two legs.
+	// A V6 node would place the spec as one plain replica and relay it
+	// without its roles, so below V7 a place that sets them is refused.
+	V7 = 7
 )
 
 // Min and Max bound the versions this build speaks. Min rises only when a
@@ -67,7 +75,7 @@ const (
 // cluster's active version is refused by it.
 const (
 	Min = V1
-	Max = V6
+	Max = V7
 )
 
 // Range is the span of versions one build speaks.

@@ -78,6 +78,12 @@ func (r *Runner) adopt(ctx context.Context) error {
 		if g := a.e.state.Gang; g != nil && g.Rank == 0 && g.MasterPort > 0 {
 			r.ports.hold(g.MasterPort, a.e.id) // rank 0's rendezvous
 		}
+		if kv := a.e.state.Spec.KVPort; kv > 0 {
+			// The KV transfer's block: one port per tensor-parallel rank.
+			for i := range max(len(a.e.state.Spec.GPUIndices), 1) {
+				r.ports.hold(kv+i, a.e.id)
+			}
+		}
 	}
 	r.mu.Unlock()
 	probeAdopted(ctx, r.probe, r.policy, adopted)
@@ -157,7 +163,7 @@ func track(id string, st shardstate.State, pid int, orphan bool) adoptedEngine {
 	// probe readiness and, after a crash, to start the engine again.
 	spec := placement.Deployment{Name: st.Spec.ServedModelName, Model: st.Spec.Model, Engine: st.Spec.Engine, Image: st.Spec.Image}
 	e := &managed{id: id, state: st, status: gossip.ShardStarting, stop: cancel, orphan: orphan,
-		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment,
+		desired: Desired{Assignment: placement.Assignment{ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: st.Spec.Deployment, Role: st.Spec.Role,
 			SpecVersion: st.Spec.SpecVersion, GPUs: st.Spec.GPUIndices, MemoryPerGPU: st.Spec.MemoryPerGPU}, Spec: spec}}
 	e.state.PID = pid
 	return adoptedEngine{e, ctx}

@@ -320,12 +320,25 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 			r.log.Error("cannot start shard", "shard", d.ShardID, "err", err)
 			continue
 		}
+		kvPort := 0
+		if d.Role != "" {
+			// A block, one port per tensor-parallel rank: vLLM's NIXL
+			// workers listen on the base port plus their rank
+			// (ZmqHandshakeStrategy in vllm/distributed/kv_transfer/
+			// kv_connector/v1/nixl_connector.py; later trees add the
+			// data-parallel rank times the TP size, 0 here).
+			if kvPort, err = r.ports.allocBlock(id, max(d.Spec.TensorParallel, 1)); err != nil {
+				r.ports.release(id)
+				r.log.Error("cannot start shard: no ports for its KV transfer", "shard", d.ShardID, "err", err)
+				continue
+			}
+		}
 		now := r.cfg.Clock.Now()
 		cctx, cancel := context.WithCancel(context.Background())
 		e := &managed{id: id, mu: &r.mu, changes: r.changes, failover: d.Failover, desired: d, planned: true, status: gossip.ShardStarting, stop: cancel,
 			state: shardstate.State{ShardID: d.ShardID, ReplicaID: d.ReplicaID, ClaimStamp: now.UnixNano(), StartedAt: now,
 				Spec: shardstate.Spec{Engine: d.Spec.Engine, ServedModelName: d.Spec.Name, Model: d.Spec.Model, Deployment: d.Deployment,
-					GPUIndices: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, HTTPPort: port, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
+					GPUIndices: d.GPUs, MemoryPerGPU: d.MemoryPerGPU, HTTPPort: port, Role: d.Role, KVPort: kvPort, ReplicaID: d.ReplicaID, SpecVersion: d.SpecVersion, EngineID: id, Runtime: r.cfg.Runtime.Name()}}}
 		r.engines[id] = e
 		r.wg.Add(1)
 		go r.watch(cctx, e, false)
@@ -367,7 +380,7 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 		}
 		st := e.state
 		rec := gossip.ShardRecord{
-			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, SpecVersion: st.Spec.SpecVersion,
+			ShardID: st.ShardID, ReplicaID: st.ReplicaID, Deployment: e.desired.Deployment, Role: st.Spec.Role, KVPort: st.Spec.KVPort, SpecVersion: st.Spec.SpecVersion,
 			GPUs: st.Spec.GPUIndices, MemoryPerGPU: e.desired.MemoryPerGPU, Status: e.status, Ready: e.ready,
 			ClaimStamp: st.ClaimStamp, Failing: e.failing, PID: st.PID, Container: st.Spec.ContainerID,
 			Restarts: st.Restarts, LastExit: st.LastExitCode, StartedAt: st.StartedAt, Load: e.load, Error: e.startErr,

@@ -419,6 +419,25 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 	if st.Spec.Private {
 		in.Host = "127.0.0.1"
 	}
+	if st.Spec.Role != "" {
+		// A role of a disaggregated deployment: the KV moves engine to
+		// engine, not through the gateways, so its port must be reached
+		// from the other role's nodes. vLLM's NIXL side channel listens
+		// on VLLM_NIXL_SIDE_CHANNEL_HOST (the node's address); SGLang's
+		// bootstrap server binds the engine's --host (CommonKVBootstrap
+		// Server in python/sglang/srt/disaggregation/common/conn.py), so
+		// an SGLang engine listens on every address (its key still
+		// guards its API, and gateways keep going through the relay).
+		// Both are unauthenticated: see the README's security section.
+		in.Role, in.KVPort = st.Spec.Role, st.Spec.KVPort
+		in.KVHost, _ = hostInterface(r.cfg.Host)
+		if t := d.Spec.Transfer; t != nil {
+			in.TransferBackend, in.NIC = t.Backend, t.NIC
+		}
+		if d.Spec.Engine == "sglang" {
+			in.Host = "0.0.0.0"
+		}
+	}
 	if d.Spec.AdaptersAtStart() {
 		// An engine that loads LoRA adapters only at start (llama.cpp)
 		// gets their paths, resolved on this node, in the spec's order.

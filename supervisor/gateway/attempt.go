@@ -68,6 +68,10 @@ import (
 // Each attempt (try) keeps its books in one place, done (account.go),
 // whichever way it ends.
 func (x *exchange) forward(e *Entry, rt *routing, ep endpoint, body []byte) {
+	if e.PD != nil {
+		x.forwardPD(e, rt, ep, body)
+		return
+	}
 	g := x.g
 	routes := x.adapterRoutes(rt.routes[e.Name], e)
 	if x.adapter != "" && len(routes) == 0 {
@@ -185,6 +189,19 @@ func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now 
 	}
 	code := resp.StatusCode
 	out.status = code
+	if x.role != "" && code >= http.StatusInternalServerError {
+		// The decode leg of a disaggregated request: its 5xx is most
+		// likely the KV transfer (kv_load_failure_policy fail answers
+		// 500; SGLang's decode 500s when the bootstrap fails), and the
+		// client gets the gateway's error saying so, in OpenAI's shape,
+		// not the engine's own. Not retried: the prefill's blocks, or
+		// the bootstrap room, belong to this decode.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		_ = resp.Body.Close()
+		a.failing = true
+		x.fail(errPD(lr.Deployment, fmt.Sprintf("the decode leg on %s (%s) answered %d: %s", lr.ReplicaID, lr.Node, code, clipAnswer(b))))
+		return answered
+	}
 	// moveOn leaves this answer for another replica, when there is one
 	// left to try.
 	moveOn := func() bool {
@@ -267,6 +284,11 @@ func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
 func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	lr := a.lr
 	if x.r.Context().Err() != nil {
+		if errors.As(context.Cause(x.r.Context()), new(*pdLegError)) {
+			// The decode leg of a pair whose prefill leg failed:
+			// forwardBootstrap answers.
+			return answered
+		}
 		x.clientGone()
 		return answered
 	}

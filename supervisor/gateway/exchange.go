@@ -35,8 +35,11 @@ type exchange struct {
 	// adapter is the LoRA adapter the request names, of deployment
 	// model; empty for the deployment itself (lora.go). byIndex: its
 	// engine takes it by index, per route (llamaCppAdapterBody).
-	adapter  string
-	byIndex  bool
+	adapter string
+	byIndex bool
+	// role keeps a disaggregated deployment's attempts to one role's
+	// replicas (pdroute.go); empty for any other deployment.
+	role     string
 	resolved bool
 	status   int
 	gone     bool // the client went away

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -87,6 +90,17 @@ type Config struct {
 	// Clock, so a test passes a bound by advancing it.
 	FirstByteTimeout  time.Duration
 	StreamIdleTimeout time.Duration
+	// PDLegTimeout bounds, for a disaggregated deployment, the prefill
+	// leg, the decode's first byte (which waits for the KV transfer) and
+	// each gap in its answer, below the engine kind's own bounds
+	// (DefaultPDLegTimeout when zero): see pdroute.go.
+	PDLegTimeout time.Duration
+	// Rand draws the random numbers of the gateway (SGLang's bootstrap
+	// rooms, request IDs); nil is a source seeded from the system's.
+	Rand func() uint64
+	// Logger takes the gateway's warnings (a request of a disaggregated
+	// deployment that was not disaggregated); nil discards them.
+	Logger *slog.Logger
 	// StatsWindow is the window Stats reports over (1 min when zero).
 	StatsWindow time.Duration
 	// RelayHold bounds how long a request waits when every replica it
@@ -169,6 +183,9 @@ type Gateway struct {
 	idle     chan struct{}
 	stopOnce sync.Once
 
+	// pd remembers the outcomes of disaggregated requests logged.
+	pd pdSeen
+
 	// states carries each engine's live state across table rebuilds, by
 	// route key.
 	statesMu sync.Mutex
@@ -219,6 +236,25 @@ func New(cfg Config) *Gateway {
 	}
 	if cfg.Policy == nil {
 		cfg.Policy = &Prefix{}
+	}
+	if cfg.PDLegTimeout <= 0 {
+		cfg.PDLegTimeout = DefaultPDLegTimeout
+	}
+	if cfg.Rand == nil {
+		// ChaCha8 from a system seed: safe for concurrent use behind a
+		// lock, and no request ID repeats across restarts.
+		var seed [32]byte
+		_, _ = crand.Read(seed[:])
+		src := rand.NewChaCha8(seed)
+		var mu sync.Mutex
+		cfg.Rand = func() uint64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return src.Uint64()
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Profiles == nil {
 		cfg.Profiles = profile.Builtin()

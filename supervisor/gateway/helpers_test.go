@@ -94,6 +94,10 @@ type cp struct {
 	gang    *gossip.GangRecord
 	// adapters are the LoRA adapters its engine lists.
 	adapters []string
+	// role is the replica's role in a disaggregated deployment, and
+	// kvPort its KV transfer port.
+	role   string
+	kvPort int
 }
 
 func (w *world) hold(c cp) {
@@ -113,16 +117,16 @@ func (w *world) hold(c cp) {
 			c.status = gossip.ShardReady
 		}
 	}
-	rid := placement.ReplicaID(d.Name, c.replica)
+	rid := placement.RoleReplicaID(d.Name, c.role, c.replica)
 	sid := placement.ShardID(rid, c.shard, c.pp)
 	m := w.members[c.node]
 	m.Record.Shards = append(m.Record.Shards, gossip.ShardRecord{ShardID: sid, ReplicaID: rid, Deployment: d.Name,
 		SpecVersion: c.spec, Status: c.status, Ready: c.lease == placement.LeaseValid, URL: c.url, Private: c.private, Load: c.load, GPUs: []int{0}, Gang: c.gang,
-		Adapters: c.adapters})
+		Adapters: c.adapters, Role: c.role, KVPort: c.kvPort})
 	n := w.nodes[c.node]
 	n.Shards = append(n.Shards, placement.HeldShard{ShardID: sid, SpecVersion: c.spec, Lease: c.lease})
 	if c.planned == nil || *c.planned {
-		w.plan.Assignments = append(w.plan.Assignments, placement.Assignment{ShardID: sid, ReplicaID: rid, Deployment: d.Name,
+		w.plan.Assignments = append(w.plan.Assignments, placement.Assignment{ShardID: sid, ReplicaID: rid, Deployment: d.Name, Role: c.role,
 			SpecVersion: c.spec, Node: c.node, GPUs: []int{0}, Draining: c.drain})
 	}
 }

@@ -56,6 +56,9 @@ func loraScore(l *load.LoRA, a string) int {
 // all of them when every one is at it (the queue then holds what they do
 // not take); routes itself when the request names no adapter.
 func (x *exchange) adapterRoutes(routes []*liveRoute, e *Entry) []*liveRoute {
+	if x.role != "" {
+		routes = byRole(routes, x.role)
+	}
 	if x.adapter == "" {
 		return routes
 	}

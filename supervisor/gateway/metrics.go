@@ -32,6 +32,7 @@ type metrics struct {
 	wakeWait       *prometheus.HistogramVec
 	queueWait      *prometheus.HistogramVec
 	queueRejected  *prometheus.CounterVec
+	pdRequests     *prometheus.CounterVec
 }
 
 // descInflight is read from the replicas' own counters at scrape time, so
@@ -119,11 +120,15 @@ func newMetrics() *metrics {
 			Name: "llmgw_gateway_queue_rejected_total",
 			Help: "Requests the gateway's queue refused with 429, by deployment, priority class and reason: full (the queue depth was reached) or expired (the queue wait passed).",
 		}, []string{"deployment", "priority", "reason"}),
+		pdRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_gateway_pd_requests_total",
+			Help: "Requests of disaggregated deployments (prefill and decode roles), by deployment and outcome: disaggregated (both legs), skipped (prompt's uncached part below transfer.skip_below: decode alone), fallback (decode alone: no prefill could serve and transfer.fallback allows it), no_params (the prefill answered without kv_transfer_params), recomputed (the engine says it recomputed the prompt), version_mismatch (no prefill of the decode's spec version), failed (the request failed for want of a prefill, a transfer or a decode).",
+		}, []string{"deployment", "outcome"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors, m.wakeHeld, m.wakeWait, m.queueWait, m.queueRejected}
+	return []prometheus.Collector{m.requests, m.duration, m.ttfb, m.itl, m.retries, m.ejections, m.upstreamErrors, m.affinity, m.keyRequests, m.keyTokens, m.keyLimited, m.logDropped, m.scrapeErrors, m.wakeHeld, m.wakeWait, m.queueWait, m.queueRejected, m.pdRequests}
 }
 
 // Describe implements prometheus.Collector.

@@ -7,10 +7,15 @@ import (
 	"strconv"
 )
 
-// Prefill/decode disaggregation: the bodies of the two protocols' legs
-// (issue 30). The gateway does not route by role yet (a deployment has
-// no roles yet); these are the protocol's halves that do not depend on
-// placement, built and tested against the engines' reference proxies.
+// Prefill/decode disaggregation: the bodies of the two protocols' legs,
+// built and tested against the engines' reference proxies; pdroute.go
+// routes them.
+//
+// Usage: the client is told the decode's, which counts the whole prompt
+// (vLLM's and SGLang's decode requests carry it, and both report it in
+// prompt_tokens, the transferred part as cached), so the prompt is
+// counted once; the prefill leg's answer, one token, is not relayed or
+// counted.
 //
 // vLLM's NixlConnector, as tests/v1/kv_connector/nixl_integration/
 // toy_proxy_server.py drives it: leg 1 goes to a prefill engine with
@@ -105,21 +110,4 @@ func pdFields(body []byte) (map[string]json.RawMessage, error) {
 		return nil, fmt.Errorf("request body: want a JSON object")
 	}
 	return m, nil
-}
-
-// pdUsage is the usage the client is told of a disaggregated request:
-// decode's, except that the prompt's tokens are the prefill's count when
-// decode reports fewer (it counted the transferred ones as cached, or not
-// at all): the client's prompt was computed once, by the prefill.
-type pdUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-}
-
-func pdMergeUsage(prefill, decode pdUsage) pdUsage {
-	out := decode
-	out.PromptTokens = max(decode.PromptTokens, prefill.PromptTokens)
-	out.TotalTokens = out.PromptTokens + out.CompletionTokens
-	return out
 }

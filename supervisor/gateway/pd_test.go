@@ -98,15 +98,6 @@ func TestPDBootstrapBody(t *testing.T) {
 	}
 }
 
-// The client is told the prompt's tokens once, as the prefill counted
-// them, when decode counted fewer (the transferred ones as cached).
-func TestPDUsage(t *testing.T) {
-	got := pdMergeUsage(pdUsage{PromptTokens: 900, CompletionTokens: 1, TotalTokens: 901}, pdUsage{PromptTokens: 4, CompletionTokens: 50, TotalTokens: 54})
-	if got != (pdUsage{PromptTokens: 900, CompletionTokens: 50, TotalTokens: 950}) {
-		t.Errorf("usage %+v", got)
-	}
-}
-
 // pdEngine is a fake engine speaking vLLM's NixlConnector protocol, its
 // side channel on a loopback listener.
 func pdEngine(t *testing.T, engineID string) (*httptest.Server, *fakeengine.Server) {

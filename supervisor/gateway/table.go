@@ -54,6 +54,11 @@ type Route struct {
 	// Adapters are the LoRA adapters the engine has registered, by its
 	// holder's record (from the engine's own models list), sorted.
 	Adapters []string
+	// Role is the replica's role in a disaggregated deployment, and
+	// KVPort its engine's KV transfer port (an SGLang prefill's bootstrap
+	// port), by its record.
+	Role   string
+	KVPort int
 }
 
 // key identifies a route's engine across table rebuilds. The URL is part of
@@ -93,6 +98,9 @@ type Entry struct {
 	// (queue.go): the autoscaler's target_inflight when set, else
 	// max_num_seqs when set; 0, neither: no queue.
 	Bound int
+	// PD is set for a deployment of prefill and decode roles: its
+	// requests go as two legs (pdroute.go).
+	PD *pdSettings
 }
 
 // Table is the routing table of one view: every deployment with its
@@ -231,7 +239,7 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 	for _, d := range snap.Deployments(now) {
 		deps[d.Name] = d.Deployment
 		e := &Entry{Name: d.Name, Model: d.Model, Engine: d.Engine, Created: d.Stamp.Wall / 1000,
-			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas, Bound: replicaBound(d.Deployment)}
+			Wakes: d.Autoscale != nil && d.Autoscale.Min == 0, Replicas: d.Replicas, Bound: replicaBound(d.Deployment), PD: pdSettingsOf(d.Deployment)}
 		for k, g := range groups[d.Name] {
 			size := d.PipelineParallel
 			if k.spec != d.SpecVersion {
@@ -249,7 +257,8 @@ func BuildTable(snap *status.Snapshot, now time.Time) *Table {
 			}
 			rt := Route{Deployment: d.Name, ReplicaID: k.replica, ShardID: r0.ShardID, SpecVersion: k.spec,
 				EngineID: placement.EngineID(r0.ShardID, k.spec), Node: r0.Node, URL: strings.TrimRight(r0.URL, "/"),
-				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting, Adapters: r0.Adapters}
+				LeaseExpires: r0.LeaseExpires, Load: r0.Load.Running + r0.Load.Waiting, Adapters: r0.Adapters,
+				Role: r0.Role, KVPort: r0.KVPort}
 			if r0.Private {
 				if !reachPrivate(&rt, snap.Self(), apis[r0.Node]) {
 					continue

@@ -24,8 +24,11 @@ func fakeProfile() Profile {
 			"{{if .MaxLoras}}--enable-lora{{end}}",
 			"{{if .MaxLoras}}--max-loras={{.MaxLoras}}{{end}}",
 			"{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}",
+			// Prefill/decode as vLLM runs it (the fake speaks NIXL's
+			// protocol over a real side channel).
+			nixlConfig,
 		},
-		Env: []string{"{{if .MaxLoras}}VLLM_ALLOW_RUNTIME_LORA_UPDATING=True{{end}}"},
+		Env: []string{"{{if .MaxLoras}}VLLM_ALLOW_RUNTIME_LORA_UPDATING=True{{end}}", nixlHost, nixlPort},
 		// As vLLM: `llmgw engine fake` reads VLLM_API_KEY too.
 		KeyEnv:       "VLLM_API_KEY",
 		HealthPath:   "/health",

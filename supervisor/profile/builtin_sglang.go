@@ -78,6 +78,14 @@ func sglangProfile() Profile {
 			"{{if .MaxLoras}}--max-loras-per-batch={{.MaxLoras}}{{end}}",
 			"{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}",
 			"{{if .MaxLoras}}--lora-target-modules=all{{end}}",
+			// Prefill/decode disaggregation (python/sglang/srt/
+			// disaggregation): the role is a start flag, mooncake the
+			// default backend, and a prefill serves its bootstrap port,
+			// which the gateway names to the decode in each request.
+			"{{if .Role}}--disaggregation-mode={{.Role}}{{end}}",
+			`{{if .Role}}--disaggregation-transfer-backend={{or .TransferBackend "mooncake"}}{{end}}`,
+			`{{if eq .Role "prefill"}}--disaggregation-bootstrap-port={{.KVPort}}{{end}}`,
+			"{{if and .Role .NIC}}--disaggregation-ib-device={{.NIC}}{{end}}",
 		},
 		Files: map[string]string{
 			sglangConfig: "{{if .APIKey}}api-key: {{yamlString .APIKey}}\n{{end}}",

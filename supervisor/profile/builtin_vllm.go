@@ -58,6 +58,19 @@ const (
 	vllmMaxLoras    = "{{if .MaxLoras}}--max-loras={{.MaxLoras}}{{end}}"
 	vllmMaxLoraRank = "{{if .MaxLoras}}--max-lora-rank={{.MaxLoraRank}}{{end}}"
 	vllmLoRARuntime = "{{if .MaxLoras}}VLLM_ALLOW_RUNTIME_LORA_UPDATING=True{{end}}"
+	// Prefill/decode disaggregation through vLLM's NixlConnector
+	// (docs/features/nixl_connector_usage.md): every worker of either
+	// role runs kv_both, the gateway's legs say which part a request
+	// takes, and a failed KV load fails the request instead of
+	// recomputing it unseen. Each worker's side channel listens on
+	// VLLM_NIXL_SIDE_CHANNEL_HOST at VLLM_NIXL_SIDE_CHANNEL_PORT plus its
+	// rank, so the port is the first of a block (supervisor/engine);
+	// the host is the node's address, which decode engines on other
+	// nodes dial. UCX_NET_DEVICES pins NIXL's UCX backend to the NIC.
+	nixlConfig = `{{if .Role}}--kv-transfer-config={"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail"}{{end}}`
+	nixlHost   = "{{if .Role}}VLLM_NIXL_SIDE_CHANNEL_HOST={{.KVHost}}{{end}}"
+	nixlPort   = "{{if .Role}}VLLM_NIXL_SIDE_CHANNEL_PORT={{.KVPort}}{{end}}"
+	nixlNIC    = "{{if and .Role .NIC}}UCX_NET_DEVICES={{.NIC}}:1{{end}}"
 )
 
 // vllmProfile is the profile of vLLM.
@@ -91,8 +104,9 @@ func vllmProfile() Profile {
 			vllmLoRA,
 			vllmMaxLoras,
 			vllmMaxLoraRank,
+			nixlConfig,
 		},
-		Env:          slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache, vllmOTLPProtocol, vllmOTLPService, vllmLoRARuntime}, compileCaches, gangEnv),
+		Env:          slices.Concat([]string{hfHome, vllmReadyTimeout, vllmCache, vllmOTLPProtocol, vllmOTLPService, vllmLoRARuntime, nixlHost, nixlPort, nixlNIC}, compileCaches, gangEnv),
 		KeyEnv:       "VLLM_API_KEY",
 		HealthPath:   "/health",
 		ModelsPath:   "/v1/models",

@@ -223,6 +223,16 @@ type Inputs struct {
 	// rest of Inputs: no spec version sees it, so turning it on restarts
 	// no engine that runs, and each start after that carries it.
 	OTLPTracesEndpoint string
+	// Role is the engine's role in a disaggregated deployment
+	// (placement.RolePrefill or RoleDecode; "" in any other). KVPort is
+	// the first of its KV transfer ports (one per tensor-parallel rank)
+	// and KVHost the node's address, where the other role reaches them.
+	// TransferBackend and NIC are the deployment's transfer settings.
+	Role            string
+	KVPort          int
+	KVHost          string
+	TransferBackend string
+	NIC             string
 }
 
 // GangInputs is one member's place in its gang: the engines' own
@@ -240,7 +250,7 @@ type GangInputs struct {
 // newestClusterVersion is the newest cluster protocol version whose rules
 // the profiles know (internal/protocol.Max; profile imports no module
 // package beyond its allow-list, so it is a number here).
-const newestClusterVersion = 6
+const newestClusterVersion = 7
 
 // Data is what templates see.
 type Data struct {
@@ -307,6 +317,12 @@ type Data struct {
 	MaxLoras    int
 	MaxLoraRank int
 	LoraPaths   string
+	// Role, KVPort, KVHost, TransferBackend and NIC are Inputs'.
+	Role            string
+	KVPort          int
+	KVHost          string
+	TransferBackend string
+	NIC             string
 }
 
 // Resolve renders p for deployment d on this node: the argv (the profile's
@@ -387,6 +403,11 @@ func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
 		OTLPTracesEndpoint:  in.OTLPTracesEndpoint,
 		MaxLoras:            d.MaxLoras,
 		LoraPaths:           strings.Join(in.AdapterPaths, ","),
+		Role:                in.Role, KVPort: in.KVPort, KVHost: cmp.Or(in.KVHost, "127.0.0.1"),
+		TransferBackend: in.TransferBackend, NIC: in.NIC,
+	}
+	if in.Role != "" && (in.KVPort <= 0 || in.KVPort > 65535) {
+		return Data{}, fmt.Errorf("profile %q: role %s needs a KV transfer port (got %d)", p.Name, in.Role, in.KVPort)
 	}
 	if d.MaxLoras > 0 {
 		data.MaxLoraRank = cmp.Or(d.MaxLoraRank, placement.DefaultLoraRank)

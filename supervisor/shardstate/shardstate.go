@@ -81,7 +81,14 @@ type Spec struct {
 	// version 4 and above); gossip.ShardRecord.Private says so to the
 	// cluster, after an agent restart too. Files from before the field
 	// read false, which is what those engines were started with.
-	Private     bool     `json:"private,omitempty"`
+	Private bool `json:"private,omitempty"`
+	// Role is the replica's role in a disaggregated deployment
+	// (placement.RolePrefill or RoleDecode; "" in any other), and KVPort
+	// the first of the block of ports it was given for the KV transfer:
+	// vLLM's NIXL side channel (one port per tensor-parallel rank from
+	// it) or an SGLang prefill's bootstrap port.
+	Role        string   `json:"role,omitempty"`
+	KVPort      int      `json:"kv_port,omitempty"`
 	ReplicaID   string   `json:"replica_id"`
 	SpecVersion string   `json:"spec_version"`
 	Image       string   `json:"image,omitempty"`

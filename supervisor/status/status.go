@@ -159,6 +159,10 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		si.Note, si.NoteAt = r.Note, r.NoteAt
 		si.PullMs, si.LoadMs = r.PullMs, r.LoadMs
 		si.Adapters, si.AdapterErrors = r.Adapters, r.AdapterErrors
+		si.KVPort = r.KVPort
+		if si.Role == "" {
+			si.Role = r.Role
+		}
 		sh.load = r.Load
 		if r.Error != "" && si.Reason == "" {
 			si.Reason = "start failed: " + r.Error
@@ -173,7 +177,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		if !held {
 			lease = LeaseNone
 		}
-		sh := shard{planned: true, info: ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, SpecVersion: a.SpecVersion,
+		sh := shard{planned: true, info: ShardInfo{ShardID: a.ShardID, ReplicaID: a.ReplicaID, Deployment: a.Deployment, Role: a.Role, SpecVersion: a.SpecVersion,
 			Node: a.Node, GPUs: a.GPUs, Draining: a.Draining, Status: gossip.ShardPending, Lease: lease}}
 		if r, ok := records[k]; ok {
 			fill(&sh, r)
@@ -192,7 +196,7 @@ func (s *Snapshot) buildShards(plan placement.Plan, leases map[held]placement.Le
 		s.shards = append(s.shards, sh)
 	}
 	for _, u := range plan.Unplaced {
-		s.shards = append(s.shards, shard{info: ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment,
+		s.shards = append(s.shards, shard{info: ShardInfo{ShardID: u.ShardID, ReplicaID: u.ReplicaID, Deployment: u.Deployment, Role: roleOf(u.ReplicaID),
 			GPUs: []int{}, Status: gossip.ShardUnplaced, Lease: LeaseNone, Reason: u.Reason}})
 	}
 	// Sorted as indices, then moved once: a shard is hundreds of bytes,
@@ -330,10 +334,21 @@ func (s *Snapshot) buildDeployments(in Input) {
 				starts = append(starts, failed{si.Node, fmt.Sprintf("%s (rank %d)", si.ShardID, g.Rank), g.Note})
 			}
 		}
+		roleReady := map[string]int{}
 		for r, sv := range live {
 			if placed[r] && len(sv.shards) == d.PipelineParallel {
 				dep.readyUntil = append(dep.readyUntil, sv.until)
+				roleReady[roleOf(r)]++
 			}
+		}
+		for _, role := range d.Roles() {
+			rs := RoleStatus{Role: role, Replicas: d.ForRole(role).Replicas, Ready: roleReady[role]}
+			for r := range placed {
+				if roleOf(r) == role {
+					rs.Placed++
+				}
+			}
+			info.Roles = append(info.Roles, rs)
 		}
 		slices.SortFunc(dep.readyUntil, time.Time.Compare)
 		info.Placed, info.Ready = len(placed), len(dep.readyUntil)
@@ -484,4 +499,11 @@ func adapterShadows(recs []gossip.DeploymentRecord) map[string]string {
 		}
 	}
 	return out
+}
+
+// roleOf is the role a replica ID names (placement.RoleReplicaID), "" for
+// a replica of a deployment without roles.
+func roleOf(replica string) string {
+	_, role, _, _ := placement.ParseReplicaID(replica)
+	return role
 }

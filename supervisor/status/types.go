@@ -85,6 +85,14 @@ type DeploymentInfo struct {
 	// AdapterStatus is, per LoRA adapter of the spec (in its order),
 	// where it is registered and what failed elsewhere.
 	AdapterStatus []AdapterInfo `json:"adapter_status,omitempty"`
+	// Roles are a disaggregated deployment's prefill and decode replicas:
+	// asked for, placed and ready (when the snapshot was built).
+	Roles []RoleStatus `json:"roles,omitempty"`
+	// PDOutcomes are, for a disaggregated deployment, the latest reason
+	// the answering node's gateway saw for each outcome other than
+	// disaggregated (fallback, skipped, no_params, version_mismatch,
+	// failed): disaggregation never stops unseen.
+	PDOutcomes map[string]string `json:"pd_outcomes,omitempty"`
 }
 
 // AdapterInfo is one LoRA adapter of a deployment across its replicas.
@@ -163,9 +171,13 @@ const (
 
 // ShardInfo is one row of /v1/shards.
 type ShardInfo struct {
-	ShardID     string `json:"shard_id"`
-	ReplicaID   string `json:"replica_id"`
-	Deployment  string `json:"deployment"`
+	ShardID    string `json:"shard_id"`
+	ReplicaID  string `json:"replica_id"`
+	Deployment string `json:"deployment"`
+	// Role is prefill or decode for a replica of a disaggregated
+	// deployment, empty otherwise; KVPort its engine's KV transfer port.
+	Role        string `json:"role,omitempty"`
+	KVPort      int    `json:"kv_port,omitempty"`
 	SpecVersion string `json:"spec_version"`
 	Node        string `json:"node,omitempty"`
 	GPUs        []int  `json:"gpus"`
@@ -234,4 +246,12 @@ func Gateways(members []MemberInfo) []GatewayInfo {
 		}
 	}
 	return out
+}
+
+// RoleStatus is one role of a disaggregated deployment.
+type RoleStatus struct {
+	Role     string `json:"role"`
+	Replicas int    `json:"replicas"`
+	Placed   int    `json:"placed"`
+	Ready    int    `json:"ready"`
 }
