@@ -208,6 +208,10 @@ func (d Deployment) validateRoles() error {
 		if r.TensorParallel < 1 || r.TensorParallel > 64 {
 			return bad(name+".tp", strconv.Itoa(r.TensorParallel), "an integer from 1 to 64 (GPUs of one node per shard; or leave it out: tensor_parallel)")
 		}
+		if (d.Fit != nil || d.GPUMemoryAuto) && r.TensorParallel != d.TensorParallel {
+			// The figure is per GPU for one split of the model.
+			return bad(name+".tp", strconv.Itoa(r.TensorParallel), fmt.Sprintf("tensor_parallel (%d) with gpu_memory auto, which sizes one split of the model; or give gpu_memory explicitly", d.TensorParallel))
+		}
 		if r.Image != "" && r.Image != d.Image {
 			return bad(name+".image", r.Image, fmt.Sprintf("the deployment's image (%q) or nothing: both roles run one engine build, since two releases refuse each other's KV cache", d.Image))
 		}

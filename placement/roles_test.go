@@ -142,6 +142,7 @@ func TestRolesBadInput(t *testing.T) {
 		{`{"name":"pd","model":"m","transfer":{"fallback":true}}`, "transfer"},
 		{`{"name":"pd","model":"m","prefill":{"replicas":1},"decode":{"replicas":1},"max_loras":2}`, "max_loras"},
 		{`{"name":"pd","model":"m","engine":"sglang","prefill":{"replicas":1},"decode":{"replicas":1},"transfer":{"fallback":true}}`, "transfer.fallback"},
+		{`{"name":"pd","model":"m","gpu_memory":"auto","prefill":{"replicas":1,"tp":2},"decode":{"replicas":1}}`, "prefill.tp"},
 	} {
 		_, err := DecodeDeployment([]byte(c.spec))
 		var fe *FieldError

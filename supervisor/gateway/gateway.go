@@ -642,10 +642,18 @@ func (g *Gateway) models(w http.ResponseWriter, r *http.Request) {
 	for _, name := range rt.table.names {
 		e := rt.table.entries[name]
 		state := ""
-		for _, lr := range rt.routes[name] {
-			if lr.live(now) {
+		if e.PD != nil {
+			// Routable with a decode and a prefill replica, or a decode
+			// alone where the fallback lets it serve.
+			if e.PD.routable(rt.routes[name], now) {
 				state = StateReady
-				break
+			}
+		} else {
+			for _, lr := range rt.routes[name] {
+				if lr.live(now) {
+					state = StateReady
+					break
+				}
 			}
 		}
 		switch {

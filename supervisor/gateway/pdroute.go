@@ -78,6 +78,20 @@ func pdSettingsOf(d placement.Deployment) *pdSettings {
 	return s
 }
 
+// routable reports whether a disaggregated deployment can serve through
+// routes at now: a live decode replica, and a live prefill replica unless
+// the fallback lets the decode serve alone.
+func (s *pdSettings) routable(routes []*liveRoute, now time.Time) bool {
+	decode, prefill := false, s.fallback
+	for _, lr := range routes {
+		if lr.live(now) {
+			decode = decode || lr.Role == placement.RoleDecode
+			prefill = prefill || lr.Role == placement.RolePrefill
+		}
+	}
+	return decode && prefill
+}
+
 // pdSeen remembers which (deployment, prefill, decode, outcome) the
 // gateway has logged, so each is logged once.
 type pdSeen struct {
@@ -196,9 +210,17 @@ func (x *exchange) forwardPD(e *Entry, rt *routing, ep endpoint, body []byte) {
 			other = append(other, p)
 		}
 	}
+	// refuse answers a request that cannot be disaggregated: served by
+	// the decode alone with transfer.fallback, else failed. With the
+	// fallback the outcome stays the cause where there is one
+	// (no_params, version_mismatch); a prefill that could not serve at
+	// all is the fallback itself.
 	refuse := func(outcome, pre, why string) {
 		if set.fallback {
-			alone(pdFallback, pre, why+"; decode serves alone (transfer.fallback)")
+			if outcome == pdFailed {
+				outcome = pdFallback
+			}
+			alone(outcome, pre, why+"; decode serves alone (transfer.fallback)")
 			return
 		}
 		g.pdNote(e.Name, pre, dec.ReplicaID, outcome, why)
@@ -298,32 +320,56 @@ func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills 
 
 // forwardBootstrap is SGLang's protocol: the same body, with the prefill's
 // bootstrap address and a fresh room, to both at once; the decode's answer
-// is the client's. A prefill leg that fails cancels the decode's wait.
+// is the client's. A prefill leg that fails cancels the decode's wait, and
+// before anything reached the client the pair is sent again, with a new
+// room, to another prefill replica (mini_lb's retry).
 func (x *exchange) forwardBootstrap(e *Entry, req *Request, dec *liveRoute, prefills []*liveRoute, t *tries, refuse func(outcome, pre, why string)) {
 	g := x.g
-	now := g.clock.Now()
-	pre := g.choose(req, e, prefills, nil, now)
-	host := pre.kvHost()
-	if host == "" || pre.KVPort <= 0 {
-		refuse(pdFailed, pre.ReplicaID, fmt.Sprintf("prefill %s publishes no bootstrap port", pre.ReplicaID))
-		return
-	}
-	room := g.cfg.Rand() & (1<<63 - 1)
-	body, err := pdBootstrapBody(t.body, host, pre.KVPort, room)
-	if err != nil {
-		x.fail(errBadRequest("", "%v", err))
-		return
-	}
 	x.requestID()
+	client := t.body
+	var tried []*replica
+	var lastErr error
+	for range maxAttempts {
+		pre := g.choose(req, e, prefills, tried, g.clock.Now())
+		if pre == nil {
+			break
+		}
+		tried = append(tried, pre.rep)
+		host := pre.kvHost()
+		if host == "" || pre.KVPort <= 0 {
+			lastErr = fmt.Errorf("prefill %s publishes no bootstrap port", pre.ReplicaID)
+			continue
+		}
+		body, err := pdBootstrapBody(client, host, pre.KVPort, g.cfg.Rand()&(1<<63-1))
+		if err != nil {
+			x.fail(errBadRequest("", "%v", err))
+			return
+		}
+		t.body, t.tried = body, nil
+		perr := x.bootstrapPair(e, req, dec, pre, t)
+		if perr == nil || x.answered() {
+			x.pdDone(e, pre.ReplicaID, dec.ReplicaID)
+			return
+		}
+		lastErr = perr
+	}
+	refuse(pdFailed, "", fmt.Sprintf("the prefill leg failed on every prefill replica tried: %v", lastErr))
+}
+
+// bootstrapPair sends one pair: the prefill leg beside the decode's
+// attempts. It returns the prefill leg's failure, if any; the client has
+// no answer yet when the decode was let go because of it.
+func (x *exchange) bootstrapPair(e *Entry, req *Request, dec, pre *liveRoute, t *tries) error {
 	// The decode waits on the bootstrap room until the prefill hands the
 	// KV over; if the prefill leg fails, the decode leg is cancelled with
-	// the prefill's error as the cause, which lost turns into the answer.
+	// the prefill's error as the cause, which lost leaves to the caller.
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
 	outer := x.r
 	x.r = x.r.WithContext(ctx)
 	defer func() { x.r = outer }()
 	prefillErr := make(chan error, 1)
+	body, now := t.body, x.g.clock.Now()
 	go func() {
 		status, answer, err := x.callLeg(ctx, pre, body, t.firstByte, now)
 		switch {
@@ -337,16 +383,13 @@ func (x *exchange) forwardBootstrap(e *Entry, req *Request, dec *liveRoute, pref
 		}
 		prefillErr <- err
 	}()
-	t.body = body
 	x.attemptsOn(e, req, dec, t)
 	cancel(nil)
 	perr := <-prefillErr
 	if perr != nil && !x.answered() {
-		g.pdNote(e.Name, pre.ReplicaID, dec.ReplicaID, pdFailed, perr.Error())
-		x.fail(errPD(e.Name, "the prefill leg failed: "+perr.Error()))
-		return
+		return perr
 	}
-	x.pdDone(e, pre.ReplicaID, dec.ReplicaID)
+	return nil
 }
 
 // pdDone counts a request both of whose legs were sent, by its answer.

@@ -218,8 +218,10 @@ func TestPDNeverFallsBackSilently(t *testing.T) {
 		if a.status != 200 {
 			t.Errorf("%s with fallback: %d %s", tc.name, a.status, a.body)
 		}
-		outcome := pdFallback
-		if tc.outcome == pdNoParams {
+		// The cause is counted where there is one; a prefill that could
+		// not serve at all is the fallback itself.
+		outcome := tc.outcome
+		if outcome == pdFailed {
 			outcome = pdFallback
 		}
 		if v := value(t, h.gw.m.pdRequests.WithLabelValues("pd", outcome)); v != 1 {
@@ -229,6 +231,26 @@ func TestPDNeverFallsBackSilently(t *testing.T) {
 		if len(after) != len(before)+1 || after[len(after)-1]["kv_transfer_params"] != nil {
 			t.Errorf("%s with fallback: decode was not sent the client's body alone", tc.name)
 		}
+	}
+}
+
+// /v1/models lists a disaggregated deployment once a decode and a prefill
+// replica are ready, or a decode alone with the fallback.
+func TestPDModelsListsARoutableUnit(t *testing.T) {
+	dec := newUpstream(t, chatOK)
+	listed := func(w *world) bool {
+		h := newHarness(t, Config{}, w.snapshot())
+		a := h.do(context.Background(), http.MethodGet, "/v1/models", "")
+		return strings.Contains(a.body, `"id":"pd"`)
+	}
+	if listed(pdWorld("fake", "", dec.URL, 0, nil)) {
+		t.Error("listed with a decode replica alone")
+	}
+	if !listed(pdWorld("fake", dec.URL, dec.URL, 0, nil)) {
+		t.Error("not listed with both roles ready")
+	}
+	if !listed(pdWorld("fake", "", dec.URL, 0, &placement.Transfer{Fallback: true})) {
+		t.Error("not listed with a decode alone and the fallback")
 	}
 }
 
@@ -273,7 +295,8 @@ func TestPDRoutesSGLangBootstrap(t *testing.T) {
 	}
 	pre, preRec, port := pdFake(t, kv("prefill"))
 	dec, decRec, _ := pdFake(t, kv("decode"))
-	rooms := []uint64{1<<63 + 7, 42}
+	// The first draw is the request's ID, the second its room.
+	rooms := []uint64{42, 1<<63 + 7}
 	next := 0
 	h := newHarness(t, Config{Rand: func() uint64 { r := rooms[next%len(rooms)]; next++; return r }}, pdWorld("sglang", pre.URL, dec.URL, port, nil).snapshot())
 	a := h.post("/v1/chat/completions", longChat(false))
@@ -304,5 +327,23 @@ func TestPDRoutesSGLangBootstrap(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("a failed prefill took %v to answer", took)
+	}
+
+	// Two prefills, one failing: a pair whose prefill fails is sent again
+	// with a new room to the other, and the client sees no failure.
+	w := pdWorld("sglang", pre.URL, dec.URL, port, nil)
+	w.hold(cp{dep: "pd", replica: 1, role: placement.RolePrefill, node: "n1", url: failing.URL, kvPort: port})
+	h = newHarness(t, Config{}, w.snapshot())
+	for i := range 6 {
+		body := strings.Replace(longChat(false), "the quick", fmt.Sprintf("%d the quick", i), 1)
+		if a := h.post("/v1/chat/completions", body); a.status != 200 {
+			t.Errorf("request %d beside a failing prefill: %d %s", i, a.status, a.body)
+		}
+	}
+	if failing.hits.Load() == 0 {
+		t.Error("no request met the failing prefill: the retry was not exercised")
+	}
+	if v := value(t, h.gw.m.pdRequests.WithLabelValues("pd", pdDisaggregated)); v != 6 {
+		t.Errorf("disaggregated %v of 6", v)
 	}
 }
