@@ -1,8 +1,6 @@
 package placement
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -37,14 +35,11 @@ type Adapter struct {
 // "source" is a mistake to point at, not an adapter without a source.
 func (a *Adapter) UnmarshalJSON(b []byte) error {
 	type plain Adapter
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var p plain
-	if err := dec.Decode(&p); err != nil {
-		return err
+	p, err := decodeStrict[plain](b)
+	if err == nil {
+		*a = Adapter(p)
 	}
-	*a = Adapter(p)
-	return nil
+	return err
 }
 
 // The bounds of the LoRA fields.

@@ -51,15 +51,12 @@ type Role struct {
 // UnmarshalJSON reads a role strictly: a spec that says "tensor_parallel"
 // in a role is a mistake to point at, not a role of one GPU.
 func (r *Role) UnmarshalJSON(b []byte) error {
-	type plain Role
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var p plain
-	if err := dec.Decode(&p); err != nil {
-		return err
+	type plain Role // without this method
+	p, err := decodeStrict[plain](b)
+	if err == nil {
+		*r = Role(p)
 	}
-	*r = Role(p)
-	return nil
+	return err
 }
 
 // Transfer is how a disaggregated deployment moves its KV cache, and what
@@ -93,14 +90,21 @@ type Transfer struct {
 // UnmarshalJSON reads a transfer setting strictly.
 func (t *Transfer) UnmarshalJSON(b []byte) error {
 	type plain Transfer
+	p, err := decodeStrict[plain](b)
+	if err == nil {
+		*t = Transfer(p)
+	}
+	return err
+}
+
+// decodeStrict decodes one JSON value, refusing unknown fields: a spec
+// that misspells a field is a mistake to point at, not a field left out.
+func decodeStrict[T any](b []byte) (T, error) {
+	var v T
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	var p plain
-	if err := dec.Decode(&p); err != nil {
-		return err
-	}
-	*t = Transfer(p)
-	return nil
+	err := dec.Decode(&v)
+	return v, err
 }
 
 // HasRoles reports whether d is disaggregated into prefill and decode.

@@ -16,10 +16,11 @@ type promTargets struct {
 	Labels  map[string]string `json:"labels"`
 }
 
-// The path through which a holder serves an engine's metrics
-// (supervisor/gateway.MetricsPattern, registered by cmd/llmgw with the
-// relay).
-const engineMetricsPrefix = "/v1/engines/"
+// EngineMetricsPrefix is the path through which a holder serves an
+// engine's metrics (supervisor/gateway.MetricsPattern, registered by
+// cmd/llmgw with the relay; a test there keeps the two equal, since this
+// package may not import the gateway).
+const EngineMetricsPrefix = "/v1/engines/"
 
 // handlePrometheusTargets is /v1/prometheus/targets: every alive node's
 // /metrics and every started engine's metrics, in Prometheus's HTTP
@@ -52,7 +53,7 @@ func (s *apiServer) handlePrometheusTargets(w http.ResponseWriter, r *http.Reque
 			}
 			out = append(out, promTargets{Targets: []string{rec.API}, Labels: map[string]string{
 				"node": rec.Name, "deployment": sh.Deployment, "shard": sh.ShardID, "engine": kinds[sh.Deployment],
-				"__metrics_path__": engineMetricsPrefix + placement.EngineID(sh.ShardID, sh.SpecVersion) + "/metrics",
+				"__metrics_path__": EngineMetricsPrefix + placement.EngineID(sh.ShardID, sh.SpecVersion) + "/metrics",
 			}})
 		}
 	}
