@@ -345,19 +345,35 @@ func (p *planner) judgeHeld() {
 			})
 		}
 	}
-	for _, d := range p.deps {
-		allReady := true
-		for _, r := range d.replicas {
-			ready := true
-			for _, s := range r.shards {
-				if !s.kept.serving() {
-					ready = false
-				}
+	serving := func(r *replicaState) bool {
+		for _, s := range r.shards {
+			if !s.kept.serving() {
+				return false
 			}
-			if ready {
+		}
+		return true
+	}
+	allServing := func(d *depState) bool {
+		for _, r := range d.replicas {
+			if !serving(r) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, d := range p.deps {
+		allReady := allServing(d)
+		// The roles of a disaggregated deployment replace their old
+		// version as one unit: a prefill pairs only with a decode of its
+		// own spec version (two builds refuse each other's KV), so an old
+		// replica of either role drains until every replica of both roles
+		// serves the new version, never leaving an old decode without an
+		// old prefill while the new one loads.
+		unitReady := allReady && (d.sibling == nil || allServing(d.sibling))
+		for _, r := range d.replicas {
+			if serving(r) && (d.sibling == nil || unitReady) {
 				r.drains = nil
 			}
-			allReady = allReady && ready
 			slices.SortFunc(r.drains, func(a, b holder) int { return strings.Compare(a.held.ShardID, b.held.ShardID) })
 		}
 		if allReady {

@@ -190,3 +190,34 @@ func TestParseReplicaID(t *testing.T) {
 		}
 	}
 }
+
+// A rolling update of a disaggregated deployment replaces both roles as
+// one unit: the old decode keeps serving beside its new copy until the new
+// prefill serves too, so an old prefill always has an old decode to pair
+// with, and the other way round.
+func TestRolesRollTogether(t *testing.T) {
+	old := mkDep("pd", pdRoles(1, 1, 1, 1))
+	cur := mkDep("pd", pdRoles(1, 1, 1, 1), args("--new"))
+	nodes := func(newPrefill LeaseState) []Node {
+		return []Node{
+			mkNode("n1", hgpus(2, "H100", 80, false), holding(hold("pd-p0", version(old), LeaseValid, 1, 0), hold("pd-p0", version(cur), newPrefill, 3, 1))),
+			mkNode("n2", hgpus(2, "H100", 80, false), holding(hold("pd-d0", version(old), LeaseValid, 2, 0), hold("pd-d0", version(cur), LeaseValid, 4, 1))),
+		}
+	}
+	p := Compute(View{Deployments: []Deployment{cur}, Nodes: nodes(LeaseStarting)})
+	for _, id := range []string{"pd-p0", "pd-d0"} {
+		drained := false
+		for _, a := range find(p, id) {
+			drained = drained || (a.SpecVersion == version(old) && a.Draining)
+		}
+		if !drained {
+			t.Errorf("%s's old version stopped while the new prefill loads: %+v", id, find(p, id))
+		}
+	}
+	p = Compute(View{Deployments: []Deployment{cur}, Nodes: nodes(LeaseValid)})
+	for _, a := range p.Assignments {
+		if a.SpecVersion == version(old) {
+			t.Errorf("%s's old version kept once both roles serve the new one", a.ShardID)
+		}
+	}
+}

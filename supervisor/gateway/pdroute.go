@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -173,6 +174,19 @@ func (x *exchange) forwardPD(e *Entry, rt *routing, ep endpoint, body []byte) {
 	all := rt.routes[e.Name]
 	decodes, prefills := byRole(all, placement.RoleDecode), byRole(all, placement.RolePrefill)
 	now := g.clock.Now()
+	// During a rolling update both roles run two spec versions: a decode
+	// is chosen among those whose version has a live prefill, so that an
+	// old decode pairs with an old prefill while the new prefill loads,
+	// and the update fails no request.
+	versions := map[string]bool{}
+	for _, p := range prefills {
+		if p.live(now) {
+			versions[p.SpecVersion] = true
+		}
+	}
+	if paired := slices.DeleteFunc(slices.Clone(decodes), func(d *liveRoute) bool { return !versions[d.SpecVersion] }); len(paired) > 0 {
+		decodes = paired
+	}
 	req := &Request{Deployment: e.Name, Body: body, Others: rt.table.Others(e.Name, rt.own[e.Name]), ep: ep}
 	dec := g.choose(req, e, decodes, nil, now)
 	if dec == nil {

@@ -254,6 +254,37 @@ func TestPDModelsListsARoutableUnit(t *testing.T) {
 	}
 }
 
+// A rolling update: the new decode is ready before the new prefill. The
+// gateway pairs the old decode with the old prefill instead of choosing
+// the new decode and finding no prefill of its version.
+func TestPDPairsVersionsDuringARollout(t *testing.T) {
+	pre, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-p"})
+	oldDec, oldRec, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-d"})
+	newDec, newRec, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-d2"})
+	w := newWorld()
+	w.deploy(placement.Deployment{Name: "pd", Prefill: &placement.Role{Replicas: 1}, Decode: &placement.Role{Replicas: 1}})
+	w.node("n1", gossip.StateAlive)
+	w.node("n2", gossip.StateAlive)
+	const old = "0123456789ab"
+	w.hold(cp{dep: "pd", role: placement.RolePrefill, node: "n1", url: pre.URL, spec: old, drain: true})
+	w.hold(cp{dep: "pd", role: placement.RoleDecode, node: "n2", url: oldDec.URL, spec: old, drain: true})
+	w.hold(cp{dep: "pd", role: placement.RoleDecode, node: "n1", url: newDec.URL})
+	h := newHarness(t, Config{}, w.snapshot())
+	for i := range 4 {
+		if a := h.post("/v1/chat/completions", strings.Replace(longChat(false), "the quick", fmt.Sprint(i), 1)); a.status != 200 {
+			t.Fatalf("request %d during the rollout: %d %s", i, a.status, a.body)
+		}
+	}
+	ob, _ := oldRec.sent()
+	nb, _ := newRec.sent()
+	if o, n := len(ob), len(nb); o != 4 || n != 0 {
+		t.Errorf("old decode %d, new decode %d requests; want every one on the old pair", o, n)
+	}
+	if v := value(t, h.gw.m.pdRequests.WithLabelValues("pd", pdDisaggregated)); v != 4 {
+		t.Errorf("disaggregated %v of 4", v)
+	}
+}
+
 // A prefill leg that does not answer ends at the P/D leg bound with an
 // OpenAI error, not at the engines' 300 s.
 func TestPDPrefillLegTimeout(t *testing.T) {
