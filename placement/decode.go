@@ -233,7 +233,14 @@ func DecodeDeployment(data []byte) (Deployment, error) {
 		if string(value) == "null" {
 			continue // same as absent
 		}
-		if err := json.Unmarshal(value, dv.FieldByIndex(f.index).Addr().Interface()); err != nil {
+		// Strictly, objects' fields too: a spec that says "path" for an
+		// adapter's "source" is a mistake to point at. Only here, at the
+		// API: a record relayed by gossip is read leniently (a field a
+		// newer build added inside an object must not make an older node
+		// drop the whole deployment).
+		dec := json.NewDecoder(bytes.NewReader(value))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(dv.FieldByIndex(f.index).Addr().Interface()); err != nil {
 			return invalid(&FieldError{Field: name, Value: clip(string(value), 64), Want: f.want})
 		}
 	}

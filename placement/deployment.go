@@ -317,7 +317,8 @@ func (d Deployment) SpecVersion() string {
 		d.Adapters = nil // registered at runtime: adding one restarts nothing
 	}
 	// A role's count scales like replicas; the gateways' P/D settings
-	// restart nothing. A role's image equals the deployment's.
+	// and the placement preference (domain) restart nothing. A role's
+	// image equals the deployment's.
 	for _, r := range []**Role{&d.Prefill, &d.Decode} {
 		if *r != nil {
 			c := **r
@@ -327,7 +328,7 @@ func (d Deployment) SpecVersion() string {
 	}
 	if d.Transfer != nil {
 		t := *d.Transfer
-		t.Fallback, t.SkipBelow = false, 0
+		t.Fallback, t.SkipBelow, t.Domain = false, 0, ""
 		d.Transfer = &t
 		if t == (Transfer{}) {
 			d.Transfer = nil // as a spec without it: setting fallback restarts nothing

@@ -31,17 +31,6 @@ type Adapter struct {
 	Source string `json:"source"`
 }
 
-// UnmarshalJSON reads an adapter strictly: a spec that says "path" for
-// "source" is a mistake to point at, not an adapter without a source.
-func (a *Adapter) UnmarshalJSON(b []byte) error {
-	type plain Adapter
-	p, err := decodeStrict[plain](b)
-	if err == nil {
-		*a = Adapter(p)
-	}
-	return err
-}
-
 // The bounds of the LoRA fields.
 const (
 	// MaxLoras bounds max_loras, the adapters in one batch (GPU slots).

@@ -230,10 +230,10 @@ func (p *planner) nearOther(d *depState) map[*nodeState]int32 {
 		return nil
 	}
 	var near map[*nodeState]int32
-	domains := map[string]bool{}
+	var domains map[string]bool
 	key := ""
-	if t := d.d.Transfer; t != nil {
-		key = t.Domain
+	if t := d.d.Transfer; t != nil && t.Domain != "" {
+		key, domains = t.Domain, map[string]bool{}
 	}
 	for _, r := range o.replicas {
 		for _, s := range r.shards {

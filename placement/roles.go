@@ -1,10 +1,9 @@
 package placement
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -48,17 +47,6 @@ type Role struct {
 	Image string `json:"image,omitempty"`
 }
 
-// UnmarshalJSON reads a role strictly: a spec that says "tensor_parallel"
-// in a role is a mistake to point at, not a role of one GPU.
-func (r *Role) UnmarshalJSON(b []byte) error {
-	type plain Role // without this method
-	p, err := decodeStrict[plain](b)
-	if err == nil {
-		*r = Role(p)
-	}
-	return err
-}
-
 // Transfer is how a disaggregated deployment moves its KV cache, and what
 // the gateways do when it cannot.
 type Transfer struct {
@@ -85,26 +73,6 @@ type Transfer struct {
 	// below this many tokens (0: always disaggregate): a short prefill
 	// costs less than its transfer. Counted as skipped.
 	SkipBelow int `json:"skip_below,omitempty"`
-}
-
-// UnmarshalJSON reads a transfer setting strictly.
-func (t *Transfer) UnmarshalJSON(b []byte) error {
-	type plain Transfer
-	p, err := decodeStrict[plain](b)
-	if err == nil {
-		*t = Transfer(p)
-	}
-	return err
-}
-
-// decodeStrict decodes one JSON value, refusing unknown fields: a spec
-// that misspells a field is a mistake to point at, not a field left out.
-func decodeStrict[T any](b []byte) (T, error) {
-	var v T
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&v)
-	return v, err
 }
 
 // HasRoles reports whether d is disaggregated into prefill and decode.
@@ -184,7 +152,9 @@ var transferBackends = map[string][]string{
 	"sglang": {"mooncake", "nixl"},
 }
 
-var nicName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
+// nicName is an RDMA device's name (mlx5_0), without the port that
+// UCX_NET_DEVICES adds (the profile renders mlx5_0:1).
+var nicName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // validateRoles checks the fields of disaggregation (after WithDefaults).
 func (d Deployment) validateRoles() error {
@@ -229,11 +199,7 @@ func (d Deployment) validateRoles() error {
 	if t := d.Transfer; t != nil {
 		if t.Backend != "" {
 			allowed := transferBackends[d.Engine]
-			ok := false
-			for _, b := range allowed {
-				ok = ok || b == t.Backend
-			}
-			if !ok {
+			if !slices.Contains(allowed, t.Backend) {
 				return bad("transfer.backend", t.Backend, "with engine "+d.Engine+": one of "+strings.Join(allowed, ", "))
 			}
 		}

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -112,9 +113,9 @@ func TestRolesSpecVersion(t *testing.T) {
 		t.Error("role counts or a defaulted tp changed the spec version")
 	}
 	withPolicy := base
-	withPolicy.Transfer = &Transfer{Fallback: true, SkipBelow: 256}
+	withPolicy.Transfer = &Transfer{Fallback: true, SkipBelow: 256, Domain: "rack"}
 	if version(withPolicy) != version(base) {
-		t.Error("the gateways' fallback or skip_below changed the spec version")
+		t.Error("the gateways' fallback or skip_below, or the placement's domain, changed the spec version")
 	}
 	for name, d := range map[string]Deployment{
 		"prefill tp": mkDep("pd", pdRoles(1, 2, 1, 1)),
@@ -149,6 +150,12 @@ func TestRolesBadInput(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != c.field {
 			t.Errorf("%s: error %v, want one naming %s", c.spec, err, c.field)
 		}
+	}
+	// A record relayed by gossip is read leniently: a field a newer build
+	// added inside an object must not make an older node drop the spec.
+	var relayed Deployment
+	if err := json.Unmarshal([]byte(`{"name":"pd","model":"m","prefill":{"replicas":1,"later":2},"decode":{"replicas":1},"transfer":{"later":true},"adapters":[{"name":"a","source":"b","later":1}]}`), &relayed); err != nil || relayed.Prefill == nil {
+		t.Errorf("a relayed spec with a newer build's fields: %v", err)
 	}
 	// A role's unknown field is named, not dropped.
 	if _, err := DecodeDeployment([]byte(`{"name":"pd","model":"m","prefill":{"replicas":1,"tensor_parallel":2},"decode":{"replicas":1}}`)); err == nil || !strings.Contains(err.Error(), "prefill") {

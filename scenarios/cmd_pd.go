@@ -2,14 +2,17 @@ package scenarios
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Prefill/decode disaggregation, as the engines and the gateways count it.
@@ -50,17 +53,17 @@ func (r *runner) expectPDLegs(d *directive, obs []*node) (string, error) {
 		if row.Deployment != dep || row.URL == "" || row.Draining {
 			continue
 		}
-		page, err := r.scrape(row.URL + "/metrics")
+		fams, err := r.scrape(row.URL + "/metrics")
 		if err != nil {
 			return "", fmt.Errorf("%s's engine: %w", row.ShardID, err)
 		}
 		engines++
 		switch row.Role {
 		case "prefill":
-			legs += sumSeries(page, metricPrefillLegs, nil)
+			legs += sum(fams[metricPrefillLegs])
 		case "decode":
-			loads += sumSeries(page, metricKVLoads, nil)
-			recomputed += sumSeries(page, metricRecomputed, nil)
+			loads += sum(fams[metricKVLoads])
+			recomputed += sum(fams[metricRecomputed])
 		}
 	}
 	outcomes, err := r.pdOutcomes(obs, dep)
@@ -119,70 +122,63 @@ func (r *runner) expectPDOutcomes(d *directive, obs []*node) (string, error) {
 func (r *runner) pdOutcomes(obs []*node, dep string) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, n := range obs {
-		page, err := r.scrape(n.api() + "/metrics")
+		fams, err := r.scrape(n.api() + "/metrics")
 		if err != nil {
 			return nil, fmt.Errorf("%s's metrics: %w", n.name, err)
 		}
-		for _, l := range strings.Split(page, "\n") {
-			if !strings.HasPrefix(l, metricPDRequests+"{") || !strings.Contains(l, `deployment="`+dep+`"`) {
-				continue
+		for _, m := range fams[metricPDRequests].GetMetric() {
+			if label(m, "deployment") == dep {
+				out[label(m, "outcome")] += m.GetCounter().GetValue()
 			}
-			_, rest, _ := strings.Cut(l, `outcome="`)
-			outcome, _, _ := strings.Cut(rest, `"`)
-			out[outcome] += lineValue(l)
 		}
 	}
 	return out, nil
 }
 
-// scrape reads a /metrics page.
-func (r *runner) scrape(url string) (string, error) {
+// scrape reads a /metrics page into its families, by name.
+func (r *runner) scrape(url string) (map[string]*dto.MetricFamily, error) {
 	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.http.Do(req)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return "", err
-	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", url, resp.Status)
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	return string(b), nil
+	fams := map[string]*dto.MetricFamily{}
+	dec := expfmt.NewDecoder(resp.Body, expfmt.ResponseFormat(resp.Header))
+	for {
+		mf := &dto.MetricFamily{}
+		if err := dec.Decode(mf); errors.Is(err, io.EOF) {
+			return fams, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", url, err)
+		}
+		fams[mf.GetName()] = mf
+	}
 }
 
-// sumSeries sums every series of a metric on a page whose labels contain
-// each of match.
-func sumSeries(page, name string, match []string) float64 {
-	sum := 0.0
-	for _, l := range strings.Split(page, "\n") {
-		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
-			continue
-		}
-		ok := true
-		for _, m := range match {
-			ok = ok && strings.Contains(l, m)
-		}
-		if ok {
-			sum += lineValue(l)
-		}
+// sum adds up every series of a counter family.
+func sum(mf *dto.MetricFamily) float64 {
+	total := 0.0
+	for _, m := range mf.GetMetric() {
+		total += m.GetCounter().GetValue()
 	}
-	return sum
+	return total
 }
 
-// lineValue is the value of one exposition line (no timestamp).
-func lineValue(l string) float64 {
-	f := strings.Fields(l)
-	if len(f) < 2 {
-		return 0
+// label is a series' value of one label ("" without it).
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
 	}
-	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-	return v
+	return ""
 }

@@ -304,7 +304,6 @@ func sdkRetries(ans gatewayAnswer, err error) bool {
 	return strings.Contains(err.Error(), "server closed idle connection")
 }
 
-// tally counts answered and failed requests, with the first errors.
 // loopRefused is expect-refused match=TEXT: the loop sent requests,
 // none was answered, and every error says TEXT (a model removed: 404).
 func loopRefused(d *directive, l *requestLoop) (string, error) {
@@ -329,6 +328,7 @@ func loopRefused(d *directive, l *requestLoop) (string, error) {
 	return fmt.Sprintf("every request refused with %q", match), nil
 }
 
+// tally counts answered and failed requests, with the first errors.
 func tally(reqs []loopRequest) (ok, errs int, first []string) {
 	for _, q := range reqs {
 		if q.err == "" {

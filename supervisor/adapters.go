@@ -53,13 +53,13 @@ func (n *Node) ChangeAdapter(ctx context.Context, deployment string, add *placem
 		var info status.DeploymentInfo
 		var err error
 		if slices.Equal(list, spec.Adapters) {
-			// Nothing to write: what the cluster holds already says it.
-			info = status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Change: status.ChangeUnchanged}
-		} else {
-			spec.Adapters = list
-			if info, err = n.Place(ctx, spec); err != nil {
-				return info, err
-			}
+			// Nothing to write, nor to wait for: what this node holds
+			// already says it.
+			return status.DeploymentInfo{Deployment: spec, SpecVersion: spec.SpecVersion(), Stamp: rec.Stamp, Change: status.ChangeUnchanged}, nil
+		}
+		spec.Adapters = list
+		if info, err = n.Place(ctx, spec); err != nil {
+			return info, err
 		}
 		t := n.clock.NewTimer(max(time.Second, n.cfg.Profile.SpreadBound(len(n.cluster.Members()))))
 		select {

@@ -143,6 +143,9 @@ func (c *controlLoop) reconcile(ctx context.Context) (cost time.Duration, due ti
 	// waits until every member speaks its version.
 	active := c.cluster.ActiveVersion()
 	view.Share = active >= protocol.V6
+	if !view.Share {
+		view.Usage = nil // read only with Share; it would only miss the plan cache
+	}
 	c.handover.mark(&view, now, c.handoverPeriod(len(members)))
 	plan := c.plans.plan(view)
 	c.logEvictions(plan)

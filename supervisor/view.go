@@ -59,8 +59,10 @@ func BuildView(members []gossip.Member, deps []gossip.DeploymentRecord, now time
 			// until then the spec's replicas (its start).
 			if t, ok := gossip.ScaleTargetFor(members, d); ok {
 				spec.Replicas = min(max(t.Replicas, a.Min), a.Max)
-				// Its use, for GPU sharing (placed only with View.Share).
-				if t.Idle || t.LastRequest != 0 {
+				// Its use, for GPU sharing (placed only with View.Share):
+				// only an idle deployment's entry changes a plan, so
+				// only it enters the view (and the plan cache's key).
+				if t.Idle {
 					if v.Usage == nil {
 						v.Usage = map[string]placement.Usage{}
 					}

@@ -710,7 +710,7 @@ func adapterCommand() *cli.Command {
 			if add {
 				verb = "adapter %s of %s placed"
 			}
-			fmt.Fprintf(c.Root().Writer, verb+" (%d adapters; no engine restarts, they register it within seconds)\n", name, dep, len(info.Adapters))
+			fmt.Fprintf(c.Root().Writer, verb+" (%d adapters): %s\n", name, dep, len(info.Adapters), changeWords(info.Change))
 			return nil
 		}
 	}

@@ -66,7 +66,7 @@ func changeWords(change string) string {
 	case status.ChangeScaled:
 		return "replicas changed, same spec: replicas that serve keep running"
 	case status.ChangeSettings:
-		return "settings changed (update, start_timeout or the autoscaling range), same spec: no replica restarts"
+		return "settings changed (nothing an engine starts with: update, start_timeout, the autoscaling range, priority, runtime adapters or the gateways' P/D settings), same spec: no replica restarts"
 	case status.ChangeUnchanged:
 		return "unchanged: the cluster already had this spec and replica count"
 	}

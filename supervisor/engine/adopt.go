@@ -79,10 +79,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			r.ports.hold(g.MasterPort, a.e.id) // rank 0's rendezvous
 		}
 		if kv := a.e.state.Spec.KVPort; kv > 0 {
-			// The KV transfer's block: one port per tensor-parallel rank.
-			for i := range max(len(a.e.state.Spec.GPUIndices), 1) {
-				r.ports.hold(kv+i, a.e.id)
-			}
+			r.ports.hold(kv, a.e.id) // its KV transfer's
 		}
 	}
 	r.mu.Unlock()

@@ -73,8 +73,9 @@ func registeredAdapters(body []byte, served string) map[string]string {
 	return out
 }
 
-// AdapterPath is where the engine reads adapter source src: the
-// directory of that name in the weights dir when there is one (resolved,
+// AdapterPath is where the engine reads adapter source src: the entry of
+// that name in the weights dir when there is one (a directory, as vLLM and
+// SGLang load; or a file, as llama.cpp's --lora takes a GGUF; resolved,
 // and only if it stays inside it), src itself when it is absolute, else
 // src as a hub id the engine resolves.
 func AdapterPath(weightsDir, src string) string {
@@ -90,7 +91,7 @@ func AdapterPath(weightsDir, src string) string {
 	if err != nil || !strings.HasPrefix(real, root+string(filepath.Separator)) {
 		return src // a link out of the weights dir is not the weights dir's
 	}
-	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+	if fi, err := os.Stat(real); err != nil || (!fi.IsDir() && !fi.Mode().IsRegular()) {
 		return src
 	}
 	return p

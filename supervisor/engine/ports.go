@@ -60,36 +60,6 @@ func (p *ports) allocLocked(id string) (int, error) {
 	return 0, fmt.Errorf("no free engine port in %d-%d", p.min, p.max)
 }
 
-// allocBlock takes for engine id n consecutive ports of the range that
-// nothing on this host listens on, and returns the first.
-func (p *ports) allocBlock(id string, n int) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	span := p.max - p.min + 1
-	h := fnv.New32a()
-	h.Write([]byte(p.node + "/kv"))
-	off := int(h.Sum32() % uint32(span))
-	for i := 0; i < span; i++ {
-		first := p.min + (off+i)%span
-		if first+n-1 > p.max {
-			continue
-		}
-		free := true
-		for port := first; port < first+n && free; port++ {
-			_, used := p.taken[port]
-			free = !used && portFree(port)
-		}
-		if !free {
-			continue
-		}
-		for port := first; port < first+n; port++ {
-			p.taken[port] = id
-		}
-		return first, nil
-	}
-	return 0, fmt.Errorf("no %d free consecutive engine ports in %d-%d", n, p.min, p.max)
-}
-
 // hold records that engine id holds port (an adopted engine's).
 func (p *ports) hold(port int, id string) {
 	p.mu.Lock()

@@ -8,10 +8,9 @@ import (
 	"github.com/llmgw/llmgw/placement"
 )
 
-// A role's engine gets a block of KV ports, one per tensor-parallel rank,
-// starts with its role's flags (the fake serves NIXL's side channel on
-// the first), and says its role and port in its record; an agent restart
-// adopts it with both and keeps the block held.
+// A role's engine gets a KV port, starts with its role's flags (the fake
+// serves NIXL's side channel there), and says its role and port in its
+// record; an agent restart adopts it with both and keeps the port held.
 func TestRoleEngineGetsItsKVPorts(t *testing.T) {
 	env := newRunnerEnv(t)
 	r := env.open()
@@ -32,10 +31,10 @@ func TestRoleEngineGetsItsKVPorts(t *testing.T) {
 	held := func(r *Runner) bool {
 		r.ports.mu.Lock()
 		defer r.ports.mu.Unlock()
-		return r.ports.taken[rec.KVPort] != "" && r.ports.taken[rec.KVPort+1] != ""
+		return r.ports.taken[rec.KVPort] != ""
 	}
 	if !held(r) {
-		t.Errorf("the block %d-%d is not held", rec.KVPort, rec.KVPort+1)
+		t.Errorf("the KV port %d is not held", rec.KVPort)
 	}
 	r.Close()
 
@@ -46,7 +45,7 @@ func TestRoleEngineGetsItsKVPorts(t *testing.T) {
 		t.Errorf("adopted: role %q port %d pid %d, want %q %d %d", again.Role, again.KVPort, again.PID, rec.Role, rec.KVPort, rec.PID)
 	}
 	if !held(r2) {
-		t.Errorf("the adopted engine's block %d-%d is not held", rec.KVPort, rec.KVPort+1)
+		t.Errorf("the adopted engine's KV port %d is not held", rec.KVPort)
 	}
 	r2.Reconcile(t.Context(), nil)
 	waitShard(t, r2, "pd-p0 stopped", func(s []string) bool { return len(s) == 0 })

@@ -321,13 +321,14 @@ func (r *Runner) Reconcile(ctx context.Context, desired []Desired) {
 			continue
 		}
 		kvPort := 0
-		if d.Role != "" {
-			// A block, one port per tensor-parallel rank: vLLM's NIXL
-			// workers listen on the base port plus their rank
-			// (ZmqHandshakeStrategy in vllm/distributed/kv_transfer/
-			// kv_connector/v1/nixl_connector.py; later trees add the
-			// data-parallel rank times the TP size, 0 here).
-			if kvPort, err = r.ports.allocBlock(id, max(d.Spec.TensorParallel, 1)); err != nil {
+		if d.Role != "" && !(d.Spec.Engine == "sglang" && d.Role == placement.RoleDecode) {
+			// One port: vLLM's NIXL handshake listener runs once, in the
+			// scheduler, for every TP rank, at VLLM_NIXL_SIDE_CHANNEL_PORT
+			// plus the data-parallel index, 0 here (NixlConnectorScheduler
+			// in vllm/distributed/kv_transfer/kv_connector/v1/
+			// nixl_connector.py); an SGLang prefill serves its bootstrap
+			// port, and an SGLang decode listens on none.
+			if kvPort, err = r.ports.alloc(id); err != nil {
 				r.ports.release(id)
 				r.log.Error("cannot start shard: no ports for its KV transfer", "shard", d.ShardID, "err", err)
 				continue
@@ -396,6 +397,9 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 			// Nothing restarts a healthy engine for it; the operator
 			// learns why its port is still open to other hosts.
 			rec.Note, rec.NoteAt = notePublic, st.StartedAt
+			if st.Spec.Role != "" {
+				rec.Note = notePublicRole
+			}
 		}
 		rec.Adapters, rec.AdapterErrors = e.adapterRecordLocked()
 		rec.Gang = r.gang.recordLocked(e)
@@ -413,6 +417,11 @@ func (r *Runner) Shards() []gossip.ShardRecord {
 // notePublic is the note of a ready engine that still listens on every
 // address in a cluster at protocol V4: it was started before.
 const notePublic = "listens on every address (started before cluster version 4): its next start listens on loopback only"
+
+// notePublicRole is the note of an SGLang prefill or decode engine, which
+// listens on every address by design: its bootstrap server binds the
+// engine's host, and the other role's nodes must reach it.
+const notePublicRole = "listens on every address: an SGLang prefill/decode engine's bootstrap server binds its host (its API still needs its key)"
 
 // RuntimeName names the runtime engines run in.
 func (r *Runner) RuntimeName() string { return r.cfg.Runtime.Name() }

@@ -436,6 +436,9 @@ func (r *Runner) start(engineCtx context.Context, e *managed, gs *shardstate.Gan
 		}
 		if d.Spec.Engine == "sglang" {
 			in.Host = "0.0.0.0"
+			// Its record says so: remote gateways may dial it, and
+			// the node warns of an engine open to the network.
+			st.Spec.Private = false
 		}
 	}
 	if d.Spec.AdaptersAtStart() {

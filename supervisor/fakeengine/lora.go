@@ -423,6 +423,9 @@ func (s *Server) sglangUnloadHandler(w http.ResponseWriter, r *http.Request) {
 // and the name the answer carries, or the error to answer.
 func (s *Server) resolveModel(model, loraPath string) (adapter, answerAs string, fail *loraFailure) {
 	if s.cfg.Personality == PersonalitySGLang {
+		if model == s.cfg.Model && strings.TrimSpace(loraPath) == "" {
+			return "", model, nil // the served name itself, ':' and all (qwen:7b)
+		}
 		base, fromModel, colon := strings.Cut(model, ":")
 		if base != s.cfg.Model {
 			return "", "", &loraFailure{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model)}

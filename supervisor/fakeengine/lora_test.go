@@ -426,3 +426,16 @@ func TestPlainFakeLoRAFlagsParse(t *testing.T) {
 		t.Error("a=/x=y accepted")
 	}
 }
+
+// SGLang serves a model whose name has a colon (qwen:7b) as itself: the
+// base:adapter reading applies only to a name that is not the served one.
+func TestSGLangServesAColonName(t *testing.T) {
+	s, err := NewServer(Config{Model: "qwen:7b", Personality: PersonalitySGLang, SGLangCheapHealth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if adapter, as, fail := s.resolveModel("qwen:7b", ""); fail != nil || adapter != "" || as != "qwen:7b" {
+		t.Errorf("qwen:7b: adapter %q, answered as %q, failure %+v", adapter, as, fail)
+	}
+}

@@ -173,7 +173,7 @@ const (
 // try makes attempt n of the request, on lr. Whichever way it ends, done
 // closes its books, with the outcome it recorded on the way.
 func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now time.Time) step {
-	a := x.open(lr, n, t.firstByte, t.idle, now)
+	a := x.open(t.parent(x.r.Context()), lr, n, t.firstByte, t.idle, now)
 	var out outcome
 	defer func() { x.done(a, out) }()
 	body := t.body
@@ -189,13 +189,14 @@ func (x *exchange) try(lr *liveRoute, n int, routes []*liveRoute, t *tries, now 
 	}
 	code := resp.StatusCode
 	out.status = code
-	if x.role != "" && code >= http.StatusInternalServerError {
-		// The decode leg of a disaggregated request: its 5xx is most
-		// likely the KV transfer (kv_load_failure_policy fail answers
-		// 500; SGLang's decode 500s when the bootstrap fails), and the
-		// client gets the gateway's error saying so, in OpenAI's shape,
-		// not the engine's own. Not retried: the prefill's blocks, or
-		// the bootstrap room, belong to this decode.
+	if t.paired && failingStatus(code) {
+		// The decode leg of a pair whose prefill leg was sent: a 500,
+		// 502 or 504 there is most likely the KV transfer (vLLM's
+		// kv_load_failure_policy fail answers 500; SGLang's decode 500s
+		// when the bootstrap fails), and the client gets the gateway's
+		// error saying so, in OpenAI's shape, not the engine's own. Not
+		// retried: the prefill's blocks, or the bootstrap room, belong
+		// to this decode. 429 and 503 take the usual way.
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		_ = resp.Body.Close()
 		a.failing = true
@@ -259,6 +260,20 @@ type tries struct {
 	// relay; holds counts the waits for it (forward).
 	relayDown bool
 	holds     int
+	// ctx, when set, is the parent of the attempts' contexts instead of
+	// the client's request (SGLang's decode leg, which its prefill leg
+	// may cancel); paired marks the decode leg of a disaggregated pair
+	// whose prefill leg was sent (pdroute.go).
+	ctx    context.Context
+	paired bool
+}
+
+// parent is the context the attempts derive from.
+func (t *tries) parent(client context.Context) context.Context {
+	if t.ctx != nil {
+		return t.ctx
+	}
+	return client
 }
 
 // Why an attempt failed, as the metrics' reason and kind labels say it.
@@ -284,12 +299,13 @@ func statusReason(code int) string { return "status_" + strconv.Itoa(code) }
 func (x *exchange) lost(a *attempt, err error, out *outcome, t *tries) step {
 	lr := a.lr
 	if x.r.Context().Err() != nil {
-		if errors.As(context.Cause(x.r.Context()), new(*pdLegError)) {
-			// The decode leg of a pair whose prefill leg failed:
-			// forwardBootstrap answers.
-			return answered
-		}
 		x.clientGone()
+		return answered
+	}
+	if t.ctx != nil && errors.As(context.Cause(t.ctx), new(*pdLegError)) {
+		// The decode leg of a pair whose prefill leg failed before the
+		// answer began: forwardBootstrap answers, or sends the pair
+		// again. Nothing counts against the decode.
 		return answered
 	}
 	if c := a.cut(); c != nil {
@@ -381,14 +397,14 @@ type attempt struct {
 // open starts attempt n on lr at now: the replica's load counts it, its
 // first-byte bound runs, and an engine that leaves routing can cut it.
 // done closes each of these.
-func (x *exchange) open(lr *liveRoute, n int, firstByte, idle time.Duration, now time.Time) *attempt {
+func (x *exchange) open(parent context.Context, lr *liveRoute, n int, firstByte, idle time.Duration, now time.Time) *attempt {
 	clk := x.g.clock
 	a := &attempt{lr: lr, n: n, clock: clk, firstByte: firstByte, idle: idle}
 	a.ticket = lr.rep.load.begin(now)
 	// The replica's estimate counts the request now: the room its queue
 	// set aside for it is its own.
 	x.releaseSlot(false)
-	a.ctx, a.cancel = context.WithCancelCause(x.r.Context())
+	a.ctx, a.cancel = context.WithCancelCause(parent)
 	if firstByte > 0 {
 		a.timer = clk.AfterFunc(firstByte, a.expire)
 	}

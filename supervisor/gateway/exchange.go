@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -39,7 +40,11 @@ type exchange struct {
 	byIndex bool
 	// role keeps a disaggregated deployment's attempts to one role's
 	// replicas (pdroute.go); empty for any other deployment.
-	role     string
+	role string
+	// begun is set once an answer's status went to the client (commit):
+	// read by SGLang's prefill leg, which runs beside the decode's
+	// attempts and may cancel them only before it.
+	begun    atomic.Bool
 	resolved bool
 	status   int
 	gone     bool // the client went away

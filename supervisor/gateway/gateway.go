@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -241,17 +240,7 @@ func New(cfg Config) *Gateway {
 		cfg.PDLegTimeout = DefaultPDLegTimeout
 	}
 	if cfg.Rand == nil {
-		// ChaCha8 from a system seed: safe for concurrent use behind a
-		// lock, and no request ID repeats across restarts.
-		var seed [32]byte
-		_, _ = crand.Read(seed[:])
-		src := rand.NewChaCha8(seed)
-		var mu sync.Mutex
-		cfg.Rand = func() uint64 {
-			mu.Lock()
-			defer mu.Unlock()
-			return src.Uint64()
-		}
+		cfg.Rand = rand.Uint64 // ChaCha8, seeded by the system, safe for concurrent use
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

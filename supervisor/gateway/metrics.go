@@ -122,7 +122,7 @@ func newMetrics() *metrics {
 		}, []string{"deployment", "priority", "reason"}),
 		pdRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_gateway_pd_requests_total",
-			Help: "Requests of disaggregated deployments (prefill and decode roles), by deployment and outcome: disaggregated (both legs), skipped (prompt's uncached part below transfer.skip_below: decode alone), fallback (decode alone: no prefill could serve and transfer.fallback allows it), no_params (the prefill answered without kv_transfer_params), version_mismatch (no prefill of the decode's spec version), each of these two served by the decode alone with transfer.fallback and failed without it, failed (the request failed for want of a prefill, a transfer or a decode); recomputed is reserved for an engine that says it recomputed a prompt, which engines run with kv_load_failure_policy fail never do.",
+			Help: "Requests of disaggregated deployments (prefill and decode roles), by deployment and outcome: disaggregated (both legs), skipped (prompt's uncached part below transfer.skip_below: decode alone), fallback (decode alone: no prefill could serve and transfer.fallback allows it), no_params (the prefill answered without kv_transfer_params), version_mismatch (no prefill of the decode's spec version), each of these two served by the decode alone with transfer.fallback and failed without it, failed (the request failed for want of a prefill, a transfer or a decode).",
 		}, []string{"deployment", "outcome"}),
 	}
 }

@@ -33,15 +33,10 @@ import (
 
 // The outcomes of a disaggregated deployment's requests.
 const (
-	pdDisaggregated = "disaggregated"
-	pdSkipped       = "skipped"   // the prompt's uncached part was below transfer.skip_below
-	pdFallback      = "fallback"  // decode alone, as transfer.fallback allows
-	pdNoParams      = "no_params" // the prefill answered without kv_transfer_params
-	// pdRecomputed is the engine reporting that it recomputed a prompt
-	// whose KV it could not load: not produced, since engines started by
-	// llmgw run kv_load_failure_policy fail (a failed load fails the
-	// request, counted failed) and say it only in their own metrics.
-	pdRecomputed      = "recomputed"
+	pdDisaggregated   = "disaggregated"
+	pdSkipped         = "skipped"          // the prompt's uncached part was below transfer.skip_below
+	pdFallback        = "fallback"         // decode alone, as transfer.fallback allows
+	pdNoParams        = "no_params"        // the prefill answered without kv_transfer_params
 	pdVersionMismatch = "version_mismatch" // no prefill of the decode's spec version
 	pdFailed          = "failed"
 )
@@ -201,12 +196,20 @@ func (x *exchange) forwardPD(e *Entry, rt *routing, ep endpoint, body []byte) {
 	t := tries{body: body}
 	t.firstByte, t.idle = g.bounds(e.Engine)
 	leg := g.cfg.PDLegTimeout
-	t.firstByte, t.idle = legBound(t.firstByte, leg), legBound(t.idle, leg)
+	// The prefill leg is bounded by the leg timeout (callLeg). So is a
+	// streamed decode's first byte (which waits for the transfer) and
+	// every gap in its stream; a plain decode's first byte is its whole
+	// answer, which may take minutes, so it keeps the engine's bound.
+	prefillBound := legBound(t.firstByte, leg)
+	if x.entry.stream {
+		t.firstByte = prefillBound
+	}
+	t.idle = legBound(t.idle, leg)
 	x.role = placement.RoleDecode
 
 	alone := func(outcome, pre, why string) {
 		g.pdNote(e.Name, pre, dec.ReplicaID, outcome, why)
-		x.decodeLeg(e, req, dec, &t)
+		x.attemptsOn(e, req, dec, &t)
 	}
 	if set.skipBelow > 0 {
 		if n := uncachedTokens(body, req); n < set.skipBelow {
@@ -218,6 +221,9 @@ func (x *exchange) forwardPD(e *Entry, rt *routing, ep endpoint, body []byte) {
 	// be two builds, whose KV the decode cannot read.
 	var same, other []*liveRoute
 	for _, p := range prefills {
+		if !p.live(now) {
+			continue
+		}
 		if p.SpecVersion == dec.SpecVersion {
 			same = append(same, p)
 		} else {
@@ -250,16 +256,10 @@ func (x *exchange) forwardPD(e *Entry, rt *routing, ep endpoint, body []byte) {
 		return
 	}
 	if set.bootstrap {
-		x.forwardBootstrap(e, req, dec, same, &t, refuse)
+		x.forwardBootstrap(e, req, dec, same, &t, prefillBound, refuse)
 		return
 	}
-	x.forwardNixl(e, req, dec, same, &t, refuse)
-}
-
-// decodeLeg sends the request (t.body) to decode replica dec first, and
-// to the other decode replicas when it fails before its answer began.
-func (x *exchange) decodeLeg(e *Entry, req *Request, dec *liveRoute, t *tries) {
-	x.attemptsOn(e, req, dec, t)
+	x.forwardNixl(e, req, dec, same, &t, prefillBound, refuse)
 }
 
 // attemptsOn makes the request's attempts, the first on lr, the next on
@@ -278,9 +278,10 @@ func (x *exchange) attemptsOn(e *Entry, req *Request, lr *liveRoute, t *tries) {
 
 // forwardNixl is vLLM's protocol: the prefill leg, then the decode leg
 // with the prefill's kv_transfer_params.
-func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills []*liveRoute, t *tries, refuse func(outcome, pre, why string)) {
+func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills []*liveRoute, t *tries, bound time.Duration, refuse func(outcome, pre, why string)) {
 	g := x.g
 	x.requestID()
+	lreq := x.legRequest()
 	leg1, err := pdPrefillBody(t.body)
 	if err != nil {
 		x.fail(errBadRequest("", "%v", err))
@@ -295,7 +296,7 @@ func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills 
 			break
 		}
 		tried = append(tried, pre.rep)
-		status, answer, err := x.callLeg(x.r.Context(), pre, leg1, t.firstByte, now)
+		status, answer, err := g.callLeg(x.r.Context(), lreq, pre, leg1, bound, now)
 		switch {
 		case x.r.Context().Err() != nil:
 			x.clientGone()
@@ -303,14 +304,14 @@ func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills 
 		case err != nil:
 			lastErr = fmt.Errorf("prefill %s on %s: %w", pre.ReplicaID, pre.Node, err)
 			continue
-		case status >= 500:
+		case retryableLeg(status):
 			lastErr = fmt.Errorf("prefill %s on %s answered %d", pre.ReplicaID, pre.Node, status)
 			continue
 		case status != http.StatusOK:
 			// The client's own mistake (400): the decode would say the
-			// same. Relay it as the prefill gave it.
-			x.relayLegAnswer(status, answer)
+			// same. The prefill's words go back in OpenAI's shape.
 			g.pdNote(e.Name, pre.ReplicaID, dec.ReplicaID, pdFailed, fmt.Sprintf("prefill answered %d", status))
+			x.fail(&apiError{status: status, typ: typeInvalid, code: "invalid_request", message: "the prefill engine refused the request: " + clipAnswer(answer)})
 			return
 		}
 		params, ok := pdPrefillParams(answer)
@@ -323,8 +324,7 @@ func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills 
 			x.fail(errBadRequest("", "%v", err))
 			return
 		}
-		t.body = leg2
-		// Only the chosen decode: the prefill's blocks are read once.
+		t.body, t.paired = leg2, true
 		x.attemptsOn(e, req, dec, t)
 		x.pdDone(e, pre.ReplicaID, dec.ReplicaID)
 		return
@@ -332,14 +332,17 @@ func (x *exchange) forwardNixl(e *Entry, req *Request, dec *liveRoute, prefills 
 	refuse(pdFailed, "", fmt.Sprintf("the prefill leg failed on every prefill replica tried: %v", lastErr))
 }
 
-// forwardBootstrap is SGLang's protocol: the same body, with the prefill's
-// bootstrap address and a fresh room, to both at once; the decode's answer
-// is the client's. A prefill leg that fails cancels the decode's wait, and
-// before anything reached the client the pair is sent again, with a new
-// room, to another prefill replica (mini_lb's retry).
-func (x *exchange) forwardBootstrap(e *Entry, req *Request, dec *liveRoute, prefills []*liveRoute, t *tries, refuse func(outcome, pre, why string)) {
+// forwardBootstrap is SGLang's protocol (mini_lb.py): the same body, with
+// the prefill's bootstrap address and a fresh room, to both at once; the
+// decode's answer is the client's. A prefill leg that fails before the
+// decode's answer began cancels the decode's wait on its room, and the
+// pair is sent again, with a new room, to another prefill replica (mini_lb
+// itself does not retry; a decode waiting on a dead prefill's room would
+// otherwise wait out SGLANG_DISAGGREGATION_WAITING_TIMEOUT).
+func (x *exchange) forwardBootstrap(e *Entry, req *Request, dec *liveRoute, prefills []*liveRoute, t *tries, bound time.Duration, refuse func(outcome, pre, why string)) {
 	g := x.g
 	x.requestID()
+	lreq := x.legRequest()
 	client := t.body
 	var tried []*replica
 	var lastErr error
@@ -359,51 +362,67 @@ func (x *exchange) forwardBootstrap(e *Entry, req *Request, dec *liveRoute, pref
 			x.fail(errBadRequest("", "%v", err))
 			return
 		}
-		t.body, t.tried = body, nil
-		perr := x.bootstrapPair(e, req, dec, pre, t)
+		t.body, t.tried, t.paired = body, nil, true
+		perr, again := x.bootstrapPair(e, req, lreq, dec, pre, t, bound)
 		if perr == nil || x.answered() {
 			x.pdDone(e, pre.ReplicaID, dec.ReplicaID)
 			return
 		}
 		lastErr = perr
+		if !again {
+			break
+		}
 	}
 	refuse(pdFailed, "", fmt.Sprintf("the prefill leg failed on every prefill replica tried: %v", lastErr))
 }
 
 // bootstrapPair sends one pair: the prefill leg beside the decode's
-// attempts. It returns the prefill leg's failure, if any; the client has
-// no answer yet when the decode was let go because of it.
-func (x *exchange) bootstrapPair(e *Entry, req *Request, dec, pre *liveRoute, t *tries) error {
-	// The decode waits on the bootstrap room until the prefill hands the
-	// KV over; if the prefill leg fails, the decode leg is cancelled with
-	// the prefill's error as the cause, which lost leaves to the caller.
+// attempts. It returns the prefill leg's failure when the client has no
+// answer yet because of it, and whether another prefill may do better
+// (not after the prefill refused the request itself).
+func (x *exchange) bootstrapPair(e *Entry, req *Request, lreq legRequest, dec, pre *liveRoute, t *tries, bound time.Duration) (error, bool) {
+	// The decode's attempts derive from ctx: a prefill leg that fails
+	// while the decode's answer has not begun cancels it with the
+	// prefill's error as the cause, which lost leaves to the caller.
 	ctx, cancel := context.WithCancelCause(x.r.Context())
-	defer cancel(nil)
-	outer := x.r
-	x.r = x.r.WithContext(ctx)
-	defer func() { x.r = outer }()
-	prefillErr := make(chan error, 1)
-	body, now := t.body, x.g.clock.Now()
+	t.ctx = ctx
+	type result struct {
+		err   error
+		again bool
+	}
+	done := make(chan result, 1)
+	var res result
+	waited := false
+	defer func() {
+		t.ctx = nil
+		cancel(nil)
+		if !waited {
+			<-done // the prefill leg never outlives the request
+		}
+	}()
+	now := x.g.clock.Now()
 	go func() {
-		status, answer, err := x.callLeg(ctx, pre, body, t.firstByte, now)
+		status, answer, err := x.g.callLeg(ctx, lreq, pre, t.body, bound, now)
+		r := result{again: true}
 		switch {
 		case err != nil:
-			err = fmt.Errorf("prefill %s on %s: %w", pre.ReplicaID, pre.Node, err)
+			r.err = fmt.Errorf("prefill %s on %s: %w", pre.ReplicaID, pre.Node, err)
 		case status != http.StatusOK:
-			err = fmt.Errorf("prefill %s on %s answered %d: %s", pre.ReplicaID, pre.Node, status, clipAnswer(answer))
+			r.err = fmt.Errorf("prefill %s on %s answered %d: %s", pre.ReplicaID, pre.Node, status, clipAnswer(answer))
+			r.again = retryableLeg(status)
 		}
-		if err != nil && ctx.Err() == nil {
-			cancel(&pdLegError{err})
+		if r.err != nil && ctx.Err() == nil && !x.begun.Load() {
+			cancel(&pdLegError{r.err})
 		}
-		prefillErr <- err
+		done <- r
 	}()
 	x.attemptsOn(e, req, dec, t)
 	cancel(nil)
-	perr := <-prefillErr
-	if perr != nil && !x.answered() {
-		return perr
+	res, waited = <-done, true
+	if res.err != nil && !x.answered() {
+		return res.err, res.again
 	}
-	return nil
+	return nil, false
 }
 
 // pdDone counts a request both of whose legs were sent, by its answer.
@@ -437,18 +456,50 @@ func (x *exchange) requestID() {
 	x.r.Header.Set("X-Request-Id", fmt.Sprintf("llmgw-%016x", x.g.cfg.Rand()))
 }
 
-// callLeg sends a leg whose answer the gateway reads whole (a prefill)
-// to lr, within bound from sending to the answer's end. The replica's
-// load counts it, it has a span of its own when the gateway traces, and a
-// connection that fails or a 5xx counts toward ejecting the replica. It
-// touches nothing of the exchange but what it reads, so SGLang's prefill
-// leg runs beside the decode leg's attempts.
-func (x *exchange) callLeg(ctx context.Context, lr *liveRoute, body []byte, bound time.Duration, now time.Time) (int, []byte, error) {
-	g := x.g
+// legRequest is what a prefill leg takes of the client's request, read
+// before SGLang's prefill leg runs beside the decode's attempts, so that
+// the leg touches no field of the exchange.
+type legRequest struct {
+	path, query, caller string
+	header              http.Header
+	tctx                context.Context // the request's trace context; nil untraced
+}
+
+func (x *exchange) legRequest() legRequest {
+	l := legRequest{path: x.r.URL.Path, query: x.r.URL.RawQuery, caller: x.caller(),
+		header: cleanHeader(x.r.Header, "Authorization", "Content-Length", "Expect", "Cookie")}
+	if x.span != nil {
+		l.tctx = x.tctx
+	}
+	return l
+}
+
+// retryableLeg reports whether a prefill leg's answer says another prefill
+// replica may take the leg: an engine key refused (the replica is ejected),
+// busy, or failing. Any other 4xx is the request's own mistake.
+func retryableLeg(status int) bool { return status != http.StatusOK && answerReason(status) != "" }
+
+// callLeg sends a leg whose answer the gateway reads whole (a prefill) to
+// lr, within bound from sending to the answer's end, and closes its books
+// as an attempt's are closed (account.go): the replica's load counts it
+// and frees its room when it ends, leaving routing cuts it, a refused key
+// ejects the replica, a failure counts toward ejecting it, any other
+// answer proves it up; it has a span of its own when the gateway traces.
+func (g *Gateway) callLeg(ctx context.Context, l legRequest, lr *liveRoute, body []byte, bound time.Duration, now time.Time) (int, []byte, error) {
 	ticket := lr.rep.load.begin(now)
-	defer lr.rep.load.end(ticket)
 	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	id := lr.rep.track(cancel)
+	served := false
+	defer func() {
+		lr.rep.untrack(id)
+		cancel(nil)
+		if served {
+			lr.rep.load.finish(ticket, g.clock.Now())
+		} else {
+			lr.rep.load.end(ticket)
+		}
+		g.kick(lr.Deployment)
+	}()
 	if bound > 0 {
 		timer := g.clock.AfterFunc(bound, func() {
 			cancel(&cutError{reason: reasonFirstByte, msg: fmt.Sprintf("prefill %s on %s did not answer within %s", lr.ReplicaID, lr.Node, bound)})
@@ -459,71 +510,84 @@ func (x *exchange) callLeg(ctx context.Context, lr *liveRoute, body []byte, boun
 	if lr.Relay != "" {
 		base = lr.Relay
 	}
-	u := base + x.r.URL.Path
+	u := base + l.path
+	if l.query != "" {
+		u += "?" + l.query
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, fmt.Errorf("gateway: %w", err)
 	}
-	req.Header = cleanHeader(x.r.Header, "Authorization", "Content-Length", "Expect", "Cookie")
-	if x.span != nil {
-		sctx, sp := g.cfg.Tracer.Start(x.tctx, "llmgw.pd.prefill", trace.WithSpanKind(trace.SpanKindClient),
+	req.ContentLength = int64(len(body))
+	req.Header = l.header.Clone()
+	if l.tctx != nil {
+		sctx, sp := g.cfg.Tracer.Start(l.tctx, "llmgw.pd.prefill", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("llmgw.replica", lr.ReplicaID), attribute.String("llmgw.node", lr.Node)))
 		defer sp.End()
 		traceContext.Inject(sctx, propagation.HeaderCarrier(req.Header))
 	}
-	var resp *http.Response
 	if lr.Relay != "" {
 		if g.cfg.Relay == nil {
 			return 0, nil, errNoRelaySigner
 		}
-		g.cfg.Relay.Sign(req, x.caller(), body)
+		g.cfg.Relay.Sign(req, l.caller, body)
 	} else if g.cfg.EngineKey != nil {
 		if k := g.cfg.EngineKey(lr.EngineID); k != "" {
 			req.Header.Set("Authorization", "Bearer "+k)
 		}
 	}
-	resp, err = g.tr.RoundTrip(req)
+	resp, err := g.tr.RoundTrip(req)
 	var answer []byte
 	if err == nil {
 		answer, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer))
 		_ = resp.Body.Close()
 	}
-	if c := (*cutError)(nil); errors.As(context.Cause(ctx), &c) {
-		err = c
+	var cut *cutError
+	if errors.As(context.Cause(ctx), &cut) {
+		err = cut
 	}
-	kind := ""
-	switch {
-	case err != nil && ctx.Err() != nil && !errors.As(context.Cause(ctx), new(*cutError)):
+	if err != nil && cut == nil && ctx.Err() != nil {
 		return 0, nil, err // the client went away, or the decode leg ended
+	}
+	out := outcome{}
+	switch {
+	case cut != nil:
+		out.broke = cut.reason
 	case err != nil:
-		kind = reasonConnect
-		if errors.As(err, new(*cutError)) {
-			kind = reasonFirstByte
-		}
-	case failingStatus(resp.StatusCode):
-		kind = statusReason(resp.StatusCode)
+		out.broke = reasonConnect
+	default:
+		out.status = resp.StatusCode
 	}
-	if kind != "" {
-		g.m.upstreamErrors.WithLabelValues(lr.Deployment, lr.ReplicaID, kind).Inc()
-		if lr.rep.health.failed(g.clock.Now(), g.cfg.EjectAfter, g.cfg.EjectFor) {
-			g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, kind).Inc()
-		}
-	}
+	g.closeLeg(lr, out)
 	if err != nil {
 		return 0, nil, err
 	}
-	if !failingStatus(resp.StatusCode) {
-		lr.rep.health.answered()
-	}
+	served = resp.StatusCode == http.StatusOK
 	return resp.StatusCode, answer, nil
 }
 
-// relayLegAnswer gives the client a leg's answer as the engine gave it.
-func (x *exchange) relayLegAnswer(status int, answer []byte) {
-	x.w.Header().Set("Content-Type", "application/json")
-	x.w.WriteHeader(status)
-	_, _ = x.w.Write(answer)
-	x.status = status
+// closeLeg counts a leg's outcome against its replica, as done counts an
+// attempt's: upstream errors by kind, a refused key ejects at once, a
+// failure counts toward ejection, any other answer proves the replica up.
+func (g *Gateway) closeLeg(lr *liveRoute, out outcome) {
+	now := g.clock.Now()
+	answer := answerReason(out.status)
+	for _, kind := range [...]string{answer, out.broke} {
+		if kind != "" {
+			g.m.upstreamErrors.WithLabelValues(lr.Deployment, lr.ReplicaID, kind).Inc()
+		}
+	}
+	switch {
+	case answer == reasonAuth:
+		lr.rep.health.eject(now, g.cfg.EjectFor)
+		g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, reasonAuth).Inc()
+	case out.failure() != "":
+		if lr.rep.health.failed(now, g.cfg.EjectAfter, g.cfg.EjectFor) {
+			g.m.ejections.WithLabelValues(lr.Deployment, lr.ReplicaID, out.failure()).Inc()
+		}
+	case out.status > 0:
+		lr.rep.health.answered()
+	}
 }
 
 // kvHost is where the route's holder is reached: the host of its URL.

@@ -285,6 +285,58 @@ func TestPDPairsVersionsDuringARollout(t *testing.T) {
 	}
 }
 
+// The leg bound bounds a plain decode's answer no more than the engine's
+// own bound does: a plain answer's first byte is its last, and a long
+// generation is not a stuck transfer.
+func TestPDPlainDecodeOutlivesTheLegBound(t *testing.T) {
+	pre, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-p"})
+	release := make(chan struct{})
+	dec := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		chatOK(w, r)
+	})
+	h := newHarness(t, Config{PDLegTimeout: 5 * time.Second}, pdWorld("fake", pre.URL, dec.URL, 0, nil).snapshot())
+	done := make(chan answer, 1)
+	go func() { done <- h.post("/v1/chat/completions", longChat(false)) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for dec.hits.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the decode leg never reached the decode")
+		}
+		if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.clock.Advance(time.Minute) // far past the leg bound, within the engine's
+	close(release)
+	if a := <-done; a.status != 200 {
+		t.Errorf("a plain decode answering after the leg bound: %d %s", a.status, a.body)
+	}
+}
+
+// A prefill that refuses the gateway's engine key is ejected and the leg
+// goes to another prefill: the client never sees the engine's 401.
+func TestPDPrefillRefusingTheKeyIsSkipped(t *testing.T) {
+	pre, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-p"})
+	dec, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-d"})
+	refusing := newUpstream(t, statusHandler(http.StatusUnauthorized))
+	w := pdWorld("fake", pre.URL, dec.URL, 0, nil)
+	w.hold(cp{dep: "pd", replica: 1, role: placement.RolePrefill, node: "n2", url: refusing.URL})
+	h := newHarness(t, Config{}, w.snapshot())
+	for i := range 6 {
+		if a := h.post("/v1/chat/completions", strings.Replace(longChat(false), "the quick", fmt.Sprint(i), 1)); a.status != 200 {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+	}
+	if refusing.hits.Load() != 1 {
+		t.Errorf("the refusing prefill was asked %d times, want once (then ejected)", refusing.hits.Load())
+	}
+	if v := value(t, h.gw.m.ejections.WithLabelValues("pd", "pd-p1", reasonAuth)); v != 1 {
+		t.Errorf("ejections of pd-p1 for its key: %v", v)
+	}
+}
+
 // A prefill leg that does not answer ends at the P/D leg bound with an
 // OpenAI error, not at the engines' 300 s.
 func TestPDPrefillLegTimeout(t *testing.T) {

@@ -71,6 +71,7 @@ func (x *exchange) relay(a *attempt, resp *http.Response, out *outcome) error {
 // commit sends the engine's status and headers to the client.
 func (x *exchange) commit(a *attempt, resp *http.Response) {
 	a.committed = true
+	x.begun.Store(true)
 	if x.held {
 		x.status = resp.StatusCode // the stream's own 200 went out while it waited
 		return

@@ -54,6 +54,8 @@ type goldenCase struct {
 	engines []string
 	deploy  func(engine string) placement.Deployment
 	ranks   int // 0: a replica of one shard
+	// inputs, when set, changes the node's inputs (a role's KV port).
+	inputs func(*Inputs)
 }
 
 func goldenCases() []goldenCase {
@@ -87,6 +89,47 @@ func goldenCases() []goldenCase {
 					PipelineParallel: 2, GPUMemory: 70 * gib, MaxModelLen: 8192, MaxNumSeqs: 16}
 			},
 		},
+		{
+			// LoRA: two slots of rank 16, two adapters (llama.cpp takes
+			// their paths at start; the others register them at runtime).
+			name: "lora", engines: all,
+			deploy: func(e string) placement.Deployment {
+				return placement.Deployment{Name: "chat", Model: goldenModel(e), Engine: e, MaxLoras: 2,
+					Adapters: []placement.Adapter{{Name: "sql", Source: "adapters/sql"}, {Name: "code", Source: "adapters/code"}}}
+			},
+			inputs: func(in *Inputs) {
+				in.AdapterPaths = []string{"/var/lib/llmgw/weights/adapters/sql.gguf", "/var/lib/llmgw/weights/adapters/code.gguf"}
+			},
+		},
+		{
+			// A prefill and a decode replica, on a node with a NIC named
+			// for the transfer.
+			name: "pd-prefill", engines: []string{"vllm", "sglang"},
+			deploy: pdGolden(placement.RolePrefill),
+			inputs: pdInputs(placement.RolePrefill),
+		},
+		{
+			name: "pd-decode", engines: []string{"vllm", "sglang"},
+			deploy: pdGolden(placement.RoleDecode),
+			inputs: pdInputs(placement.RoleDecode),
+		},
+	}
+}
+
+func pdGolden(role string) func(string) placement.Deployment {
+	return func(e string) placement.Deployment {
+		d := placement.Deployment{Name: "pd", Model: goldenModel(e), Engine: e, TensorParallel: 2, GPUMemory: 40 * gib,
+			Prefill: &placement.Role{Replicas: 1}, Decode: &placement.Role{Replicas: 2, TensorParallel: 1},
+			Transfer: &placement.Transfer{NIC: "mlx5_0"}}
+		return d.ForRole(role)
+	}
+}
+
+func pdInputs(role string) func(*Inputs) {
+	return func(in *Inputs) {
+		// The runner gives every role a KV port but an SGLang decode,
+		// whose profile renders none.
+		in.Role, in.KVHost, in.NIC, in.KVPort = role, in.HostIP, "mlx5_0", 8101
 	}
 }
 
@@ -101,6 +144,9 @@ func renderGolden(t *testing.T, p Profile, c goldenCase) (string, [][]string) {
 	ranks := max(c.ranks, 1)
 	for rank := range ranks {
 		in := goldenInputs()
+		if c.inputs != nil {
+			c.inputs(&in)
+		}
 		if c.ranks > 0 {
 			in.ShardIndex = rank
 			in.Gang = &GangInputs{NNodes: c.ranks, Rank: rank, MasterAddr: "10.0.0.1", MasterPort: 8123}

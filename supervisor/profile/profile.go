@@ -403,11 +403,13 @@ func dataFor(p Profile, d placement.Deployment, in Inputs) (Data, error) {
 		OTLPTracesEndpoint:  in.OTLPTracesEndpoint,
 		MaxLoras:            d.MaxLoras,
 		LoraPaths:           strings.Join(in.AdapterPaths, ","),
-		Role:                in.Role, KVPort: in.KVPort, KVHost: cmp.Or(in.KVHost, "127.0.0.1"),
+		Role:                in.Role, KVPort: in.KVPort, KVHost: in.KVHost,
 		TransferBackend: in.TransferBackend, NIC: in.NIC,
 	}
-	if in.Role != "" && (in.KVPort <= 0 || in.KVPort > 65535) {
-		return Data{}, fmt.Errorf("profile %q: role %s needs a KV transfer port (got %d)", p.Name, in.Role, in.KVPort)
+	if in.Role != "" && (in.KVPort < 0 || in.KVPort > 65535 || in.KVHost == "") {
+		// No silent loopback: a prefill on another node than its decode
+		// must name an address the decode reaches.
+		return Data{}, fmt.Errorf("profile %q: role %s needs the node's address (--host an IP) and a KV transfer port (got %q, %d)", p.Name, in.Role, in.KVHost, in.KVPort)
 	}
 	if d.MaxLoras > 0 {
 		data.MaxLoraRank = cmp.Or(d.MaxLoraRank, placement.DefaultLoraRank)
