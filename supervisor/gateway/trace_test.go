@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/internal/testwait"
+	"github.com/llmgw/llmgw/supervisor/fakeengine"
 )
 
 // otlpReceiver is an OTLP/HTTP collector: it keeps every span exported to
@@ -185,4 +186,32 @@ func BenchmarkGatewayTracing(b *testing.B) {
 		b.ReportMetric(us(t-u), "added-"+q.name+"-µs")
 	}
 	b.ReportMetric(traced.rate()/untraced.rate(), "throughput-ratio")
+}
+
+// A disaggregated request has a span per leg, both under the gateway's:
+// llmgw.pd.prefill for the prefill leg and llmgw.attempt for the decode's.
+func TestPDTracesASpanPerLeg(t *testing.T) {
+	rc := newOTLPReceiver(t)
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(rc.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	pre, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-p"})
+	dec, _, _ := pdFake(t, fakeengine.KVTransfer{Connector: "NixlConnector", Role: "kv_both", EngineID: "engine-d"})
+	h := newHarness(t, Config{Tracer: tp.Tracer("test")}, pdWorld("fake", pre.URL, dec.URL, 0, nil).snapshot())
+	if a := h.post("/v1/chat/completions", longChat(false)); a.status != http.StatusOK {
+		t.Fatalf("chat: %d %s", a.status, a.body)
+	}
+	testwait.Until(t, 5*time.Second, "a span per leg under the gateway's", func() (bool, string) {
+		g, p, d := rc.named("llmgw.gateway /v1/chat/completions"), rc.named("llmgw.pd.prefill"), rc.named("llmgw.attempt")
+		if len(g) != 1 || len(p) != 1 || len(d) != 1 {
+			return false, fmt.Sprintf("%d gateway, %d prefill, %d attempt spans", len(g), len(p), len(d))
+		}
+		if string(p[0].ParentSpanId) != string(g[0].SpanId) || string(d[0].ParentSpanId) != string(g[0].SpanId) {
+			return false, "a leg's span is not under the gateway's"
+		}
+		return attr(p[0], "llmgw.replica") == "pd-p0" && attr(d[0], "llmgw.replica") == "pd-d0", fmt.Sprintf("replicas %q and %q", attr(p[0], "llmgw.replica"), attr(d[0], "llmgw.replica"))
+	})
 }
